@@ -1,0 +1,40 @@
+"""The one settings object of the service, read from SEMJOBS_* environment variables.
+
+Every part of the service (CLI, worker, database, migrations) imports `settings` from here,
+so a deployment is configured in one place. The engine (`semspec`) never reads it: the
+service passes plain values into the engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SEMJOBS_", env_file=".env", extra="ignore")
+
+    # Storage: Postgres in production; the embedded mode (`semjobs run`) uses SQLite.
+    database_url: str = "postgresql+psycopg://postgres@127.0.0.1:5432/semjobs"
+    # Broker and result backend.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Where converted models and other caches live.
+    cache_dir: Path = Path.home() / ".cache" / "semjobs"
+
+    # Models: None means the embedded defaults shipped in wheels / in the repo.
+    target_model: str | None = None
+    draft_model: str | None = None
+    probes_dir: str | None = None
+    device: str = "auto"  # "auto" picks CUDA (bfloat16) when present, else CPU float32
+
+    # Worker behaviour (see DESIGN.md §6 for why each exists).
+    chunk_size: int = 4  # items per Celery task; keeps a task well inside the visibility timeout
+    visibility_timeout_s: int = 3 * 3600
+    max_attempts: int = 3  # redeliveries of one item before it is marked failed
+
+    # Input limits.
+    max_line_bytes: int = 1_000_000
+
+
+settings = Settings()

@@ -1,0 +1,1 @@
+"""SemanticSpec decoding engine: pure torch + transformers, no service code inside."""

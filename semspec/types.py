@@ -1,0 +1,70 @@
+"""Plain data passed between the engine and its callers.
+
+The engine fills these; callers (the worker, the bench, the CLI) only read them. Counters
+are raw counts: ratios are derived where they are reported, so their meaning stays exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+METHODS = ("ar", "token_sd", "step_judge", "semspec")
+
+
+@dataclass
+class GenerationConfig:
+    method: str = "semspec"
+    max_new_tokens: int = 512
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    seed: int = 0
+    step_delimiter: str = "\n\n"
+    max_step_tokens: int = 64
+    # semspec: hard floor; reject when p_T or p_T/p_D falls below it (0 disables).
+    tau: float = 0.0
+    # token_sd: tokens drafted per verification.
+    draft_tokens: int = 4
+    # step_judge: accept a drafted step when the target's 0-9 score is at least this.
+    judge_threshold: int = 7
+
+
+@dataclass
+class StepRecord:
+    index: int
+    author: str  # "draft" (accepted drafted step) or "target" (target wrote it)
+    text: str
+    drafted_tokens: int  # tokens the draft proposed for this step (0 if none)
+    accepted_tokens: int  # drafted tokens kept
+    decision: str  # "accepted", "rejected" (draft thrown away, target rewrote) or "target_only"
+    p_target: float | None = None
+    p_draft: float | None = None
+    accept_prob: float | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class Counters:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0  # target-tokenizer tokens in the output
+    target_forward_passes: int = 0
+    draft_forward_passes: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    steps_drafted: int = 0
+    steps_accepted: int = 0
+    # Wall-clock seconds per phase, e.g. {"draft": .., "verify": .., "target_write": ..}.
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+
+    def add_time(self, phase: str, seconds: float) -> None:
+        self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + seconds
+
+
+@dataclass
+class GenerationResult:
+    text: str  # everything the model generated (reasoning + answer)
+    final_answer: str | None  # extracted answer, when one is found
+    steps: list[StepRecord]
+    counters: Counters
+    wall_seconds: float
+    finish_reason: str  # "eos", "length"
+    models: dict[str, str] = field(default_factory=dict)  # role -> identity (path + hash)
