@@ -350,10 +350,11 @@ def truncated_copy(loaded: LoadedModel, num_layers: int, identity_suffix: str | 
     model.to(device=loaded.device, dtype=loaded.dtype)
     model.eval()
     suffix = identity_suffix or f"first{num_layers}layers"
+    sha = hashlib.sha256(f"{loaded.identity.sha256}#{suffix}".encode()).hexdigest()
     return LoadedModel(
         model=model,
         tokenizer=loaded.tokenizer,
-        identity=ModelIdentity(f"{loaded.identity.path}#{suffix}", loaded.identity.sha256),
+        identity=ModelIdentity(f"{loaded.identity.path}#{suffix}", sha),
         device=loaded.device,
         dtype=loaded.dtype,
         spec=f"{loaded.spec}#{suffix}",
