@@ -28,13 +28,31 @@ class Settings(BaseSettings):
     probes_dir: str | None = None
     device: str = "auto"  # "auto" picks CUDA (bfloat16) when present, else CPU float32
 
+    # The engine the worker and `semjobs run` call, as "module:attribute[.attribute]". It is
+    # called once per process as factory(target=, draft=, probes=, device=, cache_dir=) and
+    # must return an object with .generate(prompt_or_messages, GenerationConfig) and
+    # .identities. Tests and the overhead benchmark point it at an instant fake engine.
+    engine_factory: str = "semspec.engine:Engine.load"
+
+    # Job defaults (each can be overridden per job on the command line, per item in the input).
+    method: str = "ar"  # becomes "semspec" once the embedded draft and probes ship
+    max_new_tokens: int = 512
+    temperature: float = 0.0
+    seed: int = 0
+
+    # Embedded mode (`semjobs run`): no servers, one SQLite file.
+    embedded_database_url: str = "sqlite:///semjobs.sqlite"
+
     # Worker behaviour (see DESIGN.md §6 for why each exists).
+    # Queue of this deployment's model pair; None derives "semjobs.<target>+<draft>".
+    queue: str | None = None
     chunk_size: int = 4  # items per Celery task; keeps a task well inside the visibility timeout
     visibility_timeout_s: int = 3 * 3600
-    max_attempts: int = 3  # redeliveries of one item before it is marked failed
+    max_attempts: int = 3  # deliveries of one item (worker lost) before it is marked failed
 
-    # Input limits.
+    # Input limits and bulk-insert batch size for `submit`.
     max_line_bytes: int = 1_000_000
+    insert_batch_size: int = 2000
 
 
 settings = Settings()

@@ -1,0 +1,32 @@
+"""`semjobs worker`: a Celery worker configured by the settings object."""
+
+import click
+
+
+@click.command()
+@click.option("-Q", "--queue", "queues", multiple=True,
+              help="Queue(s) to consume (default: this model pair's queue).")
+@click.option("-c", "--concurrency", default=1, show_default=True,
+              help="Worker processes; one per GPU.")
+@click.option("--pool", type=click.Choice(["auto", "solo", "prefork", "threads"]), default="auto",
+              show_default=True, help="auto: solo for one process, prefork (lazy model load "
+              "in each child) for more.")
+@click.option("-n", "--hostname", default=None, help="Celery node name.")
+@click.option("-l", "--loglevel", default="INFO", show_default=True)
+@click.option("--max-tasks-per-child", type=int, default=None)
+def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child) -> None:
+    """Start a Celery worker (late acks, prefetch 1, task events on)."""
+    from worker.celery import app
+    from worker.queues import queue_name
+
+    if pool == "auto":
+        pool = "solo" if concurrency == 1 else "prefork"
+    argv = [
+        "worker", "-Q", ",".join(queues or [queue_name()]), "--concurrency", str(concurrency),
+        "--pool", pool, "--loglevel", loglevel, "-E",
+    ]
+    if hostname:
+        argv += ["--hostname", hostname]
+    if max_tasks_per_child:
+        argv += ["--max-tasks-per-child", str(max_tasks_per_child)]
+    app.worker_main(argv)

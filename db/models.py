@@ -1,0 +1,142 @@
+"""SQLAlchemy 2.x models. The schema itself is created only by the Alembic migrations in
+`migrations/`; these classes describe it for queries (a test checks that both agree).
+
+Tables: jobs, items (unique per job by input id and by position), outputs (one per item:
+the unique key makes the commit of a result idempotent), step_log (one row per reasoning
+step, the fields of `semspec.types.StepRecord`) and item_stats (per-item throughput, the
+fields of `semspec.types.Counters` plus wall time).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Job lifecycle: pending (rows stored, not yet enqueued) -> queued -> running ->
+# completed (every item reached a final state; counts say how many failed) | cancelled.
+JOB_STATUSES = ("pending", "queued", "running", "completed", "cancelled")
+JOB_ACTIVE = ("pending", "queued", "running")
+# Item lifecycle: pending -> running -> done | failed ; pending/running -> cancelled.
+ITEM_STATUSES = ("pending", "running", "done", "failed", "cancelled")
+ITEM_FINAL = ("done", "failed", "cancelled")
+
+# BIGINT on Postgres, INTEGER (the rowid alias, so it autoincrements) on SQLite.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    method: Mapped[str] = mapped_column(String(32))
+    input_format: Mapped[str] = mapped_column(String(16))  # "plain" | "openai_batch"
+    queue: Mapped[str] = mapped_column(String(200))
+    n_items: Mapped[int] = mapped_column(Integer)
+    # GenerationConfig fields used for every item (items may override some).
+    config: Mapped[dict] = mapped_column(JSON)
+    # Reproducibility manifest: input file name + sha256, model settings, engine identities
+    # (filled by the first worker that loads the engine), service version.
+    manifest: Mapped[dict] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Item(Base):
+    __tablename__ = "items"
+    __table_args__ = (
+        UniqueConstraint("job_id", "item_id", name="uq_items_job_item"),
+        UniqueConstraint("job_id", "seq", name="uq_items_job_seq"),
+        Index("ix_items_job_status", "job_id", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)  # 0-based position in the input file
+    line: Mapped[int] = mapped_column(Integer)  # 1-based line number in the input file
+    item_id: Mapped[str] = mapped_column(String(512))  # the input's id, as text
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    # Normalised request: {"id": original id, "prompt" | "messages", "params": {...}, "meta": {...}}
+    request: Mapped[dict] = mapped_column(JSON)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Output(Base):
+    __tablename__ = "outputs"
+
+    item_pk: Mapped[int] = mapped_column(
+        BigId, ForeignKey("items.id", ondelete="CASCADE"), primary_key=True
+    )
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    text: Mapped[str] = mapped_column(Text)
+    final_answer: Mapped[str | None] = mapped_column(Text)
+    finish_reason: Mapped[str] = mapped_column(String(16))
+    models: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class StepLog(Base):
+    __tablename__ = "step_log"
+    __table_args__ = (UniqueConstraint("item_pk", "step_index", name="uq_step_log_item_step"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    item_pk: Mapped[int] = mapped_column(BigId, ForeignKey("items.id", ondelete="CASCADE"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    step_index: Mapped[int] = mapped_column(Integer)
+    author: Mapped[str] = mapped_column(String(16))  # "draft" | "target"
+    text: Mapped[str] = mapped_column(Text)
+    drafted_tokens: Mapped[int] = mapped_column(Integer)
+    accepted_tokens: Mapped[int] = mapped_column(Integer)
+    decision: Mapped[str] = mapped_column(String(16))  # accepted | rejected | target_only
+    p_target: Mapped[float | None] = mapped_column(Float)
+    p_draft: Mapped[float | None] = mapped_column(Float)
+    accept_prob: Mapped[float | None] = mapped_column(Float)
+    seconds: Mapped[float] = mapped_column(Float)
+
+
+class ItemStats(Base):
+    __tablename__ = "item_stats"
+
+    item_pk: Mapped[int] = mapped_column(
+        BigId, ForeignKey("items.id", ondelete="CASCADE"), primary_key=True
+    )
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    wall_seconds: Mapped[float] = mapped_column(Float)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    generated_tokens: Mapped[int] = mapped_column(Integer)
+    target_forward_passes: Mapped[int] = mapped_column(Integer)
+    draft_forward_passes: Mapped[int] = mapped_column(Integer)
+    drafted_tokens: Mapped[int] = mapped_column(Integer)
+    accepted_tokens: Mapped[int] = mapped_column(Integer)
+    steps_drafted: Mapped[int] = mapped_column(Integer)
+    steps_accepted: Mapped[int] = mapped_column(Integer)
+    n_steps: Mapped[int] = mapped_column(Integer)
+    phase_seconds: Mapped[dict] = mapped_column(JSON)

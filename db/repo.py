@@ -1,0 +1,329 @@
+"""Small repository functions: every read and write the service does, in plain SQL terms.
+
+Delivery is at least once (DESIGN.md §6), so the item writes are idempotent:
+- `claim_item` moves pending/running -> running and counts the attempt (a redelivered item
+  left `running` by a dead worker is claimable again; the attempt cap lives here);
+- `save_result` inserts the output keyed by the item (primary key), so a second delivery of a
+  finished item cannot store a second output: it gets an IntegrityError and is dropped;
+- items already done are never claimed again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterable, Iterator
+
+from sqlalchemy import exists, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from db.models import JOB_ACTIVE, Item, ItemStats, Job, Output, StepLog, utcnow
+
+# ---------------------------------------------------------------------------- submit
+
+
+def create_job(
+    session: Session,
+    *,
+    job_id: str,
+    name: str | None,
+    method: str,
+    input_format: str,
+    queue: str,
+    config: dict,
+    manifest: dict,
+    items: Iterable[dict],
+    batch_size: int = 2000,
+    status: str = "pending",
+) -> int:
+    """Insert the job and its items (dicts with seq, line, item_id, request) in batches.
+    Nothing is committed here: the caller commits once, so a failure leaves no rows."""
+    session.add(
+        Job(
+            id=job_id, name=name, status=status, method=method, input_format=input_format,
+            queue=queue, n_items=0, config=config, manifest=manifest, created_at=utcnow(),
+        )
+    )
+    session.flush()
+    n = 0
+    batch: list[dict] = []
+    stmt = insert(Item)
+    for row in items:
+        row.update(job_id=job_id, status="pending", attempts=0)
+        batch.append(row)
+        if len(batch) >= batch_size:
+            session.execute(stmt, batch)
+            n += len(batch)
+            batch = []
+    if batch:
+        session.execute(stmt, batch)
+        n += len(batch)
+    session.execute(update(Job).where(Job.id == job_id).values(n_items=n))
+    return n
+
+
+def set_job_status(session: Session, job_id: str, status: str, *, only_from: Iterable[str]) -> bool:
+    res = session.execute(
+        update(Job).where(Job.id == job_id, Job.status.in_(tuple(only_from))).values(status=status)
+    )
+    return res.rowcount > 0
+
+
+def pending_seqs(session: Session, job_id: str) -> list[int]:
+    return list(
+        session.scalars(
+            select(Item.seq).where(Item.job_id == job_id, Item.status == "pending").order_by(Item.seq)
+        )
+    )
+
+
+# ---------------------------------------------------------------------------- worker side
+
+
+@dataclass
+class Claim:
+    pk: int
+    seq: int
+    attempts: int
+    request: dict
+
+
+def get_job(session: Session, job_id: str) -> Job | None:
+    return session.get(Job, job_id)
+
+
+def mark_job_running(session: Session, job_id: str, identities: dict | None = None) -> None:
+    now = utcnow()
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(("pending", "queued")))
+        .values(status="running", started_at=now)
+    )
+    if identities:
+        job = session.get(Job, job_id)
+        if job is not None and not job.manifest.get("identities"):
+            job.manifest = {**job.manifest, "identities": identities}
+    session.commit()
+
+
+def claim_item(session: Session, job_id: str, seq: int, worker: str | None) -> Claim | None:
+    """Claim one item for processing; None when it is finished, cancelled, or its job was
+    cancelled (the cooperative-cancel check, folded into the same statement)."""
+    job_live = exists().where(Job.id == job_id, Job.status != "cancelled")
+    row = session.execute(
+        update(Item)
+        .where(
+            Item.job_id == job_id,
+            Item.seq == seq,
+            Item.status.in_(("pending", "running")),
+            job_live,
+        )
+        .values(
+            status="running",
+            attempts=Item.attempts + 1,
+            started_at=utcnow(),
+            worker=worker,
+        )
+        .returning(Item.id, Item.attempts, Item.request)
+    ).first()
+    session.commit()
+    if row is None:
+        return None
+    return Claim(pk=row[0], seq=seq, attempts=row[1], request=row[2])
+
+
+def cancel_leftovers(session: Session, job_id: str, seqs: Iterable[int]) -> int:
+    """Mark the given not-finished items of a cancelled job as cancelled."""
+    res = session.execute(
+        update(Item)
+        .where(
+            Item.job_id == job_id,
+            Item.seq.in_(list(seqs)),
+            Item.status.in_(("pending", "running")),
+            exists().where(Job.id == job_id, Job.status == "cancelled"),
+        )
+        .values(status="cancelled", finished_at=utcnow())
+    )
+    session.commit()
+    return res.rowcount
+
+
+def job_is_cancelled(session: Session, job_id: str) -> bool:
+    return session.scalar(select(Job.status).where(Job.id == job_id)) == "cancelled"
+
+
+def fail_item(session: Session, pk: int, error: str) -> None:
+    session.execute(
+        update(Item)
+        .where(Item.id == pk, Item.status == "running")
+        .values(status="failed", error=error[:10_000], finished_at=utcnow())
+    )
+    session.commit()
+
+
+def save_result(session: Session, job_id: str, pk: int, result: Any) -> bool:
+    """Store a GenerationResult for item `pk` in one transaction. False when another delivery
+    already stored one (the output's primary key is the item)."""
+    c = result.counters
+    try:
+        session.execute(
+            insert(Output).values(
+                item_pk=pk, job_id=job_id, text=result.text, final_answer=result.final_answer,
+                finish_reason=result.finish_reason, models=dict(result.models or {}),
+                created_at=utcnow(),
+            )
+        )
+        if result.steps:
+            session.execute(
+                insert(StepLog),
+                [
+                    {
+                        "item_pk": pk, "job_id": job_id, "step_index": s.index,
+                        "author": s.author, "text": s.text,
+                        "drafted_tokens": s.drafted_tokens, "accepted_tokens": s.accepted_tokens,
+                        "decision": s.decision, "p_target": s.p_target, "p_draft": s.p_draft,
+                        "accept_prob": s.accept_prob, "seconds": s.seconds,
+                    }
+                    for s in result.steps
+                ],
+            )
+        session.execute(
+            insert(ItemStats).values(
+                item_pk=pk, job_id=job_id, wall_seconds=result.wall_seconds,
+                prompt_tokens=c.prompt_tokens, generated_tokens=c.generated_tokens,
+                target_forward_passes=c.target_forward_passes,
+                draft_forward_passes=c.draft_forward_passes,
+                drafted_tokens=c.drafted_tokens, accepted_tokens=c.accepted_tokens,
+                steps_drafted=c.steps_drafted, steps_accepted=c.steps_accepted,
+                n_steps=len(result.steps), phase_seconds=dict(c.phase_seconds),
+            )
+        )
+        session.execute(
+            update(Item)
+            .where(Item.id == pk)
+            .values(status="done", error=None, finished_at=utcnow())
+        )
+        session.commit()
+        return True
+    except IntegrityError:
+        session.rollback()
+        return False
+
+
+def finalize_job(session: Session, job_id: str) -> bool:
+    """Mark the job completed when no item is pending or running."""
+    busy = exists().where(Item.job_id == job_id, Item.status.in_(("pending", "running")))
+    res = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(JOB_ACTIVE), ~busy)
+        .values(status="completed", finished_at=utcnow())
+    )
+    session.commit()
+    return res.rowcount > 0
+
+
+# ---------------------------------------------------------------------------- user commands
+
+
+def cancel_job(session: Session, job_id: str) -> int:
+    """Cancel a job: pending items become cancelled now; running ones finish their item."""
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(JOB_ACTIVE))
+        .values(status="cancelled", finished_at=utcnow())
+    )
+    res = session.execute(
+        update(Item)
+        .where(Item.job_id == job_id, Item.status == "pending")
+        .values(status="cancelled", finished_at=utcnow())
+    )
+    session.commit()
+    return res.rowcount
+
+
+def reset_failed(session: Session, job_id: str) -> list[int]:
+    """Failed items back to pending (attempts reset); the job becomes queued again."""
+    seqs = list(
+        session.scalars(
+            update(Item)
+            .where(Item.job_id == job_id, Item.status == "failed")
+            .values(status="pending", attempts=0, error=None, started_at=None, finished_at=None)
+            .returning(Item.seq)
+        )
+    )
+    if seqs:
+        session.execute(
+            update(Job).where(Job.id == job_id).values(status="queued", finished_at=None)
+        )
+    session.commit()
+    return sorted(seqs)
+
+
+def list_jobs(session: Session, limit: int = 20) -> list[Job]:
+    return list(session.scalars(select(Job).order_by(Job.created_at.desc()).limit(limit)))
+
+
+def counts(session: Session, job_id: str) -> dict[str, int]:
+    out = {s: 0 for s in ("pending", "running", "done", "failed", "cancelled")}
+    for status, n in session.execute(
+        select(Item.status, func.count()).where(Item.job_id == job_id).group_by(Item.status)
+    ):
+        out[status] = n
+    return out
+
+
+STAT_SUMS = (
+    "wall_seconds", "prompt_tokens", "generated_tokens", "target_forward_passes",
+    "draft_forward_passes", "drafted_tokens", "accepted_tokens", "steps_drafted",
+    "steps_accepted", "n_steps",
+)
+
+
+def stat_sums(session: Session, job_id: str) -> dict[str, float]:
+    cols = [func.coalesce(func.sum(getattr(ItemStats, k)), 0) for k in STAT_SUMS]
+    row = session.execute(select(*cols).where(ItemStats.job_id == job_id)).one()
+    return dict(zip(STAT_SUMS, row))
+
+
+def last_finished_at(session: Session, job_id: str) -> datetime | None:
+    return as_utc(
+        session.scalar(
+            select(func.max(Item.finished_at)).where(Item.job_id == job_id, Item.status == "done")
+        )
+    )
+
+
+def as_utc(ts: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; everything stored is UTC."""
+    if ts is not None and ts.tzinfo is None:
+        ts = ts.replace(tzinfo=timezone.utc)
+    return ts
+
+
+def iter_export(session: Session, job_id: str, batch: int = 1000) -> Iterator[tuple]:
+    """(item, output | None, stats | None) in input order, streamed."""
+    stmt = (
+        select(Item, Output, ItemStats)
+        .outerjoin(Output, Output.item_pk == Item.id)
+        .outerjoin(ItemStats, ItemStats.item_pk == Item.id)
+        .where(Item.job_id == job_id)
+        .order_by(Item.seq)
+        .execution_options(yield_per=batch)
+    )
+    for item, out, stats in session.execute(stmt):
+        yield item, out, stats
+
+
+def steps_for(session: Session, item_pk: int) -> list[StepLog]:
+    return list(
+        session.scalars(select(StepLog).where(StepLog.item_pk == item_pk).order_by(StepLog.step_index))
+    )
+
+
+def to_dict(obj: Any) -> dict:
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    return {c.key: getattr(obj, c.key) for c in obj.__table__.columns}
+

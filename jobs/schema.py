@@ -1,0 +1,299 @@
+"""Input records: plain `{"id", "prompt" | "messages"}` lines and OpenAI Batch lines.
+
+`iter_records(path)` streams a JSONL file and yields one `Record` per non-blank line, or an
+`InputError` (line number, field, message) for each problem found. `validate_file` runs the
+whole file through it before anything is stored, keeping only the ids (for the duplicate
+check) and a running sha256 in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+PLAIN = "plain"
+OPENAI_BATCH = "openai_batch"
+BATCH_URLS = ("/v1/chat/completions",)
+ROLES = ("system", "developer", "user", "assistant")
+# Per-item decoding parameters a line may carry; they override the job's settings.
+PARAM_TYPES = {"max_new_tokens": int, "temperature": float, "top_p": float, "seed": int}
+MAX_ID_CHARS = 512
+MAX_REPORTED_ERRORS = 50
+
+
+@dataclass
+class InputError:
+    line: int
+    field: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"line {self.line}" if self.line else "file"
+        if self.field:
+            where += f", field '{self.field}'"
+        return f"{where}: {self.message}"
+
+
+@dataclass
+class Record:
+    line: int
+    format: str
+    id: str | int  # the input's id exactly as given (custom_id for batch lines)
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return str(self.id)
+
+    def request(self) -> dict[str, Any]:
+        """The normalised request stored in items.request."""
+        req: dict[str, Any] = {"id": self.id}
+        if self.prompt is not None:
+            req["prompt"] = self.prompt
+        else:
+            req["messages"] = self.messages
+        if self.params:
+            req["params"] = self.params
+        if self.meta:
+            req["meta"] = self.meta
+        return req
+
+
+@dataclass
+class Validation:
+    path: Path
+    format: str | None
+    n_items: int
+    sha256: str
+    errors: list[InputError]
+    n_errors: int
+
+    @property
+    def ok(self) -> bool:
+        return self.n_errors == 0 and self.n_items > 0
+
+
+class _Bad(Exception):
+    def __init__(self, field: str | None, message: str):
+        self.field, self.message = field, message
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def _check_id(value: Any, name: str) -> str | int:
+    if value is None:
+        raise _Bad(name, "missing")
+    if _is_int(value):
+        return value
+    if not isinstance(value, str):
+        raise _Bad(name, f"must be a string or an integer, got {type(value).__name__}")
+    if not value.strip():
+        raise _Bad(name, "must not be empty")
+    if len(value) > MAX_ID_CHARS:
+        raise _Bad(name, f"longer than {MAX_ID_CHARS} characters")
+    return value
+
+
+def _check_messages(value: Any, name: str) -> list[dict[str, str]]:
+    if not isinstance(value, list):
+        raise _Bad(name, f"must be a list of messages, got {type(value).__name__}")
+    if not value:
+        raise _Bad(name, "must not be empty")
+    out = []
+    for i, msg in enumerate(value):
+        where = f"{name}[{i}]"
+        if not isinstance(msg, dict):
+            raise _Bad(where, f"must be an object, got {type(msg).__name__}")
+        role = msg.get("role")
+        if not isinstance(role, str):
+            raise _Bad(f"{where}.role", "missing or not a string")
+        if role not in ROLES:
+            raise _Bad(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+        content = msg.get("content")
+        if isinstance(content, list):  # OpenAI content parts: keep the text parts
+            texts = []
+            for j, part in enumerate(content):
+                if not (isinstance(part, dict) and part.get("type") == "text"):
+                    raise _Bad(f"{where}.content[{j}]", "only text parts are supported")
+                if not isinstance(part.get("text"), str):
+                    raise _Bad(f"{where}.content[{j}].text", "missing or not a string")
+                texts.append(part["text"])
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise _Bad(f"{where}.content", "missing or not a string")
+        out.append({"role": role, "content": content})
+    if not any(m["content"].strip() for m in out if m["role"] != "assistant"):
+        raise _Bad(name, "no non-empty system/user message")
+    return out
+
+
+def _check_param(obj: dict, key: str, name: str, kind: type) -> Any:
+    value = obj[key]
+    if kind is int:
+        if not _is_int(value):
+            raise _Bad(name, f"must be an integer, got {type(value).__name__}")
+        if key != "seed" and value <= 0:
+            raise _Bad(name, "must be positive")
+        return value
+    if not _is_number(value):
+        raise _Bad(name, f"must be a number, got {type(value).__name__}")
+    if key == "temperature" and not 0 <= value <= 2:
+        raise _Bad(name, "must be between 0 and 2")
+    if key == "top_p" and not 0 < value <= 1:
+        raise _Bad(name, "must be in (0, 1]")
+    return float(value)
+
+
+def _parse_plain(obj: dict, line: int) -> Record:
+    rid = _check_id(obj.get("id"), "id")
+    has_prompt, has_messages = "prompt" in obj, "messages" in obj
+    if has_prompt and has_messages:
+        raise _Bad("prompt", "give either 'prompt' or 'messages', not both")
+    rec = Record(line=line, format=PLAIN, id=rid)
+    if has_prompt:
+        prompt = obj["prompt"]
+        if not isinstance(prompt, str):
+            raise _Bad("prompt", f"must be a string, got {type(prompt).__name__}")
+        if not prompt.strip():
+            raise _Bad("prompt", "must not be empty")
+        rec.prompt = prompt
+    elif has_messages:
+        rec.messages = _check_messages(obj["messages"], "messages")
+    else:
+        raise _Bad("prompt", "missing: each line needs 'prompt' or 'messages'")
+    for key, kind in PARAM_TYPES.items():
+        if key in obj and obj[key] is not None:
+            rec.params[key] = _check_param(obj, key, key, kind)
+    rec.meta = {k: v for k, v in obj.items() if k not in ("id", "prompt", "messages", *PARAM_TYPES)}
+    return rec
+
+
+def _parse_batch(obj: dict, line: int) -> Record:
+    rid = _check_id(obj.get("custom_id"), "custom_id")
+    if not isinstance(rid, str):
+        raise _Bad("custom_id", "must be a string")
+    if obj.get("method") != "POST":
+        raise _Bad("method", f"must be \"POST\", got {obj.get('method')!r}")
+    if obj.get("url") not in BATCH_URLS:
+        raise _Bad("url", f"must be one of {', '.join(BATCH_URLS)}, got {obj.get('url')!r}")
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        raise _Bad("body", "missing or not an object")
+    rec = Record(line=line, format=OPENAI_BATCH, id=rid)
+    rec.messages = _check_messages(body.get("messages"), "body.messages")
+    if "max_tokens" in body and "max_completion_tokens" in body:
+        raise _Bad("body.max_tokens", "give max_tokens or max_completion_tokens, not both")
+    for src, dst in (("max_tokens", "max_new_tokens"), ("max_completion_tokens", "max_new_tokens"),
+                     ("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed")):
+        if body.get(src) is not None:
+            rec.params[dst] = _check_param(body, src, f"body.{src}", PARAM_TYPES[dst])
+    n = body.get("n", 1)
+    if n != 1:
+        raise _Bad("body.n", "only n=1 is supported")
+    if body.get("model") is not None:
+        rec.meta["model"] = body["model"]
+    return rec
+
+
+def parse_line(raw: bytes, line: int) -> Record:
+    """Parse one raw line; raises _Bad with the field at fault."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _Bad(None, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _Bad(None, f"malformed JSON: {e.msg} (column {e.colno})") from None
+    if not isinstance(obj, dict):
+        raise _Bad(None, f"each line must be a JSON object, got {type(obj).__name__}")
+    if "custom_id" in obj or "body" in obj:
+        return _parse_batch(obj, line)
+    return _parse_plain(obj, line)
+
+
+def iter_lines(path: Path, max_line_bytes: int, hasher=None) -> Iterator[tuple[int, bytes | None]]:
+    """Yield (line number, raw bytes) per non-blank line; raw is None for an over-long line
+    (its bytes are skipped without being held in memory)."""
+    with open(path, "rb") as f:
+        lineno = 0
+        while True:
+            raw = f.readline(max_line_bytes + 1)
+            if not raw:
+                return
+            lineno += 1
+            if hasher is not None:
+                hasher.update(raw)
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                while True:  # skip the rest of the line
+                    rest = f.readline(1 << 20)
+                    if hasher is not None:
+                        hasher.update(rest)
+                    if not rest or rest.endswith(b"\n"):
+                        break
+                yield lineno, None
+                continue
+            if raw.strip():
+                yield lineno, raw
+
+
+def iter_records(path: Path, max_line_bytes: int, hasher=None) -> Iterator[Record | InputError]:
+    for lineno, raw in iter_lines(path, max_line_bytes, hasher):
+        if raw is None:
+            yield InputError(lineno, None, f"line longer than {max_line_bytes} bytes")
+            continue
+        try:
+            yield parse_line(raw, lineno)
+        except _Bad as e:
+            yield InputError(lineno, e.field, e.message)
+
+
+def validate_file(path: str | Path, max_line_bytes: int) -> Validation:
+    """Check the whole file without storing anything: every problem, with line and field."""
+    path = Path(path)
+    hasher = hashlib.sha256()
+    seen: dict[str, int] = {}
+    errors: list[InputError] = []
+    n_errors = 0
+    fmt: str | None = None
+    n = 0
+
+    def err(e: InputError) -> None:
+        nonlocal n_errors
+        n_errors += 1
+        if len(errors) < MAX_REPORTED_ERRORS:
+            errors.append(e)
+
+    for rec in iter_records(path, max_line_bytes, hasher):
+        if isinstance(rec, InputError):
+            err(rec)
+            continue
+        if fmt is None:
+            fmt = rec.format
+        elif rec.format != fmt:
+            what = "OpenAI Batch" if rec.format == OPENAI_BATCH else "plain"
+            err(InputError(rec.line, None, f"{what} line in a file of {fmt} lines; use one format"))
+            continue
+        key = rec.key
+        if key in seen:
+            name = "custom_id" if rec.format == OPENAI_BATCH else "id"
+            err(InputError(rec.line, name, f"duplicate id {key!r} (first on line {seen[key]})"))
+            continue
+        seen[key] = rec.line
+        n += 1
+    if n == 0 and n_errors == 0:
+        err(InputError(0, None, "the file holds no items"))
+    return Validation(path, fmt, n, hasher.hexdigest(), errors, n_errors)

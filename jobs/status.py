@@ -1,0 +1,138 @@
+"""Job progress from the database: counts by state, tokens, tokens/s, acceptance, ETA.
+
+Raw counts are stored; every ratio here is derived and named for what it is:
+- tokens_per_s: generated tokens / seconds since the job started (service throughput);
+- decode_tokens_per_s: generated tokens / summed per-item wall time (engine speed);
+- step_acceptance: accepted drafted steps / drafted steps;
+- token_acceptance: accepted drafted tokens / drafted tokens (no bonus tokens counted).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from db import repo
+from db.models import JOB_ACTIVE
+from db.session import session_factory
+
+
+def _iso(ts: datetime | None) -> str | None:
+    ts = repo.as_utc(ts)
+    return ts.isoformat() if ts else None
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 4) if b else None
+
+
+def job_status(job_id: str, *, url: str | None = None) -> dict[str, Any] | None:
+    with session_factory(url)() as session:
+        job = repo.get_job(session, job_id)
+        if job is None:
+            return None
+        counts = repo.counts(session, job_id)
+        sums = repo.stat_sums(session, job_id)
+        last = repo.last_finished_at(session, job_id)
+    started = repo.as_utc(job.started_at)
+    finished = repo.as_utc(job.finished_at)
+    now = datetime.now(timezone.utc)
+    end = finished or (now if job.status in JOB_ACTIVE else last or now)
+    elapsed = (end - started).total_seconds() if started else 0.0
+    gen = int(sums["generated_tokens"])
+    settled = counts["done"] + counts["failed"]
+    remaining = counts["pending"] + counts["running"]
+    eta = None
+    if job.status in JOB_ACTIVE and settled and elapsed > 0:
+        eta = round(remaining * elapsed / settled, 1)
+    return {
+        "id": job.id,
+        "name": job.name,
+        "status": job.status,
+        "method": job.method,
+        "queue": job.queue,
+        "input_format": job.input_format,
+        "n_items": job.n_items,
+        "counts": counts,
+        "generated_tokens": gen,
+        "prompt_tokens": int(sums["prompt_tokens"]),
+        "elapsed_s": round(elapsed, 3),
+        "tokens_per_s": _ratio(gen, elapsed),
+        "decode_tokens_per_s": _ratio(gen, sums["wall_seconds"]),
+        "eta_s": eta,
+        "acceptance": {
+            "steps_drafted": int(sums["steps_drafted"]),
+            "steps_accepted": int(sums["steps_accepted"]),
+            "step_acceptance": _ratio(sums["steps_accepted"], sums["steps_drafted"]),
+            "drafted_tokens": int(sums["drafted_tokens"]),
+            "accepted_tokens": int(sums["accepted_tokens"]),
+            "token_acceptance": _ratio(sums["accepted_tokens"], sums["drafted_tokens"]),
+            "target_forward_passes": int(sums["target_forward_passes"]),
+            "draft_forward_passes": int(sums["draft_forward_passes"]),
+        },
+        "config": job.config,
+        "manifest": job.manifest,
+        "created_at": _iso(job.created_at),
+        "started_at": _iso(job.started_at),
+        "finished_at": _iso(job.finished_at),
+    }
+
+
+def recent_jobs(limit: int = 20, *, url: str | None = None) -> list[dict[str, Any]]:
+    with session_factory(url)() as session:
+        jobs = repo.list_jobs(session, limit)
+        rows = []
+        for job in jobs:
+            c = repo.counts(session, job.id)
+            rows.append({
+                "id": job.id, "name": job.name, "status": job.status, "method": job.method,
+                "n_items": job.n_items, "counts": c, "created_at": _iso(job.created_at),
+            })
+    return rows
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def render(st: dict[str, Any]) -> str:
+    c, a = st["counts"], st["acceptance"]
+    lines = [
+        f"job {st['id']}  {st['name'] or ''}".rstrip(),
+        f"  status     {st['status']}   method {st['method']}   queue {st['queue']}",
+        f"  items      {st['n_items']} total: {c['done']} done, {c['running']} running, "
+        f"{c['pending']} pending, {c['failed']} failed, {c['cancelled']} cancelled",
+        f"  tokens     {st['generated_tokens']} generated, "
+        f"{st['tokens_per_s'] or 0:.1f} tok/s overall, "
+        f"{st['decode_tokens_per_s'] or 0:.1f} tok/s per item",
+        f"  time       elapsed {fmt_duration(st['elapsed_s'])}, ETA {fmt_duration(st['eta_s'])}",
+    ]
+    if a["steps_drafted"] or a["drafted_tokens"]:
+        sa = a["step_acceptance"]
+        ta = a["token_acceptance"]
+        lines.append(
+            f"  acceptance steps {a['steps_accepted']}/{a['steps_drafted']}"
+            f" ({(sa or 0) * 100:.1f}%), drafted tokens {a['accepted_tokens']}/{a['drafted_tokens']}"
+            f" ({(ta or 0) * 100:.1f}%)"
+        )
+    lines.append(
+        f"  forward    target {a['target_forward_passes']}, draft {a['draft_forward_passes']}"
+    )
+    return "\n".join(lines)
+
+
+def progress_line(st: dict[str, Any], width: int = 30) -> str:
+    c = st["counts"]
+    total = max(st["n_items"], 1)
+    settled = c["done"] + c["failed"] + c["cancelled"]
+    filled = int(width * settled / total)
+    bar = "#" * filled + "-" * (width - filled)
+    return (
+        f"[{bar}] {settled}/{st['n_items']}  done {c['done']} failed {c['failed']}"
+        f"  {st['tokens_per_s'] or 0:.1f} tok/s  ETA {fmt_duration(st['eta_s'])}  {st['status']}"
+    )

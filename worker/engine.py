@@ -1,0 +1,82 @@
+"""The worker's one door to the decoding engine, and the per-process model cache.
+
+`get_engine()` loads the engine named by `settings.engine_factory` on first use in *this*
+process and keeps it: a Celery prefork child loads it in the child (never in the parent,
+which must not touch CUDA), `--pool solo` and `semjobs run` load it in their only process.
+`generate(engine, request, config)` is the single call the per-item code makes:
+prompt or messages + GenerationConfig -> GenerationResult (text, step records, counters).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from typing import Any, Callable
+
+from semjobs.settings import settings
+
+_lock = threading.Lock()
+_cache: dict[tuple, Any] = {}
+
+
+class EngineLoadError(RuntimeError):
+    """The engine could not be loaded: a worker problem, not an item's."""
+
+
+def resolve(path: str) -> Callable[..., Any]:
+    """"package.module:Attr.attr" -> the object."""
+    module_name, _, attrs = path.partition(":")
+    if not attrs:
+        raise ValueError(f"engine factory {path!r} must look like 'module:attribute'")
+    obj: Any = importlib.import_module(module_name)
+    for attr in attrs.split("."):
+        obj = getattr(obj, attr)
+    return obj
+
+
+def engine_key() -> tuple:
+    return (
+        settings.engine_factory, settings.target_model, settings.draft_model,
+        settings.probes_dir, settings.device, os.getpid(),
+    )
+
+
+def get_engine() -> Any:
+    key = engine_key()
+    engine = _cache.get(key)
+    if engine is None:
+        with _lock:
+            engine = _cache.get(key)
+            if engine is None:
+                try:
+                    factory = resolve(settings.engine_factory)
+                    engine = factory(
+                        target=settings.target_model,
+                        draft=settings.draft_model,
+                        probes=settings.probes_dir,
+                        device=settings.device,
+                        cache_dir=settings.cache_dir,
+                    )
+                except Exception as e:
+                    raise EngineLoadError(
+                        f"could not load the engine {settings.engine_factory!r}: "
+                        f"{type(e).__name__}: {e}"
+                    ) from e
+                _cache.clear()  # one engine per process: drop one loaded for other settings
+                _cache[key] = engine
+    return engine
+
+
+def loaded() -> bool:
+    return bool(_cache)
+
+
+def identities(engine: Any) -> dict:
+    return dict(getattr(engine, "identities", None) or {})
+
+
+def generate(engine: Any, request: dict, config: Any) -> Any:
+    """prompt | messages + GenerationConfig -> GenerationResult."""
+    prompt = request.get("messages") or request["prompt"]
+    return engine.generate(prompt, config)
