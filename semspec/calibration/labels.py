@@ -67,3 +67,39 @@ def label_samples(
         raise ValueError("texts and sources must have the same length")
     ids = cluster(texts, judge)
     return ids, frequency_labels(ids, sources)
+
+
+def label_directory(root, judge: Judge, progress: bool = False) -> dict:
+    """Label every prefix of a calibration directory (see `store.py`) and write labels.json.
+
+    Returns a summary: prefixes, samples, mean clusters per prefix, mean labels per source.
+    """
+    from semspec.calibration.store import CalibrationStore
+
+    store = CalibrationStore(root)
+    keys = store.keys()
+    if not keys:
+        raise ValueError(f"{root} holds no collected prefixes")
+    iterator = keys
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(keys, desc="label", unit="prefix")
+    out: dict[str, dict] = {}
+    n_clusters = n_samples = 0
+    sums: dict[str, float] = {}
+    for key in iterator:
+        rec = store.read_prefix(key, with_features=False)
+        ids, labels = label_samples([t.strip() for t in rec.texts], rec.sources, judge)
+        out[key] = {"clusters": ids, **labels}
+        n_clusters += len(set(ids))
+        n_samples += len(ids)
+        for src, vals in labels.items():
+            sums[src] = sums.get(src, 0.0) + sum(vals)
+    store.write_labels(judge.describe(), out)
+    return {
+        "prefixes": len(keys),
+        "samples": n_samples,
+        "mean_clusters_per_prefix": n_clusters / len(keys),
+        "mean_label": {src: s / max(1, n_samples) for src, s in sums.items()},
+    }

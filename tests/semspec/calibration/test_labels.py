@@ -46,3 +46,26 @@ def test_label_samples():
     assert labels["target"] == pytest.approx([2 / 3, 2 / 3, 1 / 3])
     with pytest.raises(ValueError):
         label_samples(["a"], [], FirstWordJudge())
+
+
+def test_label_directory(tmp_path):
+    import torch
+
+    from semspec.calibration.labels import label_directory
+    from semspec.calibration.store import CalibrationStore, PrefixRecord
+
+    store = CalibrationStore(tmp_path)
+    store.init({"target": "t", "draft": "d", "samples": 2, "layer": {"target": -1, "draft": -1}})
+    store.write_prefix(PrefixRecord(
+        key="q1__000", question_id="q1", k=0, prompt="p", prefix_text="",
+        texts=["a 1\n\n", "b", " a 2", "c"], sources=["target", "target", "draft", "draft"],
+        features={"target": torch.zeros(4, 3), "draft": torch.zeros(4, 2)},
+    ))
+    summary = label_directory(tmp_path, FirstWordJudge())
+    assert summary["prefixes"] == 1 and summary["samples"] == 4
+    labels = store.read_labels()
+    assert labels["judge"] == {"judge": "first-word"}
+    row = labels["prefixes"]["q1__000"]
+    assert row["clusters"] == [0, 1, 0, 2]
+    assert row["target"] == pytest.approx([0.5, 0.5, 0.5, 0.0])
+    assert row["draft"] == pytest.approx([0.5, 0.0, 0.5, 0.5])

@@ -1,0 +1,167 @@
+"""The calibration directory: what `collect` writes and `label` / `train` read.
+
+    DIR/collect.json                 settings and model identities of the collection run
+    DIR/traces.jsonl                 one target trace per question (append-only, for resume)
+    DIR/prefixes/<qid>__<k>.json     one prefix: question id, prefix text, the samples
+                                     (text + source "target"/"draft"), written last
+    DIR/prefixes/<qid>__<k>.safetensors  pooled states of every sample under each model:
+                                     "target" [S, H_target], "draft" [S, H_draft]
+    DIR/labels.json                  written by `label`: judge settings and, per prefix,
+                                     cluster ids and the per-source frequency labels
+
+A prefix is complete when its .json exists (the tensors are written before it, both
+atomically), so an interrupted `collect` resumes by skipping complete prefixes.
+Samples of every source get features under *both* models: the target probe must score the
+draft's steps at decoding time, so it is trained on both sources' steps (and likewise the
+draft probe).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+COLLECT_META = "collect.json"
+TRACES = "traces.jsonl"
+PREFIX_DIR = "prefixes"
+LABELS = "labels.json"
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    _atomic_write_bytes(Path(path), (json.dumps(obj, indent=1, ensure_ascii=False) + "\n").encode())
+
+
+def prefix_key(question_id: str, k: int) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", str(question_id))
+    return f"{safe}__{k:03d}"
+
+
+@dataclass
+class PrefixRecord:
+    key: str
+    question_id: str
+    k: int  # number of trace steps in the prefix
+    prompt: str
+    prefix_text: str
+    texts: list[str]  # the sampled next steps
+    sources: list[str]  # "target" / "draft", one per sample
+    features: dict[str, torch.Tensor] = field(default_factory=dict)  # model role -> [S, H]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class CalibrationStore:
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self.prefix_dir = self.root / PREFIX_DIR
+
+    # ------------------------------------------------------------------ collect side
+    def init(self, meta: dict) -> None:
+        """Create the directory, or check that resuming uses compatible settings."""
+        self.prefix_dir.mkdir(parents=True, exist_ok=True)
+        path = self.root / COLLECT_META
+        if path.exists():
+            old = json.loads(path.read_text())
+            keys = ("target", "draft", "layer", "pooling", "samples", "step_delimiter")
+            diff = {k: (old.get(k), meta.get(k)) for k in keys if old.get(k) != meta.get(k)}
+            if diff:
+                raise ValueError(
+                    f"{self.root} holds a collection with other settings {diff}; "
+                    "use another directory or the same settings to resume"
+                )
+        atomic_write_json(path, meta)
+
+    def meta(self) -> dict:
+        path = self.root / COLLECT_META
+        if not path.exists():
+            raise FileNotFoundError(f"{self.root} is not a calibration directory (no {COLLECT_META})")
+        return json.loads(path.read_text())
+
+    def has_prefix(self, key: str) -> bool:
+        return (self.prefix_dir / f"{key}.json").exists()
+
+    def write_prefix(self, rec: PrefixRecord) -> None:
+        from safetensors.torch import save
+
+        tensors = {role: t.detach().float().contiguous().cpu() for role, t in rec.features.items()}
+        _atomic_write_bytes(self.prefix_dir / f"{rec.key}.safetensors", save(tensors))
+        atomic_write_json(
+            self.prefix_dir / f"{rec.key}.json",
+            {
+                "key": rec.key,
+                "question_id": rec.question_id,
+                "k": rec.k,
+                "prompt": rec.prompt,
+                "prefix_text": rec.prefix_text,
+                "samples": [{"text": t, "source": s} for t, s in zip(rec.texts, rec.sources)],
+                **rec.extra,
+            },
+        )
+
+    def load_traces(self) -> dict[str, list[str]]:
+        """Question id -> trace steps, from traces.jsonl (a torn last line is ignored)."""
+        out: dict[str, list[str]] = {}
+        path = self.root / TRACES
+        if not path.exists():
+            return out
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            out[str(row["question_id"])] = list(row["steps"])
+        return out
+
+    def append_trace(self, question_id: str, steps: list[str], **extra: Any) -> None:
+        with open(self.root / TRACES, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"question_id": question_id, "steps": steps, **extra}, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    # ------------------------------------------------------------------ read side
+    def keys(self) -> list[str]:
+        if not self.prefix_dir.exists():
+            return []
+        return sorted(p.stem for p in self.prefix_dir.glob("*.json"))
+
+    def read_prefix(self, key: str, with_features: bool = True) -> PrefixRecord:
+        from safetensors.torch import load_file
+
+        row = json.loads((self.prefix_dir / f"{key}.json").read_text())
+        features = load_file(str(self.prefix_dir / f"{key}.safetensors")) if with_features else {}
+        known = {"key", "question_id", "k", "prompt", "prefix_text", "samples"}
+        return PrefixRecord(
+            key=row["key"],
+            question_id=str(row["question_id"]),
+            k=int(row["k"]),
+            prompt=row["prompt"],
+            prefix_text=row["prefix_text"],
+            texts=[s["text"] for s in row["samples"]],
+            sources=[s["source"] for s in row["samples"]],
+            features=features,
+            extra={k: v for k, v in row.items() if k not in known},
+        )
+
+    def iter_prefixes(self, with_features: bool = True) -> Iterator[PrefixRecord]:
+        for key in self.keys():
+            yield self.read_prefix(key, with_features)
+
+    def write_labels(self, judge: dict, labels: dict[str, dict]) -> None:
+        atomic_write_json(self.root / LABELS, {"judge": judge, "prefixes": labels})
+
+    def read_labels(self) -> dict:
+        path = self.root / LABELS
+        if not path.exists():
+            raise FileNotFoundError(f"{self.root} has no {LABELS}; run `semjobs probe label {self.root}` first")
+        return json.loads(path.read_text())
