@@ -20,3 +20,4 @@ for _command in (submit, status, export, cancel, retry, worker, db, run):
     main.add_command(_command)
 
 # Other command families (engine tooling) register below, one line each:
+main.add_command(__import__("cli.draft", fromlist=["draft"]).draft)  # semjobs draft ...

@@ -20,7 +20,14 @@ from worker.queues import queue_name
 
 def make_app(s: Settings = settings) -> Celery:
     app = Celery("semjobs", broker=s.redis_url, backend=s.redis_url, include=["worker.tasks"])
-    transport = {"visibility_timeout": s.visibility_timeout_s}
+    vt = s.visibility_timeout_s
+    transport = {
+        "visibility_timeout": vt,
+        # Sweep for messages of dead workers every vt/4 (1 s..60 s) instead of kombu's
+        # default ~100 s, so a lost chunk is redelivered within ~1.25 x the timeout.
+        "unacked_restore_interval": max(1, min(60, vt // 4)),
+        "unacked_restore_throttle": 1,
+    }
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

@@ -1,0 +1,133 @@
+"""`semjobs probe ...`: calibration of the semantic probes (collect -> label -> train).
+
+Thin: parse options, call `semspec.calibration`, print a summary.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.group()
+def probe() -> None:
+    """Calibrate SemanticSpec probes for a target/draft pair (once per pair and domain)."""
+
+
+@probe.command()
+@click.option("--target", default="embedded:smollm2-135m", show_default=True,
+              help="Target model: embedded:NAME, a local HF directory or a .gguf file.")
+@click.option("--draft", required=True, help="Draft model spec (same forms as --target).")
+@click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="JSONL prompts: {id, prompt}, GSM8K {question, ...} or OpenAI Batch lines.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Calibration directory (created, or resumed when it exists).")
+@click.option("--samples", "-n", default=10, show_default=True, help="Next steps sampled per prefix and model.")
+@click.option("--skip-lines", default=0, show_default=True, help="Skip the first lines of the prompts file.")
+@click.option("--limit-prompts", type=int, default=None, help="Use at most this many prompts.")
+@click.option("--max-prefixes", type=int, default=None, help="Stop once this many prefixes are stored.")
+@click.option("--max-trace-steps", default=12, show_default=True, help="Prefixes per question at most.")
+@click.option("--max-trace-tokens", default=320, show_default=True, help="Token cap of each target trace.")
+@click.option("--max-step-tokens", default=48, show_default=True, help="Token cap of one step.")
+@click.option("--step-delimiter", default="\n\n", show_default=repr("\n\n"), help="Step delimiter.")
+@click.option("--temperature", default=0.6, show_default=True)
+@click.option("--top-p", default=0.95, show_default=True)
+@click.option("--trace-temperature", default=0.0, show_default=True, help="0 = greedy target traces.")
+@click.option("--layer", default=-1, show_default=True,
+              help="hidden_states index pooled for the probes (negative: from the end).")
+@click.option("--draft-layer", type=int, default=None, help="Layer for the draft, if different.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--device", default="auto", show_default=True)
+def collect(target, draft, prompts_file, out_dir, samples, skip_lines, limit_prompts, max_prefixes,
+            max_trace_steps, max_trace_tokens, max_step_tokens, step_delimiter, temperature, top_p,
+            trace_temperature, layer, draft_layer, seed, device):
+    """Generate target traces, cut them into prefixes, sample next steps from both models and
+    store texts and pooled hidden states in OUT (resumable)."""
+    from semspec.calibration.collect import CollectConfig, collect as run_collect, read_prompts
+    from semspec.models import load_model
+
+    prompts = read_prompts(prompts_file, skip=skip_lines, limit=limit_prompts)
+    if not prompts:
+        raise click.UsageError(f"no prompts in {prompts_file} after skipping {skip_lines} lines")
+    cfg = CollectConfig(
+        samples=samples, temperature=temperature, top_p=top_p, layer=layer, draft_layer=draft_layer,
+        step_delimiter=step_delimiter, max_step_tokens=max_step_tokens, max_trace_tokens=max_trace_tokens,
+        max_trace_steps=max_trace_steps, max_prefixes=max_prefixes, trace_temperature=trace_temperature,
+        seed=seed,
+    )
+    click.echo(f"loading target {target} and draft {draft} ...", err=True)
+    tgt = load_model(target, device=device)
+    drf = load_model(draft, device=device)
+    stats = run_collect(tgt, drf, prompts, out_dir, cfg, progress=True)
+    click.echo(json.dumps(stats, indent=1))
+
+
+@probe.command()
+@click.argument("data_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--judge", "judge_kind", type=click.Choice(["embed", "nli"]), default="embed", show_default=True,
+              help="embed: all-MiniLM-L6-v2 cosine + numeric rule; nli: bidirectional entailment.")
+@click.option("--judge-model", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Judge model directory (required for nli; default for embed: the embedded MiniLM).")
+@click.option("--threshold", type=float, default=None,
+              help="Cosine threshold (embed) or entailment probability threshold (nli).")
+@click.option("--numbers/--no-numbers", default=None,
+              help="Apply the numeric-consistency rule (default: on for embed, off for nli).")
+@click.option("--device", default="cpu", show_default=True)
+def label(data_dir, judge_kind, judge_model, threshold, numbers, device):
+    """Cluster each prefix's samples by meaning and label each with its cluster frequency."""
+    from semspec.calibration.judge import make_judge
+    from semspec.calibration.labels import label_directory
+
+    try:
+        judge = make_judge(judge_kind, judge_model, threshold, numbers, device)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    summary = label_directory(data_dir, judge, progress=True)
+    click.echo(json.dumps({"judge": judge.describe(), **summary}, indent=1))
+
+
+@probe.command()
+@click.argument("data_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Probe directory: target.safetensors, draft.safetensors, report.json, calibration.png.")
+@click.option("--holdout", default=0.2, show_default=True, help="Fraction of questions held out.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--lr", default=1e-3, show_default=True)
+def train(data_dir, out_dir, holdout, seed, lr):
+    """Train one probe per model (split by question) and report held-out metrics."""
+    from semspec.calibration.train import train_probes
+
+    report = train_probes(data_dir, out_dir, holdout=holdout, seed=seed, lr=lr)
+    for role, s in report["probes"].items():
+        m = s["held_out"]
+        fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+        click.echo(
+            f"{role:6s} held-out n={m['n']}: MSE {fmt(m['mse'])} (constant {fmt(m['constant_mse'])}), "
+            f"R² {fmt(m['r2'])}, Spearman {fmt(m['spearman'])}, AUROC(label≥0.5) {fmt(m['auroc_label_ge_0.5'])}"
+        )
+    click.echo(f"probes, report.json and calibration.png in {out_dir}")
+
+
+@probe.command("judge-eval")
+@click.argument("pairs_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--judge", "judge_kind", type=click.Choice(["embed", "nli"]), default="embed", show_default=True)
+@click.option("--judge-model", type=click.Path(exists=True, file_okay=False), default=None)
+@click.option("--threshold", type=float, default=None)
+@click.option("--numbers/--no-numbers", default=None)
+@click.option("--show-errors", is_flag=True, help="Print the misjudged pairs.")
+def judge_eval(pairs_file, judge_kind, judge_model, threshold, numbers, show_errors):
+    """Accuracy, precision and recall of a judge on labelled pairs ({"a","b","equivalent"} JSONL)."""
+    from semspec.calibration.judge import evaluate_pairs, make_judge
+
+    pairs = [json.loads(x) for x in open(pairs_file, encoding="utf-8") if x.strip()]
+    try:
+        judge = make_judge(judge_kind, judge_model, threshold, numbers)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    result = evaluate_pairs(judge, pairs)
+    errors = result.pop("errors")
+    click.echo(json.dumps({"judge": judge.describe(), **result}, indent=1))
+    if show_errors:
+        for e in errors:
+            click.echo(f"gold={e['equivalent']} predicted={e['predicted']}: {e['a']!r} | {e['b']!r}")

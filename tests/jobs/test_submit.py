@@ -1,0 +1,82 @@
+"""`semjobs submit` / `semjobs run` on bad input: clear errors, non-zero exit, zero rows."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import func, select
+
+from cli.main import main
+from db.models import Item, Job
+from db.session import session_factory
+from jobs.submit import store_job, job_config
+
+
+def rows(url):
+    with session_factory(url)() as s:
+        return s.scalar(select(func.count()).select_from(Job)), s.scalar(
+            select(func.count()).select_from(Item)
+        )
+
+
+BAD_FILES = {
+    "malformed": ['{"id": 1, "prompt": "ok"}', '{"id": 2, "prompt": '],
+    "missing_id": ['{"id": 1, "prompt": "ok"}', '{"prompt": "no id"}'],
+    "duplicate_id": ['{"id": "a", "prompt": "ok"}', '{"id": "a", "prompt": "again"}'],
+    "wrong_type": ['{"id": 1, "prompt": ["not", "a", "string"]}'],
+    "empty_prompt": ['{"id": 1, "prompt": "ok"}', '{"id": 2, "prompt": ""}'],
+    "over_long": ['{"id": 1, "prompt": "ok"}', json.dumps({"id": 2, "prompt": "x" * 3000})],
+}
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def db_url(request):
+    return request.getfixturevalue("pg_db" if request.param == "postgres" else "sqlite_db")
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_submit_bad_input_writes_nothing(case, pg_db, tmp_path, monkeypatch):
+    from semjobs.settings import settings
+
+    monkeypatch.setattr(settings, "database_url", pg_db)
+    monkeypatch.setattr(settings, "max_line_bytes", 2000)
+    monkeypatch.setattr(settings, "redis_url", "redis://127.0.0.1:1/0")  # never reached
+    p = tmp_path / f"{case}.jsonl"
+    p.write_text("\n".join(BAD_FILES[case]) + "\n")
+    res = CliRunner().invoke(main, ["submit", str(p)])
+    assert res.exit_code == 2, res.output
+    assert "line 2" in res.output or "line 1" in res.output
+    assert "nothing was stored" in res.output
+    assert rows(pg_db) == (0, 0)
+
+
+def test_run_bad_input_writes_nothing(sqlite_db, tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"id": 1, "prompt": "ok"}\n{"id": 1, "prompt": "dup"}\n')
+    res = CliRunner().invoke(main, ["run", str(p), "-o", str(tmp_path / "o.jsonl"),
+                                    "--db", sqlite_db])
+    assert res.exit_code == 2
+    assert "line 2, field 'id': duplicate id '1' (first on line 1)" in res.output
+    assert rows(sqlite_db) == (0, 0)
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_store_job_streams_items_in_batches(db_url, tmp_path, monkeypatch):
+    from semjobs.settings import settings
+
+    monkeypatch.setattr(settings, "insert_batch_size", 7)
+    p = tmp_path / "in.jsonl"
+    with open(p, "w") as f:
+        for i in range(50):
+            f.write(json.dumps({"id": f"q{i}", "prompt": f"question {i}", "answer": i}) + "\n")
+    job_id, n = store_job(p, job_config("ar", 8), queue="q", url=db_url)
+    assert n == 50
+    with session_factory(db_url)() as s:
+        job = s.get(Job, job_id)
+        assert (job.status, job.n_items, job.method) == ("pending", 50, "ar")
+        assert job.config["max_new_tokens"] == 8
+        assert len(job.manifest["input"]["sha256"]) == 64
+        items = s.scalars(select(Item).where(Item.job_id == job_id).order_by(Item.seq)).all()
+        assert [i.item_id for i in items] == [f"q{i}" for i in range(50)]
+        assert items[3].request == {"id": "q3", "prompt": "question 3", "meta": {"answer": 3}}
+        assert items[3].line == 4 and items[3].status == "pending" and items[3].attempts == 0

@@ -1,0 +1,196 @@
+"""Real services, real processes: `semjobs submit` -> Redis -> `semjobs worker` (a real
+celery worker subprocess, instant test-double engine) -> Postgres -> `semjobs export`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+from sqlalchemy import func, select
+
+from db.models import Item, Job, Output
+from db.session import session_factory
+from tests.conftest import run_cli, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def write_input(path, n, fail=()):
+    with open(path, "w") as f:
+        for i in range(n):
+            prompt = f"Question {i}: what is {i} plus {i}?" + (" FAIL" if i in fail else "")
+            f.write(json.dumps({"id": f"q{i}", "prompt": prompt}) + "\n")
+    return path
+
+
+def submit(env, path, *extra) -> str:
+    out = run_cli(["submit", str(path), "--max-new-tokens", "16", *extra], env).stdout
+    return out.strip().splitlines()[-1]
+
+
+def job_status(url, job_id):
+    with session_factory(url)() as s:
+        return s.scalar(select(Job.status).where(Job.id == job_id))
+
+
+def counts(url, job_id):
+    with session_factory(url)() as s:
+        return dict(
+            s.execute(
+                select(Item.status, func.count()).where(Item.job_id == job_id).group_by(Item.status)
+            ).all()
+        )
+
+
+def wait_completed(url, job_id, workers, timeout=90):
+    def done():
+        for p in workers.procs:
+            if p.poll() is not None and p.returncode not in (0, -signal.SIGKILL):
+                raise AssertionError(f"worker exited {p.returncode}:\n{workers.log(p)}")
+        return job_status(url, job_id) == "completed"
+
+    try:
+        wait_for(done, timeout, what=f"job {job_id} to complete")
+    except AssertionError:
+        logs = "\n".join(workers.log(p)[-3000:] for p in workers.procs)
+        raise AssertionError(f"job {job_id} not completed: {counts(url, job_id)}\n{logs}")
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_submit_worker_status_export(service_env, workers, pg_db, tmp_path):
+    path = write_input(tmp_path / "in.jsonl", 10, fail={7})
+    job_id = submit(service_env, path, "--name", "e2e")
+    assert job_status(pg_db, job_id) == "queued"
+    workers.start("w1")
+    wait_completed(pg_db, job_id, workers)
+
+    st = json.loads(run_cli(["status", job_id, "--json"], service_env).stdout)
+    assert st["status"] == "completed"
+    assert st["counts"] == {"pending": 0, "running": 0, "done": 9, "failed": 1, "cancelled": 0}
+    assert st["generated_tokens"] > 0 and st["acceptance"]["steps_drafted"] == 18
+    table = run_cli(["status"], service_env).stdout
+    assert job_id in table and "completed" in table
+
+    out, errors = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    run_cli(["export", job_id, "-o", str(out), "--errors", str(errors)], service_env)
+    lines = read_jsonl(out)
+    assert sorted(line["id"] for line in lines) == sorted(f"q{i}" for i in range(10) if i != 7)
+    assert all(line["output"] and line["usage"]["completion_tokens"] > 0 for line in lines)
+    assert lines[0]["final_answer"] is not None and lines[0]["stats"]["n_steps"] == 2
+    errs = read_jsonl(errors)
+    assert [e["id"] for e in errs] == ["q7"] and "fake engine asked to fail" in errs[0]["error"]
+
+    # retry re-enqueues the failed item only; it fails again (same prompt), nothing else reruns
+    res = run_cli(["retry", job_id], service_env)
+    assert "re-enqueued 1 items" in res.stdout
+    wait_completed(pg_db, job_id, workers)
+    with session_factory(pg_db)() as s:
+        attempts = dict(s.execute(select(Item.item_id, Item.attempts)
+                                      .where(Item.job_id == job_id)).all())
+    assert attempts["q7"] == 1 and all(a == 1 for a in attempts.values())
+    assert counts(pg_db, job_id) == {"done": 9, "failed": 1}
+
+
+def test_batch_input_exports_batch_output_shape(service_env, workers, pg_db, tmp_path):
+    path = tmp_path / "batch.jsonl"
+    with open(path, "w") as f:
+        for i in range(3):
+            f.write(json.dumps({
+                "custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
+                "body": {"model": "any", "messages": [{"role": "user", "content": f"Q{i} sum?"}],
+                         "max_tokens": 8, "temperature": 0},
+            }) + "\n")
+    job_id = submit(service_env, path)
+    workers.start("w1")
+    wait_completed(pg_db, job_id, workers)
+    out = tmp_path / "out.jsonl"
+    run_cli(["export", job_id, "-o", str(out)], service_env)
+    lines = read_jsonl(out)
+    assert [line["custom_id"] for line in lines] == ["req-0", "req-1", "req-2"]
+    body = lines[0]["response"]["body"]
+    assert lines[0]["error"] is None and lines[0]["response"]["status_code"] == 200
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["usage"]["total_tokens"] > 0
+
+
+def test_two_workers_process_every_item_exactly_once(service_env, workers, pg_db, tmp_path):
+    n = 40
+    job_id = submit(service_env, write_input(tmp_path / "in.jsonl", n))
+    slow = {"FAKE_ENGINE_DELAY_S": "0.05"}
+    workers.start("w1", env=slow)
+    workers.start("w2", env=slow)
+    wait_completed(pg_db, job_id, workers)
+    with session_factory(pg_db)() as s:
+        rows = s.execute(select(Item.item_id, Item.attempts, Item.worker, Item.status)
+                         .where(Item.job_id == job_id)).all()
+        n_out = s.scalar(select(func.count()).select_from(Output).where(Output.job_id == job_id))
+    assert n_out == n
+    assert all(r.status == "done" and r.attempts == 1 for r in rows), rows
+    assert len({r.worker.split("@")[0] for r in rows}) == 2, "both workers should have worked"
+    out = tmp_path / "out.jsonl"
+    run_cli(["export", job_id, "-o", str(out)], service_env)
+    ids = [line["id"] for line in read_jsonl(out)]
+    assert sorted(ids) == sorted(f"q{i}" for i in range(n)) and len(ids) == len(set(ids))
+
+
+def test_sigkilled_worker_items_are_redone_never_duplicated(service_env, workers, pg_db,
+                                                              tmp_path):
+    # A short visibility timeout, the same for every process, so Redis hands the dead
+    # worker's unacknowledged chunk to the survivor within seconds.
+    env = {**service_env, "SEMJOBS_VISIBILITY_TIMEOUT_S": "4", "FAKE_ENGINE_DELAY_S": "0.25"}
+    workers.env = env
+    n = 24
+    job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
+    victim = workers.start("victim")
+
+    def victim_mid_item():
+        with session_factory(pg_db)() as s:
+            running = s.scalars(select(Item).where(
+                Item.job_id == job_id, Item.status == "running",
+                Item.worker.like("victim@%"))).all()
+            done = s.scalar(select(func.count()).select_from(Item).where(
+                Item.job_id == job_id, Item.status == "done"))
+        return running if running and done >= 2 else None
+
+    running = wait_for(victim_mid_item, 60, interval=0.05, what="victim busy on an item")
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    killed_item = running[0].item_id
+    workers.start("survivor")
+    wait_completed(pg_db, job_id, workers, timeout=120)
+
+    with session_factory(pg_db)() as s:
+        items = {i.item_id: i for i in s.scalars(select(Item).where(Item.job_id == job_id))}
+        n_out = s.scalar(select(func.count()).select_from(Output).where(Output.job_id == job_id))
+    assert n_out == n and all(i.status == "done" for i in items.values())
+    assert items[killed_item].attempts == 2
+    assert items[killed_item].worker.startswith("survivor@")
+    out = tmp_path / "out.jsonl"
+    run_cli(["export", job_id, "-o", str(out)], env)
+    ids = [line["id"] for line in read_jsonl(out)]
+    assert sorted(ids) == sorted(f"q{i}" for i in range(n))
+
+
+def test_cancel_stops_a_running_job(service_env, workers, pg_db, tmp_path):
+    n = 40
+    job_id = submit(service_env, write_input(tmp_path / "in.jsonl", n))
+    workers.start("w1", env={"FAKE_ENGINE_DELAY_S": "0.1"})
+    wait_for(lambda: counts(pg_db, job_id).get("done", 0) >= 2, 60, what="first items")
+    res = run_cli(["cancel", job_id], service_env)
+    assert "cancelled" in res.stdout
+
+    def settled():
+        c = counts(pg_db, job_id)
+        return not c.get("running") and not c.get("pending")
+
+    wait_for(settled, 30, what="running items to finish")
+    c = counts(pg_db, job_id)
+    assert c.get("cancelled", 0) > 0 and c.get("done", 0) + c["cancelled"] == n
+    assert job_status(pg_db, job_id) == "cancelled"

@@ -1,0 +1,37 @@
+"""The Celery app is configured as DESIGN.md §6 asks, and importing it loads no model."""
+
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_celery_settings():
+    from semjobs.settings import settings
+    import worker.tasks  # noqa: F401  (registers the task)
+    from worker.celery import app, make_app
+    from worker.queues import queue_name
+
+    c = app.conf
+    assert c.task_acks_late and c.task_reject_on_worker_lost
+    assert c.worker_prefetch_multiplier == 1
+    vt = settings.visibility_timeout_s
+    assert c.broker_transport_options["visibility_timeout"] == vt
+    assert c.result_backend_transport_options["visibility_timeout"] == vt
+    assert c.worker_send_task_events and c.task_send_sent_event
+    assert c.task_default_queue == queue_name()
+    assert "semjobs.run_chunk" in app.tasks
+    # one queue per model pair
+    s2 = settings.model_copy(update={"target_model": "/m/R1-Distill-Qwen-32B",
+                                     "draft_model": "/m/R1-Distill-Qwen-1.5B", "queue": None})
+    assert queue_name(s2) == "semjobs.R1-Distill-Qwen-32B+R1-Distill-Qwen-1.5B"
+    assert make_app(s2).conf.task_default_queue == queue_name(s2)
+
+
+def test_importing_the_worker_loads_no_engine_and_no_torch():
+    code = (
+        "import sys, worker.tasks, worker.engine as e, cli.main;"
+        "assert not e.loaded();"
+        "assert 'torch' not in sys.modules, 'torch imported by the worker parent'"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

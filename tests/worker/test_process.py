@@ -1,0 +1,146 @@
+"""The shared per-item code (`worker.process.run_items`) with the instant test-double engine:
+idempotent commits, attempt cap, cooperative cancel, failures, chunk deadline."""
+
+import json
+import time
+
+import pytest
+from sqlalchemy import func, select
+
+from db import repo
+from db.models import Item, ItemStats, Job, Output, StepLog
+from db.session import session_factory
+from jobs.submit import job_config, store_job
+from worker.process import run_items
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request):
+    return request.getfixturevalue("sqlite_db" if request.param == "sqlite" else "pg_db")
+
+
+def make_job(url, tmp_path, n=6, fail=()):
+    p = tmp_path / "in.jsonl"
+    with open(p, "w") as f:
+        for i in range(n):
+            prompt = f"question number {i}" + (" FAIL" if i in fail else "")
+            f.write(json.dumps({"id": f"i{i}", "prompt": prompt}) + "\n")
+    job_id, _ = store_job(p, job_config("ar", 16), queue="q", url=url, status="queued")
+    return job_id
+
+
+def count(url, model, job_id):
+    with session_factory(url)() as s:
+        return s.scalar(select(func.count()).select_from(model).where(model.job_id == job_id))
+
+
+def statuses(url, job_id):
+    with session_factory(url)() as s:
+        return dict(s.execute(select(Item.item_id, Item.status).where(Item.job_id == job_id)).all())
+
+
+def test_run_items_fills_every_table_and_completes_job(db_url, tmp_path, fake_engine):
+    job_id = make_job(db_url, tmp_path, n=6, fail={2})
+    rep = run_items(job_id, list(range(6)), url=db_url)
+    assert (rep.done, rep.failed) == (5, 1)
+    assert count(db_url, Output, job_id) == 5
+    assert count(db_url, ItemStats, job_id) == 5
+    assert count(db_url, StepLog, job_id) == 10
+    with session_factory(db_url)() as s:
+        job = s.get(Job, job_id)
+        assert job.status == "completed" and job.finished_at and job.started_at
+        assert job.manifest["identities"]["target"].startswith("fake-instant")
+        failed = s.scalars(select(Item).where(Item.job_id == job_id, Item.status == "failed")).one()
+        assert failed.item_id == "i2" and "fake engine asked to fail" in failed.error
+        st = s.scalars(select(ItemStats).where(ItemStats.job_id == job_id)).first()
+        assert st.target_forward_passes == 3 and st.steps_drafted == 2 and st.n_steps == 2
+        step = s.scalars(select(StepLog).order_by(StepLog.id)).first()
+        assert (step.author, step.decision, step.p_target) == ("draft", "accepted", 0.9)
+
+
+def test_redelivery_skips_done_items_and_never_duplicates(db_url, tmp_path, fake_engine):
+    job_id = make_job(db_url, tmp_path, n=4)
+    run_items(job_id, [0, 1, 2, 3], url=db_url)
+    rep = run_items(job_id, [0, 1, 2, 3], url=db_url)
+    assert (rep.done, rep.skipped) == (0, 4)
+    assert count(db_url, Output, job_id) == 4
+
+
+def test_concurrent_second_commit_is_dropped(db_url, tmp_path, fake_engine):
+    from tests.fake_engine import InstantEngine
+    from semspec.types import GenerationConfig
+
+    job_id = make_job(db_url, tmp_path, n=1)
+    with session_factory(db_url)() as s:
+        a = repo.claim_item(s, job_id, 0, "w1")
+        b = repo.claim_item(s, job_id, 0, "w2")  # e.g. redelivered while w1 still runs
+        assert (a.attempts, b.attempts) == (1, 2)
+        result = InstantEngine().generate("a prompt", GenerationConfig(max_new_tokens=8))
+        assert repo.save_result(s, job_id, a.pk, result) is True
+        assert repo.save_result(s, job_id, b.pk, result) is False
+    assert count(db_url, Output, job_id) == 1
+    assert count(db_url, StepLog, job_id) == 2
+
+
+def test_attempt_cap_fails_an_item_that_keeps_killing_workers(db_url, tmp_path, fake_engine,
+                                                               monkeypatch):
+    from semjobs.settings import settings
+
+    monkeypatch.setattr(settings, "max_attempts", 2)
+    job_id = make_job(db_url, tmp_path, n=2)
+    with session_factory(db_url)() as s:  # two deliveries that died mid-item
+        repo.claim_item(s, job_id, 0, "dead1")
+        repo.claim_item(s, job_id, 0, "dead2")
+    rep = run_items(job_id, [0, 1], url=db_url)
+    assert (rep.done, rep.failed) == (1, 1)
+    with session_factory(db_url)() as s:
+        item = s.scalars(select(Item).where(Item.job_id == job_id, Item.seq == 0)).one()
+        assert item.status == "failed" and "gave up after 2 deliveries" in item.error
+        assert s.get(Job, job_id).status == "completed"
+
+
+def test_cancel_between_items(db_url, tmp_path, fake_engine):
+    job_id = make_job(db_url, tmp_path, n=6)
+
+    def cancel_after_two(kind, seq):
+        if seq == 1:
+            with session_factory(db_url)() as s:
+                repo.cancel_job(s, job_id)
+
+    rep = run_items(job_id, list(range(6)), url=db_url, on_item=cancel_after_two)
+    assert rep.done == 2 and rep.cancelled
+    st = statuses(db_url, job_id)
+    assert [st[f"i{i}"] for i in range(6)] == ["done"] * 2 + ["cancelled"] * 4
+    # a redelivered chunk of a cancelled job does nothing
+    rep = run_items(job_id, list(range(6)), url=db_url)
+    assert rep.done == 0 and count(db_url, Output, job_id) == 2
+    with session_factory(db_url)() as s:
+        assert s.get(Job, job_id).status == "cancelled"
+
+
+def test_running_item_of_dead_worker_is_cancelled_by_next_delivery(db_url, tmp_path, fake_engine):
+    job_id = make_job(db_url, tmp_path, n=2)
+    with session_factory(db_url)() as s:
+        repo.claim_item(s, job_id, 0, "dead")
+        repo.cancel_job(s, job_id)
+    run_items(job_id, [0, 1], url=db_url)
+    assert set(statuses(db_url, job_id).values()) == {"cancelled"}
+
+
+def test_retry_resets_only_failed_items(db_url, tmp_path, fake_engine):
+    job_id = make_job(db_url, tmp_path, n=3, fail={1})
+    run_items(job_id, [0, 1, 2], url=db_url)
+    with session_factory(db_url)() as s:
+        assert repo.reset_failed(s, job_id) == [1]
+        assert s.get(Job, job_id).status == "queued"
+        item = s.scalars(select(Item).where(Item.job_id == job_id, Item.seq == 1)).one()
+        assert (item.status, item.attempts, item.error) == ("pending", 0, None)
+    assert statuses(db_url, job_id) == {"i0": "done", "i1": "pending", "i2": "done"}
+
+
+def test_deadline_hands_back_the_rest(db_url, tmp_path, fake_engine):
+    job_id = make_job(db_url, tmp_path, n=4)
+    rep = run_items(job_id, [0, 1, 2, 3], url=db_url, deadline=time.monotonic() - 1)
+    assert rep.done == 1 and rep.left == [1, 2, 3]
+    with session_factory(db_url)() as s:
+        assert s.get(Job, job_id).status == "running"
