@@ -68,14 +68,15 @@ def tiny_model(tokenizer, num_layers: int = 2, hidden_size: int = 64, seed: int 
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
-    # Random init gives near-uniform logits; sharpen them so greedy and sampled decoding
-    # differ and the tests exercise real decisions.
+    # Random init gives near-uniform logits; a larger untied head sharpens them (so greedy
+    # and sampled decoding differ) without making the model repeat its input token.
     with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(20.0)
+        model.lm_head.weight.normal_(0.0, 0.35)
+        model.model.embed_tokens.weight.normal_(0.0, 1.0)
     return model.eval()
 
 

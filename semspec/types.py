@@ -26,6 +26,9 @@ class GenerationConfig:
     draft_tokens: int = 4
     # step_judge: accept a drafted step when the target's 0-9 score is at least this.
     judge_threshold: int = 7
+    # End-of-thinking marker: "auto" uses "</think>" when the target's vocabulary has it,
+    # None or "" disables. After it the target writes the rest itself.
+    think_end: str | None = "auto"
 
 
 @dataclass
@@ -35,11 +38,16 @@ class StepRecord:
     text: str
     drafted_tokens: int  # tokens the draft proposed for this step (0 if none)
     accepted_tokens: int  # drafted tokens kept
-    decision: str  # "accepted", "rejected" (draft thrown away, target rewrote) or "target_only"
+    # "accepted", "rejected" (draft thrown away, target rewrote), "target_only" (no draft
+    # involved) or "token_verified" (token_sd: every token checked by the target)
+    decision: str
     p_target: float | None = None
     p_draft: float | None = None
     accept_prob: float | None = None
     seconds: float = 0.0
+    target_tokens: int = 0  # target-tokenizer tokens in ``text``
+    draft_text: str | None = None  # the drafted step, when it was rejected
+    judge_score: int | None = None  # step_judge: the target's 0-9 score
 
 
 @dataclass

@@ -1,0 +1,81 @@
+"""The engine: loaded models + probes, and one ``generate`` for every method.
+
+    engine = Engine.load()                      # embedded SmolLM2 target only
+    engine = Engine.load(target, draft, probes)  # model specs (see semspec.models), probe dir
+    result = engine.generate("What is 2+2?", GenerationConfig(method="ar"))
+
+No I/O happens here beyond model loading: no database, no queue, no printing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .models import LoadedModel, load_model
+from .probes import ProbePair
+from .sequence import METHOD_CLASSES, MethodUnavailable, PromptError, Sequence
+from .types import METHODS, GenerationConfig, GenerationResult
+
+__all__ = ["Engine", "MethodUnavailable", "PromptError"]
+
+
+def _same_tokenizer(a, b) -> bool:
+    if a is b:
+        return True
+    if len(a) != len(b):
+        return False
+    return a.get_vocab() == b.get_vocab()
+
+
+class Engine:
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, probes: ProbePair | None = None):
+        self.target = target
+        self.draft = draft
+        self.probes = probes
+        self.same_tokenizer = draft is not None and _same_tokenizer(target.tokenizer, draft.tokenizer)
+        if probes is not None:
+            if draft is None:
+                raise ValueError("probes were given without a draft model")
+            probes.target.check_model(target)
+            probes.draft.check_model(draft)
+            probes.target.to(target.device)
+            probes.draft.to(draft.device)
+
+    @classmethod
+    def load(
+        cls,
+        target: str | None = None,
+        draft: str | None = None,
+        probes: str | None = None,
+        device: str = "auto",
+        cache_dir: str | os.PathLike | None = None,
+    ) -> "Engine":
+        """Load from specs. ``cache_dir`` is the service's cache root; converted models go
+        to ``cache_dir/models`` (default ``~/.cache/semjobs/models``)."""
+        model_cache = Path(cache_dir).expanduser() / "models" if cache_dir is not None else None
+        t = load_model(target, device=device, cache_dir=model_cache)
+        d = load_model(draft, device=device, cache_dir=model_cache) if draft else None
+        p = ProbePair.load(probes, t, d) if probes else None
+        if p is not None and d is None:
+            raise ValueError("probes were given without a draft model")
+        return cls(t, d, p)
+
+    @property
+    def identities(self) -> dict[str, str]:
+        ids = {"target": str(self.target.identity)}
+        if self.draft is not None:
+            ids["draft"] = str(self.draft.identity)
+        if self.probes is not None:
+            ids["target_probe"] = self.probes.target.model_identity or f"constant:{self.probes.target.constant}"
+            ids["draft_probe"] = self.probes.draft.model_identity or f"constant:{self.probes.draft.constant}"
+        return ids
+
+    def new_sequence(self, messages: list[dict] | str, config: GenerationConfig) -> Sequence:
+        """The decoding state of one prompt; drive it with ``advance()`` until ``done``."""
+        if config.method not in METHODS:
+            raise ValueError(f"unknown method {config.method!r}; one of {', '.join(METHODS)}")
+        return METHOD_CLASSES[config.method](self, messages, config)
+
+    def generate(self, messages: list[dict] | str, config: GenerationConfig | None = None) -> GenerationResult:
+        return self.new_sequence(messages, config or GenerationConfig()).run()

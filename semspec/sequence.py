@@ -1,0 +1,614 @@
+"""Per-sequence decoding state and the small step functions that drive it.
+
+Each method is a :class:`Sequence` subclass holding everything one prompt needs (token
+streams with their KV caches, phase, counters, step records, random generators).
+``advance()`` does one unit of work (a prefill, one reasoning step, one speculation round)
+and returns; ``done`` says when the sequence has finished. ``run()`` just loops, but a
+scheduler can interleave many sequences' ``advance()`` calls instead.
+
+Conventions:
+- Budget and ``Counters.generated_tokens`` count target-tokenizer tokens; the EOS token that
+  ends a sequence is not part of the output and not counted.
+- ``drafted_tokens`` / ``accepted_tokens`` count draft-tokenizer tokens the draft proposed /
+  that were kept. Bonus tokens (sampled by the target from a verification pass) are not
+  counted as accepted; ``target_forward_passes`` counts every target pass, prefill included.
+- A step's ``text`` is the target's text for it (a bonus token starts the next step).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from .models import encode_prompt
+from .probes import pool
+from .sampling import make_generator, probs_from_logits, sample, sample_logits, uniform
+from .steps import StepDetector, detect_think_end, extract_answer
+from .stream import Stream
+from .types import Counters, GenerationConfig, GenerationResult, StepRecord
+
+
+class PromptError(ValueError):
+    """The prompt cannot be decoded (empty, or longer than the model's context)."""
+
+
+class MethodUnavailable(ValueError):
+    """The method needs a model or probes the engine was not given."""
+
+
+def _common_prefix(a: list, b: list) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Sequence:
+    method = "ar"
+
+    def __init__(self, engine, messages, config: GenerationConfig):
+        self.engine = engine
+        self.cfg = config
+        self.t0 = time.perf_counter()
+        tgt = engine.target
+        try:
+            prompt = encode_prompt(tgt.tokenizer, messages)
+        except ValueError as e:
+            raise PromptError(str(e)) from e
+        if not prompt:
+            raise PromptError("empty prompt")
+        max_ctx = tgt.max_context
+        if max_ctx is not None and len(prompt) >= max_ctx:
+            raise PromptError(
+                f"prompt of {len(prompt)} tokens does not fit the target's context of {max_ctx} tokens"
+            )
+        if config.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        self.prompt_len = len(prompt)
+        self.T = Stream(tgt, prompt)
+        self.budget = config.max_new_tokens if max_ctx is None else min(config.max_new_tokens, max_ctx - len(prompt))
+        te = config.think_end
+        self.think_end = detect_think_end(tgt.tokenizer) if te == "auto" else (te or None)
+        self.detector = StepDetector(config.step_delimiter, self.think_end, config.max_step_tokens)
+        self.counters = Counters(prompt_tokens=len(prompt))
+        self.steps: list[StepRecord] = []
+        self.phase = "prefill"  # -> "think" -> "answer" -> "done"
+        self.finish_reason: str | None = None
+        self.eos = tgt.eos_token_ids
+        self.rng = make_generator(config.seed, tgt.device)
+        self.coin = make_generator(config.seed + 1_000_003, "cpu")
+        self.step_start = self.prompt_len  # absolute position in T where the open step began
+        self._step_t0 = time.perf_counter()
+        self._scan = self.prompt_len  # token_sd/ar step segmentation: next position to scan
+        self._step_drafted = 0
+        self._step_accepted = 0
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    def generated(self) -> int:
+        return len(self.T.ids) - self.prompt_len
+
+    def remaining(self) -> int:
+        return self.budget - self.generated()
+
+    def decode_t(self, ids) -> str:
+        return self.T.lm.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    @contextmanager
+    def timed(self, phase: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.counters.add_time(phase, time.perf_counter() - t)
+
+    def finish(self, reason: str) -> None:
+        if self.phase != "done":
+            self.finish_reason = reason
+            self.phase = "done"
+
+    def close_step(self, author: str, decision: str, drafted: int = 0, accepted: int = 0,
+                   end: int | None = None, **extra) -> StepRecord | None:
+        end = len(self.T.ids) if end is None else end
+        if end <= self.step_start and not drafted:
+            return None
+        rec = StepRecord(
+            index=len(self.steps),
+            author=author,
+            text=self.decode_t(self.T.ids[self.step_start:end]),
+            drafted_tokens=drafted,
+            accepted_tokens=accepted,
+            decision=decision,
+            target_tokens=end - self.step_start,
+            seconds=time.perf_counter() - self._step_t0,
+            **extra,
+        )
+        self.steps.append(rec)
+        self.step_start = end
+        self._scan = end
+        self._step_t0 = time.perf_counter()
+        return rec
+
+    def prefill(self) -> None:
+        with self.timed("prefill"):
+            self.T.forward()
+        self.phase = "think"
+
+    def take_target_token(self, tok: int) -> bool:
+        """Append a target-sampled token; False (and finish) on EOS."""
+        if tok in self.eos:
+            self.finish("eos")
+            return False
+        self.T.append([tok])
+        return True
+
+    def target_write_step(self, decision: str, **extra) -> StepRecord | None:
+        """The target writes the open step itself, token by token, until the step ends."""
+        cfg = self.cfg
+        with self.timed("target_write"):
+            n = len(self.T.ids) - self.step_start
+            prev_text = self.decode_t(self.T.ids[self.step_start:])
+            end = None
+            while True:
+                if self.remaining() <= 0:
+                    self.finish("length")
+                    break
+                tok = sample_logits(self.T.logits(), cfg.temperature, cfg.top_p, self.rng)
+                if not self.take_target_token(tok):
+                    break
+                n += 1
+                text = self.decode_t(self.T.ids[self.step_start:])
+                end = self.detector.ended(text, n, len(prev_text))
+                prev_text = text
+                if end is not None:
+                    break
+        if end is not None and end.reason == "think_end":
+            self.phase = "answer"
+        return self.close_step("target", decision, **extra)
+
+    def scan_steps(self, author: str, decision: str, final: bool = False) -> None:
+        """Close steps over tokens already in T (used by ar and token_sd)."""
+        ids = self.T.ids
+        while self._scan < len(ids):
+            prev = self.decode_t(ids[self.step_start:self._scan])
+            self._scan += 1
+            text = self.decode_t(ids[self.step_start:self._scan])
+            end = self.detector.ended(text, self._scan - self.step_start, len(prev))
+            if end is not None:
+                self.close_step(author, decision, self._step_drafted, self._step_accepted, end=self._scan)
+                self._step_drafted = self._step_accepted = 0
+                if end.reason == "think_end":
+                    self.phase = "answer" if self.phase != "done" else "done"
+        if final and len(ids) > self.step_start:
+            self.close_step(author, decision, self._step_drafted, self._step_accepted)
+
+    # ------------------------------------------------------------------ driving
+    def advance(self) -> None:
+        """One unit of work; when it finishes the sequence, close the step left open."""
+        if self.done:
+            return
+        self._advance()
+        if self.done:
+            self.close_open_step()
+
+    def _advance(self) -> None:
+        raise NotImplementedError
+
+    def close_open_step(self) -> None:
+        if len(self.T.ids) > self.step_start:  # e.g. a bonus token drawn at the very end
+            self.close_step("target", "target_only")
+
+    def run(self) -> GenerationResult:
+        while not self.done:
+            self.advance()
+        return self.result()
+
+    def result(self) -> GenerationResult:
+        c = self.counters
+        c.generated_tokens = self.generated()
+        c.target_forward_passes = self.T.forward_passes
+        d = getattr(self, "D", None)
+        c.draft_forward_passes = d.forward_passes if d is not None else 0
+        text = self.T.lm.tokenizer.decode(self.T.ids[self.prompt_len:], skip_special_tokens=True)
+        return GenerationResult(
+            text=text,
+            final_answer=extract_answer(text, self.think_end),
+            steps=list(self.steps),
+            counters=c,
+            wall_seconds=time.perf_counter() - self.t0,
+            finish_reason=self.finish_reason or "length",
+            models=dict(self.engine.identities),
+        )
+
+
+class ARSequence(Sequence):
+    """Target only, one step (a run of tokens up to the step end) per ``advance``."""
+
+    method = "ar"
+
+    def _advance(self) -> None:
+        if self.phase == "prefill":
+            return self.prefill()
+        self.target_write_step("target_only")
+
+
+@dataclass
+class DraftedStep:
+    tokens: list[int]  # draft-tokenizer tokens drafted after the step's prefix
+    text: str  # their text
+    end: str  # "delimiter", "think_end", "cap", "eos", "length"
+    pooled: torch.Tensor | None  # draft's pooled states over the whole step (prefix + tokens)
+
+
+class DraftingSequence(Sequence):
+    """Shared by the methods that use a draft: a second stream mirrored onto the target's
+    accepted text, in token ids (same tokenizer) or in text (different tokenizers)."""
+
+    def __init__(self, engine, messages, config):
+        super().__init__(engine, messages, config)
+        if engine.draft is None:
+            raise MethodUnavailable(f"method {self.method!r} needs a draft model; none was loaded")
+        self.draft = engine.draft
+        self.same_tok = engine.same_tokenizer
+        if self.same_tok:
+            d_prompt = list(self.T.ids)
+        else:
+            d_prompt = encode_prompt(self.draft.tokenizer, messages)
+            dmax = self.draft.max_context
+            if dmax is not None and len(d_prompt) >= dmax:
+                raise PromptError(f"prompt of {len(d_prompt)} tokens does not fit the draft's context of {dmax}")
+        self.D = Stream(self.draft, d_prompt)
+        self.d_eos = self.draft.eos_token_ids
+        self.rng_d = make_generator(config.seed + 7, self.draft.device)
+        # text mirror (different tokenizers): chars of target output represented in D, and
+        # checkpoints (chars, draft length) to roll back to
+        self.d_text = ""
+        self.d_marks: list[tuple[int, int]] = [(0, len(d_prompt))]
+
+    def decode_d(self, ids) -> str:
+        return self.draft.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def prefill(self) -> None:
+        with self.timed("prefill"):
+            self.T.forward()
+            self.D.forward()
+        self.phase = "think"
+
+    def sync_draft(self, upto: int) -> int:
+        """Make D represent exactly the target's ``T.ids[:upto]``; returns D's length."""
+        if self.same_tok:
+            want = self.T.ids[:upto]
+            common = _common_prefix(self.D.ids, want)
+            self.D.truncate(common)
+            self.D.append(want[common:])
+            return len(self.D.ids)
+        text = self.decode_t(self.T.ids[self.prompt_len:upto])
+        common = len(self.d_text)
+        if not text.startswith(self.d_text):
+            common = _common_prefix(list(self.d_text), list(text))
+        while self.d_marks[-1][0] > common:
+            self.d_marks.pop()
+        chars, dlen = self.d_marks[-1]
+        self.D.truncate(dlen)
+        self.d_text = self.d_text[:chars]
+        rest = text[chars:]
+        if rest:
+            self.D.append(self.draft.tokenizer(rest, add_special_tokens=False)["input_ids"])
+            self.d_text += rest
+            self.d_marks.append((len(self.d_text), len(self.D.ids)))
+        return len(self.D.ids)
+
+    def mark_draft_accepted(self, step_text: str) -> None:
+        if not self.same_tok:
+            self.d_text += step_text
+            self.d_marks.append((len(self.d_text), len(self.D.ids)))
+
+    def draft_step(self, hidden_layer: int | None = None) -> DraftedStep:
+        """The draft samples the rest of the open step (its prefix, e.g. a bonus token, is
+        already in T). With ``hidden_layer`` it also returns its pooled states over the step."""
+        cfg = self.cfg
+        d_step_start = self.sync_draft(self.step_start)
+        self.sync_draft(len(self.T.ids))
+        prefix_text = self.decode_t(self.T.ids[self.step_start:])
+        n_prefix = len(self.T.ids) - self.step_start
+        rows: list[torch.Tensor] = []
+
+        def collect(out):
+            if out.hidden is not None:
+                skip = max(0, d_step_start - out.start)
+                rows.append(out.hidden[skip:])
+
+        toks: list[int] = []
+        end = "cap"
+        prev_len = len(prefix_text)
+        while True:
+            if n_prefix + len(toks) >= cfg.max_step_tokens:
+                end = "cap"
+                break
+            if len(toks) >= self.remaining():
+                end = "length"
+                break
+            if self.D.next_logits is None:
+                collect(self.D.forward(hidden_layer=hidden_layer))
+            lg = self.D.next_logits
+            tok = sample_logits(lg, cfg.temperature, cfg.top_p, self.rng_d)
+            if tok in self.d_eos:
+                end = "eos"
+                break
+            self.D.append([tok])
+            toks.append(tok)
+            text = prefix_text + self.decode_d(toks)
+            e = self.detector.ended(text, n_prefix + len(toks), prev_len)
+            prev_len = len(text)
+            if e is not None:
+                end = e.reason
+                break
+        pooled = None
+        if hidden_layer is not None and toks:
+            if self.D.pending:
+                collect(self.D.forward(hidden_layer=hidden_layer))  # the last token's states too
+            pooled = pool(torch.cat(rows, 0).unsqueeze(0))[0]
+        return DraftedStep(toks, self.decode_d(toks), end, pooled)
+
+    def target_tokens_for(self, step: DraftedStep) -> list[int]:
+        if self.same_tok:
+            ids = list(step.tokens)
+        else:
+            ids = self.T.lm.tokenizer(step.text, add_special_tokens=False)["input_ids"]
+        return ids[: max(0, self.remaining())]
+
+    def after_accept(self, step: DraftedStep, t_ids: list[int], **record) -> None:
+        """Keep an accepted drafted step, then draw the bonus token from the same pass."""
+        self.mark_draft_accepted(step.text)
+        c = self.counters
+        c.steps_accepted += 1
+        c.accepted_tokens += len(step.tokens)
+        self.close_step("draft", "accepted", drafted=len(step.tokens), accepted=len(step.tokens), **record)
+        if step.end == "think_end":
+            self.phase = "answer"
+        if self.remaining() <= 0:
+            self.finish("length")
+            return
+        lg = self.T.next_logits
+        if lg is not None:
+            self.take_target_token(sample_logits(lg, self.cfg.temperature, self.cfg.top_p, self.rng))
+
+    def _advance(self) -> None:
+        if self.phase == "prefill":
+            return self.prefill()
+        if self.remaining() <= 0:
+            return self.finish("length")
+        if self.phase == "answer":
+            self.target_write_step("target_only")
+            return
+        self.speculate_step()
+
+    def speculate_step(self) -> None:
+        raise NotImplementedError
+
+
+class SemSpecSequence(DraftingSequence):
+    """SemanticSpec: draft a step, verify its meaning with probes on both models' states."""
+
+    method = "semspec"
+
+    def __init__(self, engine, messages, config):
+        super().__init__(engine, messages, config)
+        if engine.probes is None:
+            raise MethodUnavailable("method 'semspec' needs probes; none were loaded")
+        self.probes = engine.probes
+        self.t_layer = self.probes.target.resolved_layer(engine.target.num_layers)
+        self.d_layer = self.probes.draft.resolved_layer(self.draft.num_layers)
+
+    def speculate_step(self) -> None:
+        cfg, c = self.cfg, self.counters
+        with self.timed("draft"):
+            step = self.draft_step(hidden_layer=self.d_layer)
+        if not step.tokens:
+            # the draft wants to stop (or cannot add anything): the target decides itself
+            self.target_write_step("target_only")
+            return
+        c.steps_drafted += 1
+        c.drafted_tokens += len(step.tokens)
+        t_ids = self.target_tokens_for(step)
+        if not t_ids:  # nothing the target can take: let it write the step
+            return self.target_write_step("target_only")
+        with self.timed("verify"):
+            pre = len(self.T.ids)
+            out = self.T.forward(extra=t_ids, hidden_layer=self.t_layer)
+            skip = max(0, self.step_start - out.start)
+            pooled_t = pool(out.hidden[skip:].unsqueeze(0))[0]
+            p_t = self.probes.target.predict(pooled_t)
+            p_d = self.probes.draft.predict(step.pooled)
+            ratio = p_t / max(p_d, 1e-6)
+            accept_prob = min(1.0, ratio)
+            if cfg.tau > 0 and (p_t < cfg.tau or ratio < cfg.tau):
+                accept_prob = 0.0
+            accepted = accept_prob >= 1.0 or uniform(self.coin) < accept_prob
+        record = {"p_target": p_t, "p_draft": p_d, "accept_prob": accept_prob}
+        if accepted:
+            self.after_accept(step, t_ids, **record)
+            return
+        self.T.truncate(pre)
+        self.target_write_step("rejected", draft_text=step.text, **record)
+        # the drafted tokens were thrown away: record them on the target-written step
+        if self.steps:
+            self.steps[-1].drafted_tokens = len(step.tokens)
+
+
+JUDGE_QUESTION = (
+    "Rate the correctness and usefulness of the last step of your reasoning above on a scale "
+    "from 0 (wrong or useless) to 9 (correct and useful). Answer with a single digit."
+)
+_PLACEHOLDER = "\u2063SEMSPEC_STEP\u2063"
+
+
+def judge_suffix(tokenizer, question: str = JUDGE_QUESTION) -> str:
+    """Text that closes the assistant's partial turn, asks the judging question, and opens
+    the answer with "Score: ", rendered with the tokenizer's own chat template."""
+    from .models import render_prompt
+
+    if getattr(tokenizer, "chat_template", None):
+        full = render_prompt(
+            tokenizer,
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": _PLACEHOLDER},
+             {"role": "user", "content": question}],
+        )
+        if _PLACEHOLDER in full:
+            return full.split(_PLACEHOLDER, 1)[1] + "Score: "
+    return f"\n\n{question}\nScore: "
+
+
+class StepJudgeSequence(DraftingSequence):
+    """SpecReason-style: the target scores each drafted step 0-9 in one prefill pass."""
+
+    method = "step_judge"
+
+    def __init__(self, engine, messages, config):
+        super().__init__(engine, messages, config)
+        tok = engine.target.tokenizer
+        self.suffix_ids = tok(judge_suffix(tok), add_special_tokens=False)["input_ids"]
+        digits = []
+        for d in "0123456789":
+            ids = tok(d, add_special_tokens=False)["input_ids"]
+            if len(ids) != 1:
+                raise MethodUnavailable(f"step_judge needs single-token digits; {d!r} is {ids}")
+            digits.append(ids[0])
+        self.digit_ids = torch.tensor(digits, device=engine.target.device)
+
+    def speculate_step(self) -> None:
+        cfg, c = self.cfg, self.counters
+        with self.timed("draft"):
+            step = self.draft_step()
+        if not step.tokens:
+            self.target_write_step("target_only")
+            return
+        c.steps_drafted += 1
+        c.drafted_tokens += len(step.tokens)
+        t_ids = self.target_tokens_for(step)
+        if not t_ids:  # nothing the target can take: let it write the step
+            return self.target_write_step("target_only")
+        with self.timed("judge"):
+            pre = len(self.T.ids)
+            self.T.forward(extra=t_ids + self.suffix_ids)
+            score = int(self.T.next_logits[self.digit_ids].argmax())
+            self.T.truncate(pre + len(t_ids))  # drop the judging question, keep the step
+        accepted = score >= cfg.judge_threshold
+        record = {"judge_score": score, "p_target": score / 9.0, "accept_prob": 1.0 if accepted else 0.0}
+        if accepted:
+            self.after_accept(step, t_ids, **record)
+            return
+        self.T.truncate(pre)
+        self.target_write_step("rejected", draft_text=step.text, **record)
+        if self.steps:
+            self.steps[-1].drafted_tokens = len(step.tokens)
+
+
+class TokenSDSequence(DraftingSequence):
+    """Standard speculative sampling: k draft tokens, one target pass, min(1, p/q) accept,
+    residual resampling; greedy is exact matching. Same tokenizer only."""
+
+    method = "token_sd"
+
+    def __init__(self, engine, messages, config):
+        if engine.draft is not None and not engine.same_tokenizer:
+            raise MethodUnavailable(
+                "token_sd needs a draft with the target's tokenizer; this pair has different "
+                "tokenizers (use semspec or step_judge, which pass steps as text)"
+            )
+        super().__init__(engine, messages, config)
+        if config.draft_tokens < 1:
+            raise ValueError("draft_tokens must be at least 1")
+
+    def close_open_step(self) -> None:
+        self.scan_steps("target", "token_verified", final=True)
+
+    def _advance(self) -> None:
+        if self.phase == "prefill":
+            return self.prefill()
+        cfg, c = self.cfg, self.counters
+        rem = self.remaining()
+        if rem <= 0:
+            return self.finish("length")
+        k = min(cfg.draft_tokens, rem - 1)
+        greedy = cfg.temperature <= 0
+        drafted: list[int] = []
+        qs: list[torch.Tensor] = []
+        with self.timed("draft"):
+            if k > 0:
+                self.sync_draft(len(self.T.ids))
+                for _ in range(k):
+                    lg = self.D.logits()
+                    q = None if greedy else probs_from_logits(lg, cfg.temperature, cfg.top_p)
+                    x = int(lg.argmax()) if greedy else sample(q, self.rng_d)
+                    drafted.append(x)
+                    qs.append(q)
+                    self.D.append([x])
+                    if x in self.eos:
+                        break
+        with self.timed("verify"):
+            pre = len(self.T.ids)
+            if drafted:
+                self.T.forward(extra=drafted)
+                last = None
+            else:
+                last = self.T.logits()
+            n_acc = 0
+            new = None
+            for i, x in enumerate(drafted):
+                lg = self.T.logits_before(pre + i)
+                if greedy:
+                    ok = int(lg.argmax()) == x
+                else:
+                    p = probs_from_logits(lg, cfg.temperature, cfg.top_p)
+                    q = qs[i]
+                    qx = float(q[x]) if x < q.shape[0] else 0.0
+                    px = float(p[x]) if x < p.shape[0] else 0.0
+                    ok = qx > 0 and uniform(self.coin) < min(1.0, px / qx)
+                if not ok:
+                    if greedy:
+                        new = int(lg.argmax())
+                    else:
+                        qq = torch.zeros_like(p)
+                        n = min(p.shape[0], q.shape[0])
+                        qq[:n] = q[:n].to(p.device)
+                        resid = (p - qq).clamp_min(0)
+                        new = sample(resid / resid.sum() if resid.sum() > 0 else p, self.rng)
+                    break
+                n_acc += 1
+            if new is None:
+                lg = self.T.logits_before(pre + n_acc) if last is None else last
+                new = sample_logits(lg, cfg.temperature, cfg.top_p, self.rng)
+            self.T.truncate(pre + n_acc)
+        c.drafted_tokens += len(drafted)
+        self._step_drafted += len(drafted)
+        # an accepted EOS ends the sequence there
+        for j in range(pre, pre + n_acc):
+            if self.T.ids[j] in self.eos:
+                n_acc = j - pre
+                self.T.truncate(j)
+                new = None
+                self.finish("eos")
+                break
+        c.accepted_tokens += n_acc
+        self._step_accepted += n_acc
+        if new is not None:
+            self.take_target_token(new)
+        if self.remaining() <= 0:
+            self.finish("length")
+        self.scan_steps("target", "token_verified")
+
+
+METHOD_CLASSES = {
+    "ar": ARSequence,
+    "token_sd": TokenSDSequence,
+    "step_judge": StepJudgeSequence,
+    "semspec": SemSpecSequence,
+}

@@ -1,0 +1,129 @@
+"""Reasoning steps: where a step ends, splitting text into steps, final answers.
+
+A step ends with the token whose text *completes* the delimiter (default a blank line,
+``"\\n\\n"``). Tokenizers merge punctuation and newlines (``".\\n\\n"``, ``"\\n\\n\\n"``), so
+this is decided on the decoded text, never on one token id. A delimiter only counts once
+the step holds some non-blank text, so runs of blank lines do not make empty steps. An
+end-of-thinking marker (e.g. ``"</think>"``) also ends a step.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+THINK_END_CANDIDATES = ("</think>",)
+
+
+@dataclass
+class StepEnd:
+    reason: str  # "delimiter", "think_end", "cap"
+
+
+class StepDetector:
+    """Decides, from a step's text so far, whether it has ended."""
+
+    def __init__(self, delimiter: str = "\n\n", think_end: str | None = None, max_step_tokens: int = 64):
+        if not delimiter:
+            raise ValueError("the step delimiter must not be empty")
+        if max_step_tokens < 1:
+            raise ValueError("max_step_tokens must be at least 1")
+        self.delimiter = delimiter
+        self.think_end = think_end or None
+        self.max_step_tokens = max_step_tokens
+
+    def ended(self, text: str, n_tokens: int, prev_len: int = 0) -> StepEnd | None:
+        """``text``: the whole step so far; ``prev_len``: its length before the last token,
+        so only delimiter occurrences completed by that token count."""
+        if self.think_end and self.think_end in text[max(0, prev_len - len(self.think_end) + 1):]:
+            return StepEnd("think_end")
+        d = self.delimiter
+        start = max(0, prev_len - len(d) + 1)
+        pos = text.find(d, start)
+        while pos != -1:
+            if text[:pos].strip():
+                return StepEnd("delimiter")
+            pos = text.find(d, pos + 1)
+        if n_tokens >= self.max_step_tokens:
+            return StepEnd("cap")
+        return None
+
+
+def split_steps(text: str, delimiter: str = "\n\n") -> list[str]:
+    """Cut a reasoning trace into steps, each keeping its trailing delimiter, so that
+    ``"".join(split_steps(t)) == t``. Leading blank text joins the first step."""
+    steps: list[str] = []
+    cur = 0
+    i = text.find(delimiter)
+    while i != -1:
+        if text[cur:i].strip():
+            end = i + len(delimiter)
+            steps.append(text[cur:end])
+            cur = end
+            i = text.find(delimiter, cur)
+        else:
+            i = text.find(delimiter, i + 1)
+    if cur < len(text):
+        if steps and not text[cur:].strip():
+            steps[-1] += text[cur:]
+        else:
+            steps.append(text[cur:])
+    return steps
+
+
+def detect_think_end(tokenizer) -> str | None:
+    """The end-of-thinking marker when the tokenizer has one as a token (R1/QwQ style)."""
+    vocab = tokenizer.get_vocab()
+    for m in THINK_END_CANDIDATES:
+        if m in vocab:
+            return m
+    return None
+
+
+_NUM = r"-?[\d,]*\.?\d+"
+
+
+def _clean_number(s: str) -> str:
+    s = s.strip().strip("$ ").rstrip(".")
+    if re.fullmatch(r"-?[\d,]+(\.\d+)?", s):
+        s = s.replace(",", "")
+    return s
+
+
+def _last_boxed(text: str) -> str | None:
+    i = text.rfind("\\boxed")
+    if i == -1:
+        return None
+    j = text.find("{", i)
+    if j == -1:
+        return None
+    depth = 0
+    for k in range(j, len(text)):
+        if text[k] == "{":
+            depth += 1
+        elif text[k] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[j + 1:k]
+    return None
+
+
+def extract_answer(text: str, think_end: str | None = None) -> str | None:
+    """The final answer: the last ``\\boxed{...}``, else ``#### N``, else "the answer is N".
+    With an end-of-thinking marker, only the text after it is searched first."""
+    if think_end and think_end in text:
+        after = text.rsplit(think_end, 1)[1]
+        found = extract_answer(after)
+        if found is not None:
+            return found
+        return after.strip() or None
+    boxed = _last_boxed(text)
+    if boxed is not None and boxed.strip():
+        return _clean_number(boxed)
+    m = re.findall(r"####\s*\$?\s*(" + _NUM + ")", text)
+    if m:
+        return _clean_number(m[-1])
+    m = re.findall(r"answer\s+is\s*:?\s*\$?\s*(" + _NUM + ")", text, flags=re.IGNORECASE)
+    if m:
+        return _clean_number(m[-1])
+    return None

@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from semspec.engine import Engine, MethodUnavailable, PromptError
+from semspec.models import load_model
+from semspec.probes import ProbePair
+from semspec.types import GenerationConfig
+
+PROMPT = "Natalia sold 48 clips in April and half as many in May. How many clips in total?"
+
+
+def cfg(method, **kw):
+    base = dict(method=method, max_new_tokens=40, max_step_tokens=8, temperature=0.0, seed=0)
+    base.update(kw)
+    return GenerationConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def accept_engine(tiny_target, tiny_draft):
+    return Engine(tiny_target, tiny_draft, ProbePair.always_accept(64, 64))
+
+
+@pytest.fixture(scope="module")
+def reject_engine(tiny_target, tiny_draft):
+    return Engine(tiny_target, tiny_draft, ProbePair.always_reject(64, 64))
+
+
+@pytest.fixture(scope="module")
+def ar_result(tiny_target):
+    return Engine(tiny_target).generate(PROMPT, cfg("ar"))
+
+
+def _gen_ids(engine, result):
+    return engine.target.tokenizer(result.text, add_special_tokens=False)["input_ids"]
+
+
+def test_ar_basics(tiny_target, ar_result):
+    r = ar_result
+    c = r.counters
+    assert r.finish_reason == "length" and c.generated_tokens == 40
+    assert c.target_forward_passes == 40  # prefill + one per token after the first
+    assert c.draft_forward_passes == 0 and c.drafted_tokens == 0
+    assert all(s.author == "target" and s.decision == "target_only" for s in r.steps)
+    assert sum(s.target_tokens for s in r.steps) == 40
+    assert all(s.target_tokens <= 8 for s in r.steps)
+    assert "".join(s.text for s in r.steps).startswith(r.text[:10])
+    assert r.models["target"].startswith(str(tiny_target.identity.path))
+    assert set(c.phase_seconds) >= {"prefill", "target_write"}
+
+
+def test_greedy_token_sd_equals_ar(tiny_target, tiny_draft, ar_result):
+    r = Engine(tiny_target, tiny_draft).generate(PROMPT, cfg("token_sd", draft_tokens=3))
+    assert r.text == ar_result.text
+    assert r.counters.generated_tokens == 40
+    assert r.counters.drafted_tokens > 0
+    # the target as its own draft: every drafted token is accepted
+    self_draft = Engine(tiny_target, tiny_target).generate(PROMPT, cfg("token_sd", draft_tokens=4))
+    assert self_draft.text == ar_result.text
+    c = self_draft.counters
+    assert c.accepted_tokens == c.drafted_tokens > 0
+    assert c.target_forward_passes <= 1 + 40 // 5 + 1
+
+
+def test_semspec_forced_reject_greedy_equals_ar(reject_engine, ar_result):
+    r = reject_engine.generate(PROMPT, cfg("semspec"))
+    assert r.text == ar_result.text
+    assert r.counters.steps_accepted == 0 and r.counters.steps_drafted > 0
+    assert all(s.author == "target" for s in r.steps)
+    assert any(s.decision == "rejected" and s.draft_text for s in r.steps)
+    assert all(s.p_target == 0.0 and s.p_draft == 1.0 for s in r.steps if s.decision == "rejected")
+
+
+def test_step_judge_never_accepting_equals_ar(accept_engine, ar_result):
+    r = accept_engine.generate(PROMPT, cfg("step_judge", judge_threshold=10))
+    assert r.text == ar_result.text
+    assert r.counters.steps_accepted == 0
+    assert all(s.judge_score is not None for s in r.steps if s.decision == "rejected")
+
+
+def test_semspec_forced_accept_returns_the_drafts_steps(accept_engine, tiny_draft):
+    r = accept_engine.generate(PROMPT, cfg("semspec"))
+    c = r.counters
+    assert c.steps_accepted == c.steps_drafted == len([s for s in r.steps if s.author == "draft"]) > 0
+    assert c.accepted_tokens == c.drafted_tokens
+    assert all(s.author == "draft" for s in r.steps)
+    # each accepted step is the target's bonus token (step 0: none) + the draft's greedy
+    # continuation of everything before it
+    seq = accept_engine.new_sequence(PROMPT, cfg("semspec"))
+    while not seq.done:
+        before = len(seq.T.ids)
+        n_steps = len(seq.steps)
+        seq.advance()
+        if len(seq.steps) > n_steps and seq.steps[-1].author == "draft":
+            step = seq.steps[-1]
+            start = before if n_steps == 0 else before - 1  # a bonus token opens later steps
+            end = start + step.target_tokens
+            body_start = before
+            assert end > body_start
+            expect = list(seq.T.ids[:body_start])
+            with torch.no_grad():
+                for _ in range(end - body_start):
+                    nxt = int(tiny_draft.model(torch.tensor([expect])).logits[0, -1].argmax())
+                    expect.append(nxt)
+            assert expect[body_start:end] == seq.T.ids[body_start:end]
+    assert seq.result().text == r.text
+
+
+def test_same_seed_same_output(accept_engine, tiny_target, tiny_draft):
+    half = Engine(tiny_target, tiny_draft, ProbePair.constant(0.5, 1.0, 64, 64))
+    for engine, method in [(accept_engine, "ar"), (accept_engine, "token_sd"), (half, "semspec"),
+                           (accept_engine, "step_judge")]:
+        a = engine.generate(PROMPT, cfg(method, temperature=0.9, seed=3, max_new_tokens=24))
+        b = engine.generate(PROMPT, cfg(method, temperature=0.9, seed=3, max_new_tokens=24))
+        assert a.text == b.text and [s.decision for s in a.steps] == [s.decision for s in b.steps], method
+        c = engine.generate(PROMPT, cfg(method, temperature=0.9, seed=4, max_new_tokens=24))
+        assert c.text != a.text, method
+    r = half.generate(PROMPT, cfg("semspec", temperature=0.9, seed=3))
+    assert {s.decision for s in r.steps} == {"accepted", "rejected"}  # p = 0.5 mixes both
+
+
+def test_max_new_tokens_and_step_cap(accept_engine, reject_engine):
+    for engine in (accept_engine, reject_engine):
+        for method in ("ar", "token_sd", "step_judge", "semspec"):
+            r = engine.generate(PROMPT, cfg(method, max_new_tokens=13, max_step_tokens=4, temperature=0.7))
+            assert r.counters.generated_tokens == 13 and r.finish_reason == "length", method
+            assert sum(s.target_tokens for s in r.steps) == 13, method
+            assert all(s.target_tokens <= 4 for s in r.steps), method
+            if method != "token_sd":  # token_sd drafts in rounds that straddle steps
+                assert all(s.drafted_tokens <= 4 for s in r.steps), method
+
+
+def test_eos_stops_every_method(tiny_dirs, tiny_cache, ar_result):
+    tgt = load_model(str(tiny_dirs["target"]), device="cpu", cache_dir=tiny_cache)
+    drf = load_model(str(tiny_dirs["draft"]), device="cpu", cache_dir=tiny_cache)
+    ar_ids = Engine(tgt).new_sequence(PROMPT, cfg("ar"))
+    ar_ids.run()
+    gen = ar_ids.T.ids[ar_ids.prompt_len:]
+    stop = gen[9]  # make the 10th greedy token the EOS token
+    n_before = gen.index(stop)
+    tgt.model.generation_config.eos_token_id = stop
+    for probes in (ProbePair.always_accept(64, 64), ProbePair.always_reject(64, 64)):
+        engine = Engine(tgt, drf, probes)
+        for method in ("ar", "token_sd", "step_judge", "semspec"):
+            r = engine.generate(PROMPT, cfg(method, judge_threshold=10))
+            if method == "semspec" and probes.target.constant == 1.0:
+                # accepting every drafted step, the target only speaks in bonus tokens
+                assert r.finish_reason in ("eos", "length")
+                continue
+            assert r.finish_reason == "eos", method
+            assert r.counters.generated_tokens == n_before, method
+            assert len(r.text) < len(ar_result.text)
+
+
+def test_prompt_errors(accept_engine, tiny_target):
+    for bad in ("", "   ", [], [{"role": "user", "content": ""}]):
+        with pytest.raises(PromptError):
+            accept_engine.generate(bad, cfg("ar"))
+    long_prompt = " ".join(["Natalia sold clips"] * 400)
+    with pytest.raises(PromptError, match="context"):
+        accept_engine.generate(long_prompt, cfg("ar"))
+    with pytest.raises(ValueError, match="unknown method"):
+        accept_engine.generate(PROMPT, cfg("beam"))
+
+
+def test_missing_parts_are_clear_errors(tiny_target, tiny_draft, tiny_other):
+    with pytest.raises(MethodUnavailable, match="draft"):
+        Engine(tiny_target).generate(PROMPT, cfg("semspec"))
+    with pytest.raises(MethodUnavailable, match="draft"):
+        Engine(tiny_target).generate(PROMPT, cfg("token_sd"))
+    with pytest.raises(MethodUnavailable, match="probes"):
+        Engine(tiny_target, tiny_draft).generate(PROMPT, cfg("semspec"))
+    with pytest.raises(MethodUnavailable, match="tokenizer"):
+        Engine(tiny_target, tiny_other).generate(PROMPT, cfg("token_sd"))
+
+
+def test_different_tokenizer_draft(tiny_target, tiny_other, ar_result):
+    assert not Engine(tiny_target, tiny_other).same_tokenizer
+    rej = Engine(tiny_target, tiny_other, ProbePair.always_reject(64, 64))
+    assert rej.generate(PROMPT, cfg("semspec")).text == ar_result.text
+    acc = Engine(tiny_target, tiny_other, ProbePair.always_accept(64, 64))
+    for method in ("semspec", "step_judge"):
+        r = acc.generate(PROMPT, cfg(method, temperature=0.8, judge_threshold=0))
+        assert r.counters.generated_tokens <= 40
+        assert r.counters.steps_accepted > 0 and r.counters.draft_forward_passes > 0, method
+        assert "draft" in r.models
+
+
+def test_delimiter_ends_steps(tiny_target):
+    r = Engine(tiny_target).generate(PROMPT, cfg("ar", step_delimiter=" ", max_step_tokens=30))
+    ended = [s for s in r.steps[:-1]]
+    assert ended and all(" " in s.text.strip(" ") or s.text.endswith(" ") or s.target_tokens == 30 for s in ended)
+    assert any(s.target_tokens < 30 for s in ended)

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from semspec.steps import StepDetector, extract_answer, split_steps
+
+
+def _feed(det, pieces):
+    text, ends = "", []
+    for i, p in enumerate(pieces, 1):
+        prev = len(text)
+        text += p
+        e = det.ended(text, i, prev)
+        ends.append(e.reason if e else None)
+    return ends
+
+
+def test_merged_newline_tokens_end_a_step():
+    det = StepDetector("\n\n", max_step_tokens=50)
+    assert _feed(det, ["So", " 3", ".\n\n"]) == [None, None, "delimiter"]
+    assert _feed(det, ["So", " 3", ".\n", "\n"]) == [None, None, None, "delimiter"]
+    assert _feed(det, ["So", "\n\n\n"]) == [None, "delimiter"]
+
+
+def test_leading_blank_lines_do_not_make_empty_steps():
+    det = StepDetector("\n\n", max_step_tokens=50)
+    assert _feed(det, ["\n\n", "First", "\n\n"]) == [None, None, "delimiter"]
+
+
+def test_cap_and_think_end():
+    det = StepDetector("\n\n", think_end="</think>", max_step_tokens=3)
+    assert _feed(det, ["a", "b", "c"]) == [None, None, "cap"]
+    assert _feed(det, ["ok", "</think>"]) == [None, "think_end"]
+    assert _feed(det, ["ok </", "think>"]) == [None, "think_end"]
+
+
+def test_split_steps_roundtrip():
+    t = "\n\nStep one.\n\nStep two.\n\n\nThe answer is 4."
+    steps = split_steps(t)
+    assert "".join(steps) == t
+    assert steps[0] == "\n\nStep one.\n\n" and steps[-1] == "\nThe answer is 4."
+    assert len(steps) == 3
+
+
+def test_extract_answer():
+    assert extract_answer("so \\boxed{1,234} done") == "1234"
+    assert extract_answer("x \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+    assert extract_answer("blah\n#### 72") == "72"
+    assert extract_answer("The answer is $18.") == "18"
+    assert extract_answer("So the answer is: -3.5") == "-3.5"
+    assert extract_answer("#### 5 then the answer is 7") == "5"
+    assert extract_answer("no number here") is None
+    assert extract_answer("think 3 </think> The answer is 9", think_end="</think>") == "9"
