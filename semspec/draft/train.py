@@ -1,0 +1,317 @@
+"""Distil the draft's adapter layers from the target.
+
+One teacher pass over the training text records, per sequence, the hidden states after the
+shared (frozen) layers and the target's top-k next-token logits at every response position.
+Training then runs only the adapter layers + norm on those cached states; the loss is the
+cross-entropy between the teacher's top-k distribution and the draft's softmax, taken over
+the vocabulary the teacher ever ranks in its top-k on the training text (the LM head is
+shared and frozen). Evaluation uses the full vocabulary.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from semspec.draft.artifact import (
+    FORMAT,
+    DraftArtifact,
+    _decoder,
+    target_checksums,
+    target_signature,
+)
+from semspec.draft.config import DraftTrainConfig
+from semspec.draft.data import Sequence, generate_sequences, load_questions, reference_sequences
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class TeacherItem:
+    hidden: dict[int, torch.Tensor]  # frozen-layer count -> [L, H] states after that many layers
+    positions: torch.Tensor  # [n] positions whose next token is predicted (the response)
+    topk_ids: torch.Tensor  # [n, K] teacher's top-k token ids, best first
+    topk_logits: torch.Tensor  # [n, K]
+    source: str
+
+
+def _layer_output(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+@torch.no_grad()
+def teacher_pass(target, seqs: list[Sequence], frozen: list[int], topk: int, batch_size: int,
+                 pad_id: int, log: Log | None = None) -> list[TeacherItem]:
+    dec = _decoder(target)
+    device = next(target.parameters()).device
+    captured: dict[int, torch.Tensor] = {}
+    hooks = [
+        dec.layers[k - 1].register_forward_hook(
+            lambda _m, _i, out, k=k: captured.__setitem__(k, _layer_output(out))
+        )
+        for k in frozen
+    ]
+    order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i].ids), i))
+    items: list[TeacherItem | None] = [None] * len(seqs)
+    try:
+        for b, start in enumerate(range(0, len(order), batch_size)):
+            idx = order[start:start + batch_size]
+            width = max(len(seqs[i].ids) for i in idx)
+            ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            for r, i in enumerate(idx):
+                ids[r, : len(seqs[i].ids)] = torch.tensor(seqs[i].ids)
+                mask[r, : len(seqs[i].ids)] = 1
+            captured.clear()
+            last = dec(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
+            for r, i in enumerate(idx):
+                s = seqs[i]
+                n = len(s.ids)
+                pos = torch.arange(s.prompt_len - 1, n - 1)
+                logits = target.lm_head(last[r, pos.to(device)]).float()
+                vals, ind = logits.topk(topk, dim=-1)
+                items[i] = TeacherItem(
+                    hidden={k: captured[k][r, :n].float().cpu().clone() for k in frozen},
+                    positions=pos,
+                    topk_ids=ind.cpu(),
+                    topk_logits=vals.cpu(),
+                    source=s.source,
+                )
+            if log and (b % 10 == 0):
+                log(f"teacher pass {min(start + batch_size, len(order))}/{len(order)}")
+    finally:
+        for h in hooks:
+            h.remove()
+    return items  # type: ignore[return-value]
+
+
+class DraftStack(nn.Module):
+    """The trainable part of the draft: adapter decoder layers + final norm."""
+
+    def __init__(self, target, frozen_layers: int, adapter_init: list[int]):
+        super().__init__()
+        dec = _decoder(target)
+        self.layers = nn.ModuleList()
+        for j, i in enumerate(adapter_init):
+            layer = copy.deepcopy(dec.layers[i]).float()
+            if hasattr(layer, "self_attn") and hasattr(layer.self_attn, "layer_idx"):
+                layer.self_attn.layer_idx = frozen_layers + j
+            self.layers.append(layer)
+        self.norm = copy.deepcopy(dec.norm).float()
+        self._rotary = [dec.rotary_emb]  # shared, not a submodule (no parameters)
+        for p in self.parameters():
+            p.requires_grad_(True)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        bsz, length, _ = hidden.shape
+        pos = torch.arange(length, device=hidden.device).unsqueeze(0).expand(bsz, -1)
+        cos, sin = self._rotary[0](hidden, pos)
+        pe = (cos.to(hidden.dtype), sin.to(hidden.dtype))
+        causal = torch.full((length, length), float("-inf"), device=hidden.device).triu(1)
+        causal = causal.to(hidden.dtype)[None, None]
+        for layer in self.layers:
+            hidden = _layer_output(
+                layer(hidden, attention_mask=causal, position_ids=pos, position_embeddings=pe)
+            )
+        return self.norm(hidden)
+
+    def export(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for j, layer in enumerate(self.layers):
+            for name, t in layer.state_dict().items():
+                out[f"layers.{j}.{name}"] = t.detach().clone()
+        out["norm.weight"] = self.norm.weight.detach().clone()
+        return out
+
+
+def _pad_hidden(items: list[TeacherItem], k: int) -> torch.Tensor:
+    width = max(it.hidden[k].shape[0] for it in items)
+    h = items[0].hidden[k].shape[1]
+    out = torch.zeros(len(items), width, h)
+    for r, it in enumerate(items):
+        out[r, : it.hidden[k].shape[0]] = it.hidden[k]
+    return out
+
+
+@torch.no_grad()
+def evaluate(stack: DraftStack, head_weight: torch.Tensor, items: list[TeacherItem], k: int,
+             batch_size: int = 8) -> dict:
+    """Full-vocabulary top-1 agreement of the draft with the teacher (greedy acceptance proxy)
+    and the teacher's top-1 probability mass under the draft."""
+    stack.eval()
+    agree = total = 0
+    nll = 0.0
+    for start in range(0, len(items), batch_size):
+        chunk = items[start:start + batch_size]
+        out = stack(_pad_hidden(chunk, k))
+        for r, it in enumerate(chunk):
+            logits = out[r, it.positions] @ head_weight.T
+            pred = logits.argmax(-1)
+            want = it.topk_ids[:, 0]
+            agree += int((pred == want).sum())
+            total += len(want)
+            nll += float(-logits.log_softmax(-1).gather(1, want[:, None]).sum())
+    stack.train()
+    return {"top1_agreement": agree / max(total, 1), "teacher_top1_nll": nll / max(total, 1),
+            "tokens": total}
+
+
+def train_stack(stack: DraftStack, head_weight: torch.Tensor, train_items: list[TeacherItem],
+                eval_items: list[TeacherItem], k: int, cfg: DraftTrainConfig,
+                log: Log | None = None) -> dict:
+    gen = torch.Generator().manual_seed(cfg.seed)
+    vocab = torch.unique(torch.cat([it.topk_ids.reshape(-1) for it in train_items]))
+    remap = torch.full((head_weight.shape[0],), -1, dtype=torch.long)
+    remap[vocab] = torch.arange(len(vocab))
+    w_sub = head_weight[vocab].detach().float()
+    params = [p for p in stack.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return cfg.lr * (step + 1) / cfg.warmup_steps
+        frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+    history = []
+    before = evaluate(stack, head_weight, eval_items, k) if eval_items else None
+    if log and before:
+        log(f"step 0: eval {before}")
+    perm: list[int] = []
+    t0 = time.perf_counter()
+    stack.train()
+    for step in range(cfg.steps):
+        if len(perm) < cfg.batch_size:
+            perm += torch.randperm(len(train_items), generator=gen).tolist()
+        batch = [train_items[i] for i in perm[: cfg.batch_size]]
+        del perm[: cfg.batch_size]
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        out = stack(_pad_hidden(batch, k))
+        hs = torch.cat([out[r, it.positions] for r, it in enumerate(batch)])
+        tids = remap[torch.cat([it.topk_ids for it in batch])]
+        tlog = torch.cat([it.topk_logits for it in batch]) / cfg.temperature
+        p = tlog.softmax(-1)
+        logq = (hs @ w_sub.T / cfg.temperature).log_softmax(-1)
+        loss = -(p * logq.gather(1, tids)).sum(-1).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if log and (step % 20 == 0 or step == cfg.steps - 1):
+            log(f"step {step + 1}/{cfg.steps} loss {loss.item():.4f} lr {lr_at(step):.2e} "
+                f"{time.perf_counter() - t0:.0f}s")
+        if eval_items and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+            ev = evaluate(stack, head_weight, eval_items, k)
+            history.append({"step": step + 1, **ev})
+            if log:
+                log(f"step {step + 1}: eval {ev}")
+    after = evaluate(stack, head_weight, eval_items, k) if eval_items else None
+    return {"eval_before": before, "eval_after": after, "eval_history": history,
+            "train_seconds": time.perf_counter() - t0, "loss_vocab_size": int(len(vocab)),
+            "final_loss": float(loss.item()) if cfg.steps else None}
+
+
+def _gen_cache_key(target, cfg: DraftTrainConfig, questions: list[str]) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps(target_signature(target), sort_keys=True).encode())
+    h.update(json.dumps(target_checksums(target, 1), sort_keys=True).encode())
+    h.update(json.dumps([cfg.max_new_tokens, questions]).encode())
+    return h.hexdigest()[:16]
+
+
+def build_training_data(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str | None = None,
+                        log: Log | None = None) -> tuple[list[Sequence], list[Sequence]]:
+    """(generated, reference) sequences; the generated ones are cached in ``cache_dir``."""
+    rows = load_questions(cfg.data, cfg.holdout)
+    gen_rows = rows[: cfg.gen_prompts]
+    ref_rows = rows[cfg.gen_prompts: cfg.gen_prompts + cfg.ref_prompts]
+    questions = [r["question"] for r in gen_rows]
+    cache_file = None
+    if cache_dir:
+        cache_file = Path(cache_dir) / f"gen-{_gen_cache_key(target, cfg, questions)}.json"
+    if cache_file is not None and cache_file.is_file():
+        raw = json.loads(cache_file.read_text())
+        gen = [Sequence(ids=r["ids"], prompt_len=r["prompt_len"], source="gen") for r in raw]
+        if log:
+            log(f"loaded {len(gen)} generated answers from {cache_file}")
+    else:
+        gen = generate_sequences(target, tokenizer, questions, cfg.max_new_tokens,
+                                 cfg.gen_batch_size, log=log)
+        if cache_file is not None:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps([{"ids": s.ids, "prompt_len": s.prompt_len} for s in gen]))
+            os.replace(tmp, cache_file)
+    ref = reference_sequences(tokenizer, ref_rows)
+    return gen, ref
+
+
+def train_draft(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str | None = None,
+                log: Log | None = None, target_name: str | None = None) -> DraftArtifact:
+    """Build a draft artifact for ``target``; deterministic given ``cfg`` (seed, threads)."""
+    t_start = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    n_layers = int(target.config.num_hidden_layers)
+    k = cfg.frozen_layers
+    if not 0 <= k < n_layers:
+        raise ValueError(f"frozen_layers must be in [0, {n_layers - 1}]")
+    init = cfg.resolved_adapter_init(n_layers)
+    target.eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+
+    t0 = time.perf_counter()
+    gen, ref = build_training_data(target, tokenizer, cfg, cache_dir=cache_dir, log=log)
+    t_data = time.perf_counter() - t0
+    n_eval = int(round(len(gen) * cfg.eval_fraction)) if gen else 0
+    eval_seqs, train_seqs = gen[len(gen) - n_eval:] if n_eval else [], gen[: len(gen) - n_eval] + ref
+    if not train_seqs:
+        raise ValueError("no training sequences")
+
+    t0 = time.perf_counter()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if k == 0:
+        raise ValueError("frozen_layers must be at least 1")
+    items = teacher_pass(target, train_seqs + eval_seqs, [k], cfg.teacher_topk,
+                         cfg.teacher_batch_size, pad, log=log)
+    t_teacher = time.perf_counter() - t0
+    train_items, eval_items = items[: len(train_seqs)], items[len(train_seqs):]
+
+    stack = DraftStack(target, k, init)
+    head_weight = target.get_output_embeddings().weight.detach().float()
+    summary = train_stack(stack, head_weight, train_items, eval_items, k, cfg, log=log)
+    summary.update({
+        "data_seconds": t_data, "teacher_seconds": t_teacher,
+        "total_seconds": time.perf_counter() - t_start,
+        "train_sequences": len(train_seqs), "eval_sequences": len(eval_seqs),
+        "train_response_tokens": int(sum(len(it.positions) for it in train_items)),
+        "torch_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+    })
+    meta = {
+        "format": FORMAT,
+        "frozen_layers": k,
+        "adapter_layers": len(init),
+        "adapter_init": init,
+        "hidden_size": int(target.config.hidden_size),
+        "target": {
+            "name": target_name,
+            "signature": target_signature(target),
+            "checksums": target_checksums(target, k),
+        },
+        "config": cfg.to_dict(),
+        "training": summary,
+    }
+    return DraftArtifact(meta=meta, tensors=stack.export())

@@ -1,0 +1,92 @@
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from semspec.draft import DraftTrainConfig, build_draft_model, load_artifact, materialize_draft, save_artifact
+from semspec.draft.artifact import DraftMismatchError, check_compatible
+from semspec.draft.data import Sequence, clean_reference, load_questions
+from semspec.draft.train import DraftStack, teacher_pass, train_draft
+
+from .conftest import tiny_target
+
+
+def tiny_cfg(data_file, **kw):
+    base = dict(seed=0, frozen_layers=2, adapter_layers=1, data=data_file, holdout=4,
+                gen_prompts=4, ref_prompts=4, max_new_tokens=8, gen_batch_size=2,
+                teacher_batch_size=3, eval_fraction=0.25, teacher_topk=8, steps=6,
+                batch_size=2, lr=1e-3, warmup_steps=2, eval_every=3)
+    base.update(kw)
+    return DraftTrainConfig(**base)
+
+
+def test_holdout_and_cleaning(data_file):
+    rows = load_questions(data_file, holdout=4)
+    assert len(rows) == 10 and rows[0]["question"].startswith("What is 4 ")
+    assert clean_reference("2 * 3 = <<2*3=6>>6 eggs") == "2 * 3 = 6 eggs"
+
+
+def test_draft_model_matches_trained_stack(target, tokenizer):
+    seq = Sequence(ids=list(range(3, 23)), prompt_len=5, source="ref")
+    item = teacher_pass(target, [seq], [2], topk=4, batch_size=1, pad_id=2)[0]
+    stack = DraftStack(target, 2, [3])
+    with torch.no_grad():
+        for p in stack.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+        want = stack(item.hidden[2][None])[0] @ target.lm_head.weight.T
+    from semspec.draft.artifact import DraftArtifact, target_checksums, target_signature
+
+    art = DraftArtifact(meta={"format": "semspec-draft/1", "frozen_layers": 2, "adapter_layers": 1,
+                              "adapter_init": [3],
+                              "target": {"signature": target_signature(target),
+                                         "checksums": target_checksums(target, 2)}},
+                        tensors=stack.export())
+    draft = build_draft_model(target, art)
+    assert draft.config.num_hidden_layers == 3
+    with torch.no_grad():
+        got = draft(torch.tensor([seq.ids])).logits[0]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    # The draft's KV-cached decode agrees with its own full forward.
+    with torch.no_grad():
+        out = draft(torch.tensor([seq.ids[:-1]]), use_cache=True)
+        step = draft(torch.tensor([seq.ids[-1:]]), past_key_values=out.past_key_values).logits[0, -1]
+    torch.testing.assert_close(step, got[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_training_is_deterministic_from_seed(target, tokenizer, data_file):
+    a = train_draft(target, tokenizer, tiny_cfg(data_file, seed=3))
+    b = train_draft(tiny_target(), tokenizer, tiny_cfg(data_file, seed=3))
+    c = train_draft(tiny_target(), tokenizer, tiny_cfg(data_file, seed=4))
+    assert a.tensors.keys() == b.tensors.keys()
+    assert all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
+    assert any(not torch.equal(a.tensors[k], c.tensors[k]) for k in a.tensors)
+    summary = a.meta["training"]
+    assert summary["eval_after"]["tokens"] > 0 and summary["train_sequences"] == 7
+
+
+def test_artifact_roundtrip_and_materialize(target, tokenizer, data_file, tmp_path):
+    art = train_draft(target, tokenizer, tiny_cfg(data_file))
+    save_artifact(art, tmp_path / "art")
+    meta = json.loads((tmp_path / "art" / "draft.json").read_text())
+    assert meta["format"] == "semspec-draft/1" and meta["frozen_layers"] == 2
+    loaded = load_artifact(tmp_path / "art")
+    for k, t in art.tensors.items():
+        assert loaded.tensors[k].dtype == torch.float16
+        torch.testing.assert_close(loaded.tensors[k].float(), t, atol=1e-2, rtol=1e-2)
+    out = materialize_draft(target, tokenizer, tmp_path / "art", tmp_path / "hf")
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert hf.config.num_hidden_layers == 3
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, build_draft_model(target, loaded)(ids).logits)
+    # Shared layers are the target's own.
+    torch.testing.assert_close(hf.model.layers[1].mlp.up_proj.weight, target.model.layers[1].mlp.up_proj.weight)
+
+
+def test_mismatched_target_is_a_clear_error(target, tokenizer, data_file, tmp_path):
+    art = train_draft(target, tokenizer, tiny_cfg(data_file, steps=1))
+    with pytest.raises(DraftMismatchError, match="different target weights"):
+        check_compatible(tiny_target(seed=1), art)
+    with pytest.raises(DraftMismatchError, match="architecture"):
+        check_compatible(tiny_target(layers=5), art)
