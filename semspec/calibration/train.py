@@ -272,7 +272,8 @@ def train_probes(
             "questions": {"train": len(train_q), "held_out": len(test_q)},
             "judge": judge,
             "samples_per_prefix": meta.get("samples"),
-            "collect": {k: meta.get(k) for k in ("temperature", "top_p", "max_step_tokens", "prompts")},
+            "collect": {k: meta.get(k) for k in ("temperature", "top_p", "step_delimiter", "max_step_tokens",
+                                                 "trace_temperature", "prompts")},
         }
         probe.training_summary = summary
         probes[role] = probe

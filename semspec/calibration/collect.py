@@ -1,0 +1,311 @@
+"""Calibration data: target traces cut into prefixes, N sampled next steps per prefix from
+each model, and both models' pooled hidden states over every sampled step.
+
+For each prompt:
+1. The target writes a reasoning trace (greedy by default), one step at a time, with the
+   engine's step rule (`semspec.steps.StepDetector`: delimiter, step token cap, EOS).
+2. Prefix k = prompt + the trace's first k steps, for k = 0 .. steps-1 (capped).
+3. From each prefix, N next steps are sampled from the target and N from the draft
+   (temperature 0.6, top-p 0.95 by default), in one batch per model sharing the prefix's
+   KV cache.
+4. Every sampled step (both sources) is scored by both models: the pooled
+   `hidden_states[layer]` over the step's tokens after the prefix
+   (`semspec.probes.step_features`, the computation the engine does when decoding).
+
+Everything goes to a `CalibrationStore` directory, one file pair per prefix, so an
+interrupted run resumes where it stopped (traces are kept in traces.jsonl). Per-prefix
+random seeds derive from (seed, question id, k), so a resumed run samples the same steps
+as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from semspec.calibration.store import CalibrationStore, PrefixRecord, prefix_key
+
+SOURCES = ("target", "draft")
+
+
+@dataclass
+class CollectConfig:
+    samples: int = 10  # N next steps per prefix and model
+    temperature: float = 0.6
+    top_p: float = 0.95
+    layer: int = -1  # hidden_states index for both models (negative: from the end)
+    draft_layer: int | None = None  # override for the draft
+    pooling: str = "mean"
+    step_delimiter: str = "\n\n"
+    max_step_tokens: int = 48
+    max_trace_tokens: int = 320
+    max_trace_steps: int = 12  # prefixes per question at most
+    max_prefixes: int | None = None  # total cap for the run (complete prefixes count)
+    trace_temperature: float = 0.0  # 0 = greedy traces
+    seed: int = 0
+
+
+@dataclass
+class SampledStep:
+    tokens: list[int]
+    text: str
+    end: str  # "delimiter", "eos", "cap", "think_end"
+
+
+def _seed_for(seed: int, *parts) -> int:
+    h = hashlib.sha256(json.dumps([seed, *[str(p) for p in parts]]).encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 62) - 1)
+
+
+@torch.inference_mode()
+def sample_steps(
+    loaded,
+    prefix_ids: Sequence[int],
+    n: int,
+    temperature: float,
+    top_p: float,
+    delimiter: str = "\n\n",
+    max_step_tokens: int = 48,
+    generator: torch.Generator | None = None,
+) -> list[SampledStep]:
+    """N next steps after `prefix_ids`, sampled in one batch that shares the prefix cache.
+
+    A step ends as in the engine (`StepDetector`: the delimiter after some non-blank text,
+    the end-of-thinking marker, the token cap) or at EOS (not included in the step)."""
+    from transformers import DynamicCache
+
+    from semspec.sampling import probs_from_logits
+    from semspec.steps import StepDetector, detect_think_end
+
+    if not prefix_ids:
+        raise ValueError("sample_steps needs a non-empty prefix")
+    model, tok, dev = loaded.model, loaded.tokenizer, loaded.device
+    detector = StepDetector(delimiter, detect_think_end(tok), max_step_tokens)
+    eos = loaded.eos_token_ids
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=torch.tensor([list(prefix_ids)], device=dev), cache=cache, use_cache=True)
+    logits = out.logits[:, -1].float().repeat(n, 1)
+    if n > 1:
+        cache.batch_repeat_interleave(n)
+    toks: list[list[int]] = [[] for _ in range(n)]
+    texts = [""] * n
+    ends: list[str | None] = [None] * n
+    pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
+    max_ctx = loaded.max_context
+    for step in range(max_step_tokens):
+        if max_ctx is not None and len(prefix_ids) + step >= max_ctx:
+            for i in range(n):
+                ends[i] = ends[i] or "length"
+            break
+        probs = probs_from_logits(logits, temperature, top_p)
+        if temperature <= 0:
+            nxt = probs.argmax(-1)
+        else:
+            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        feed = []
+        for i in range(n):
+            t = int(nxt[i])
+            if ends[i] is None:
+                if t in eos:
+                    ends[i] = "eos"
+                else:
+                    toks[i].append(t)
+                    prev = len(texts[i])
+                    texts[i] = tok.decode(toks[i], skip_special_tokens=False)
+                    e = detector.ended(texts[i], len(toks[i]), prev)
+                    if e is not None:
+                        ends[i] = e.reason
+            feed.append(t if ends[i] is None else pad)
+        if all(e is not None for e in ends):
+            break
+        out = model(input_ids=torch.tensor(feed, device=dev).unsqueeze(1), cache=cache, use_cache=True)
+        logits = out.logits[:, -1].float()
+    return [SampledStep(t, s, e or "cap") for t, s, e in zip(toks, texts, ends)]
+
+
+def generate_trace(loaded, prompt: str, cfg: CollectConfig, generator: torch.Generator | None = None) -> list[str]:
+    """The target's reasoning trace for `prompt`, as a list of step texts (each keeping its
+    delimiter), one step per call of `sample_steps` with batch size 1."""
+    from semspec.models import encode_prompt
+
+    tok = loaded.tokenizer
+    ids = encode_prompt(tok, prompt)
+    steps: list[str] = []
+    used = 0
+    while used < cfg.max_trace_tokens and len(steps) < cfg.max_trace_steps:
+        (s,) = sample_steps(
+            loaded, ids, 1, cfg.trace_temperature, cfg.top_p, cfg.step_delimiter,
+            min(cfg.max_step_tokens, cfg.max_trace_tokens - used), generator,
+        )
+        if s.tokens:
+            steps.append(s.text)
+            ids = ids + s.tokens
+            used += len(s.tokens)
+        if s.end in ("eos", "length") or not s.tokens:
+            break
+    return steps
+
+
+def _step_ids(loaded, step: SampledStep | str, own: bool) -> list[int]:
+    """Token ids of a step for feature extraction: the sampler's own ids, or the text
+    re-tokenized for the other model. An empty step (immediate EOS) is scored as EOS."""
+    if own and isinstance(step, SampledStep) and step.tokens:
+        return list(step.tokens)
+    text = step.text if isinstance(step, SampledStep) else step
+    ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+    if not ids:
+        eos = loaded.tokenizer.eos_token_id
+        ids = [int(eos if eos is not None else next(iter(loaded.eos_token_ids)))]
+    return list(ids)
+
+
+def _layer_for(cfg: CollectConfig, role: str) -> int:
+    return cfg.draft_layer if role == "draft" and cfg.draft_layer is not None else cfg.layer
+
+
+def collect_prefix(models: dict, prompt: str, prefix_text: str, cfg: CollectConfig, seed: int):
+    """Sample N steps per model after `prefix_text` and score all of them with both models.
+    Returns (texts, sources, features {role: [2N, H]})."""
+    from semspec.models import encode_prompt
+    from semspec.probes import step_features
+
+    prefix_ids = {}
+    for role, lm in models.items():
+        ids = encode_prompt(lm.tokenizer, prompt)
+        if prefix_text:
+            ids = ids + lm.tokenizer(prefix_text, add_special_tokens=False)["input_ids"]
+        prefix_ids[role] = ids
+    samples: list[SampledStep] = []
+    sources: list[str] = []
+    for role in SOURCES:
+        lm = models[role]
+        g = torch.Generator(device=lm.device)
+        g.manual_seed(_seed_for(seed, role))
+        got = sample_steps(lm, prefix_ids[role], cfg.samples, cfg.temperature, cfg.top_p,
+                           cfg.step_delimiter, cfg.max_step_tokens, g)
+        samples.extend(got)
+        sources.extend([role] * len(got))
+    features = {}
+    for role in SOURCES:
+        lm = models[role]
+        steps = [_step_ids(lm, s, own=(src == role)) for s, src in zip(samples, sources)]
+        features[role] = step_features(lm, prefix_ids[role], steps, _layer_for(cfg, role), cfg.pooling)
+    return [s.text for s in samples], sources, features
+
+
+def read_prompts(path: str | Path, skip: int = 0, limit: int | None = None) -> list[tuple[str, str]]:
+    """(id, prompt) pairs from a JSONL file: {"id","prompt"}, GSM8K {"question",...}, or the
+    OpenAI Batch line format (the last user message). Lines without an id get "line<N>"."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f):
+            if n < skip or not line.strip():
+                continue
+            row = json.loads(line)
+            if "prompt" in row:
+                prompt = row["prompt"]
+            elif "question" in row:
+                prompt = row["question"]
+            elif "body" in row and "messages" in row["body"]:
+                users = [m for m in row["body"]["messages"] if m.get("role") == "user"]
+                prompt = users[-1]["content"] if users else ""
+            else:
+                raise ValueError(f"{path}:{n + 1}: no 'prompt', 'question' or Batch 'body.messages'")
+            qid = str(row.get("id") or row.get("custom_id") or f"line{n}")
+            out.append((qid, prompt))
+            if limit is not None and len(out) >= limit:
+                break
+    return out
+
+
+def collect(
+    target,
+    draft,
+    prompts: Iterable[tuple[str, str]],
+    out_dir: str | Path,
+    cfg: CollectConfig | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> dict:
+    """Collect calibration data for (target, draft) — two `LoadedModel`s — into `out_dir`.
+
+    Resumable: finished prefixes and traces are skipped. Returns counts and seconds."""
+    cfg = cfg or CollectConfig()
+    if cfg.samples < 1:
+        raise ValueError("samples must be at least 1")
+    prompts = list(prompts)
+    store = CalibrationStore(out_dir)
+    models = {"target": target, "draft": draft}
+    store.init({
+        "target": target.spec or str(target.identity),
+        "draft": draft.spec or str(draft.identity),
+        "models": {r: {"identity": str(m.identity), "spec": m.spec, "hidden_size": m.hidden_size,
+                       "num_layers": m.num_layers} for r, m in models.items()},
+        "layer": {r: _layer_for(cfg, r) for r in models},
+        "pooling": cfg.pooling,
+        "samples": cfg.samples,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "step_delimiter": cfg.step_delimiter,
+        "max_step_tokens": cfg.max_step_tokens,
+        "max_trace_tokens": cfg.max_trace_tokens,
+        "trace_temperature": cfg.trace_temperature,
+        "seed": cfg.seed,
+        "prompts": len(prompts),
+    })
+    traces = store.load_traces()
+    done = set(store.keys())
+    stats = {"prefixes_new": 0, "prefixes_done_before": len(done), "traces_new": 0, "samples_new": 0}
+    cap = cfg.max_prefixes
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cap, initial=min(len(done), cap) if cap else len(done), desc="prefixes", unit="prefix")
+    t0 = time.time()
+    try:
+        for qid, prompt in prompts:
+            if cap is not None and len(done) >= cap:
+                break
+            if qid not in traces:
+                g = torch.Generator(device=target.device)
+                g.manual_seed(_seed_for(cfg.seed, "trace", qid))
+                steps = generate_trace(target, prompt, cfg, g)
+                store.append_trace(qid, steps)
+                traces[qid] = steps
+                stats["traces_new"] += 1
+            steps = traces[qid]
+            for k in range(min(len(steps), cfg.max_trace_steps)):
+                if cap is not None and len(done) >= cap:
+                    break
+                key = prefix_key(qid, k)
+                if key in done:
+                    continue
+                prefix_text = "".join(steps[:k])
+                texts, sources, feats = collect_prefix(
+                    models, prompt, prefix_text, cfg, _seed_for(cfg.seed, "prefix", qid, k)
+                )
+                store.write_prefix(PrefixRecord(
+                    key=key, question_id=qid, k=k, prompt=prompt, prefix_text=prefix_text,
+                    texts=texts, sources=sources, features=feats,
+                    extra={"trace_next_step": steps[k]},
+                ))
+                done.add(key)
+                stats["prefixes_new"] += 1
+                stats["samples_new"] += len(texts)
+                if bar is not None:
+                    bar.update(1)
+                if log is not None:
+                    log(f"{key}: {len(texts)} samples")
+    finally:
+        if bar is not None:
+            bar.close()
+    stats["prefixes_total"] = len(done)
+    stats["seconds"] = round(time.time() - t0, 1)
+    return stats

@@ -1,0 +1,53 @@
+import json
+
+from click.testing import CliRunner
+
+from cli.main import main
+from semspec.probes import ProbePair
+from semspec.testing import tiny_model_dir
+
+
+def test_probe_collect_label_train_end_to_end(tmp_path):
+    t = tiny_model_dir(tmp_path / "t", num_layers=2, hidden_size=64, seed=0)
+    d = tiny_model_dir(tmp_path / "d", num_layers=1, hidden_size=32, seed=1)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(
+        json.dumps({"id": f"q{i}", "prompt": f"Natalia sold {i} clips. How many clips?"}) + "\n"
+        for i in range(4)
+    ))
+    runner = CliRunner()
+    cal = tmp_path / "cal"
+    res = runner.invoke(main, [
+        "probe", "collect", "--target", str(t), "--draft", str(d), "--prompts", str(prompts),
+        "--out", str(cal), "--samples", "3", "--max-trace-steps", "2", "--max-step-tokens", "6",
+        "--max-trace-tokens", "12", "--device", "cpu",
+    ])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout[res.stdout.index("{"):])["prefixes_total"] >= 4
+
+    res = runner.invoke(main, ["probe", "label", str(cal)])
+    assert res.exit_code == 0, res.output
+    labels = json.loads((cal / "labels.json").read_text())
+    assert labels["judge"]["judge"] == "embed" and labels["judge"]["check_numbers"] is True
+
+    out = tmp_path / "probes"
+    res = runner.invoke(main, ["probe", "train", str(cal), "--out", str(out), "--holdout", "0.25"])
+    assert res.exit_code == 0, res.output
+    assert "target" in res.output and "Spearman" in res.output
+    pair = ProbePair.load(out)
+    assert (pair.target.hidden_size, pair.draft.hidden_size) == (64, 32)
+    assert (out / "calibration.png").exists() and (out / "report.json").exists()
+
+
+def test_probe_label_nli_needs_model(tmp_path):
+    res = CliRunner().invoke(main, ["probe", "label", str(tmp_path), "--judge", "nli"])
+    assert res.exit_code != 0 and "MNLI" in res.output
+
+
+def test_judge_eval_command():
+    from pathlib import Path
+
+    pairs = Path(__file__).with_name("step_pairs.jsonl")
+    res = CliRunner().invoke(main, ["probe", "judge-eval", str(pairs)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["accuracy"] >= 0.85

@@ -1,0 +1,97 @@
+import json
+
+import pytest
+import torch
+
+from semspec.calibration.collect import (
+    CollectConfig,
+    collect,
+    generate_trace,
+    read_prompts,
+    sample_steps,
+)
+from semspec.calibration.store import CalibrationStore
+from semspec.models import encode_prompt, load_model
+from semspec.testing import tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    target = load_model(tiny_model_dir(root / "t", num_layers=2, hidden_size=64, seed=0), device="cpu")
+    draft = load_model(tiny_model_dir(root / "d", num_layers=1, hidden_size=32, seed=1), device="cpu")
+    return target, draft
+
+
+def test_sample_steps_batch_matches_engine_step_rule(pair):
+    target, _ = pair
+    ids = encode_prompt(target.tokenizer, "How many clips did Natalia sell?")
+    g = torch.Generator().manual_seed(0)
+    steps = sample_steps(target, ids, 6, 0.6, 0.95, "\n\n", 12, g)
+    assert len(steps) == 6
+    for s in steps:
+        assert len(s.tokens) <= 12
+        assert s.end in ("delimiter", "eos", "cap", "think_end", "length")
+        assert s.text == target.tokenizer.decode(s.tokens, skip_special_tokens=False)
+        if s.end == "delimiter":
+            assert s.text.rstrip(" ").endswith("\n\n") or "\n\n" in s.text
+    # Greedy rows of one batch are identical and equal a batch of one.
+    greedy = sample_steps(target, ids, 3, 0.0, 1.0, "\n\n", 12)
+    single = sample_steps(target, ids, 1, 0.0, 1.0, "\n\n", 12)
+    assert greedy[0].tokens == greedy[1].tokens == greedy[2].tokens == single[0].tokens
+
+
+def test_generate_trace_respects_caps(pair):
+    target, _ = pair
+    cfg = CollectConfig(max_step_tokens=8, max_trace_tokens=60, max_trace_steps=3)
+    assert 1 <= len(generate_trace(target, "Weng earns $12 an hour.", cfg)) <= 3
+    cfg = CollectConfig(max_step_tokens=8, max_trace_tokens=16, max_trace_steps=10)
+    assert 1 <= len(generate_trace(target, "Weng earns $12 an hour.", cfg)) <= 2
+
+
+def test_collect_is_resumable_and_capped(pair, tmp_path):
+    target, draft = pair
+    prompts = [("q1", "How many clips did Natalia sell?"), ("q2", "Weng earns $12 an hour.")]
+    cfg = CollectConfig(samples=3, max_step_tokens=6, max_trace_tokens=18, max_trace_steps=3,
+                        max_prefixes=2)
+    stats = collect(target, draft, prompts, tmp_path / "cal", cfg)
+    assert stats["prefixes_new"] == 2 and stats["prefixes_total"] == 2
+    store = CalibrationStore(tmp_path / "cal")
+    rec = store.read_prefix(store.keys()[0])
+    assert rec.sources == ["target"] * 3 + ["draft"] * 3
+    assert rec.features["target"].shape == (6, 64)
+    assert rec.features["draft"].shape == (6, 32)
+    meta = store.meta()
+    assert meta["layer"] == {"target": -1, "draft": -1}
+    assert meta["models"]["target"]["identity"] == str(target.identity)
+
+    # Raising the cap resumes: nothing done twice, same traces, more prefixes.
+    first = {k: store.read_prefix(k).texts for k in store.keys()}
+    cfg.max_prefixes = 4
+    stats2 = collect(target, draft, prompts, tmp_path / "cal", cfg)
+    assert stats2["prefixes_done_before"] == 2
+    trace_ids = [json.loads(x)["question_id"] for x in (tmp_path / "cal" / "traces.jsonl").read_text().splitlines()]
+    assert len(trace_ids) == len(set(trace_ids))  # no trace generated twice
+    assert stats2["prefixes_total"] == min(4, len(store.keys()))
+    for k, texts in first.items():
+        assert store.read_prefix(k).texts == texts
+
+    # Same run from scratch samples the same steps (seeds derive from question and k).
+    collect(target, draft, prompts, tmp_path / "cal2", cfg)
+    store2 = CalibrationStore(tmp_path / "cal2")
+    assert {k: store2.read_prefix(k).texts for k in first} == first
+
+    # Other settings in the same directory are refused.
+    with pytest.raises(ValueError, match="other settings"):
+        collect(target, draft, prompts, tmp_path / "cal", CollectConfig(samples=5))
+
+
+def test_read_prompts(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text("\n".join([
+        json.dumps({"question": "q0", "answer": "a"}),
+        json.dumps({"id": "x", "prompt": "q1"}),
+        json.dumps({"custom_id": "y", "body": {"messages": [{"role": "user", "content": "q2"}]}}),
+    ]) + "\n")
+    assert read_prompts(p) == [("line0", "q0"), ("x", "q1"), ("y", "q2")]
+    assert read_prompts(p, skip=1, limit=1) == [("x", "q1")]
