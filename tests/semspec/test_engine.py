@@ -192,3 +192,13 @@ def test_delimiter_ends_steps(tiny_target):
     ended = [s for s in r.steps[:-1]]
     assert ended and all(" " in s.text.strip(" ") or s.text.endswith(" ") or s.target_tokens == 30 for s in ended)
     assert any(s.target_tokens < 30 for s in ended)
+
+
+def test_ar_matches_transformers_generate(tiny_target, ar_result):
+    from semspec.models import encode_prompt
+
+    ids = torch.tensor([encode_prompt(tiny_target.tokenizer, PROMPT)])
+    with torch.no_grad():
+        out = tiny_target.model.generate(ids, max_new_tokens=40, do_sample=False, min_new_tokens=40)
+    gen = out[0, ids.shape[1]:]
+    assert tiny_target.tokenizer.decode(gen, skip_special_tokens=True) == ar_result.text
