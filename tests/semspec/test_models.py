@@ -83,3 +83,18 @@ def test_embedded_gguf_conversion_is_cached(tmp_path):
         a = m1.model(torch.tensor([ids])).logits
         b = m2.model(torch.tensor([ids])).logits
     torch.testing.assert_close(a, b)
+
+
+def test_register_embedded(tiny_dirs, tiny_cache):
+    from semspec.models import EMBEDDED_MODELS, register_embedded
+
+    seen = []
+    register_embedded("tiny-test", lambda cache_dir: seen.append(cache_dir) or tiny_dirs["draft"])
+    register_embedded("tiny-test0", lambda: tiny_dirs["draft"])
+    try:
+        m = load_model("embedded:tiny-test", device="cpu", cache_dir=tiny_cache)
+        assert m.num_layers == 1 and seen == [tiny_cache]
+        assert resolve_spec("embedded:tiny-test0").path == tiny_dirs["draft"].resolve()
+    finally:
+        EMBEDDED_MODELS.pop("tiny-test")
+        EMBEDDED_MODELS.pop("tiny-test0")
