@@ -11,11 +11,12 @@ Delivery is at least once (DESIGN.md §6), so the item writes are idempotent:
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator
 
-from sqlalchemy import exists, func, insert, select, update
+from sqlalchemy import exists, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -47,20 +48,38 @@ def create_job(
         )
     )
     session.flush()
-    n = 0
-    batch: list[dict] = []
-    stmt = insert(Item)
-    for row in items:
-        row.update(job_id=job_id, status="pending", attempts=0)
-        batch.append(row)
-        if len(batch) >= batch_size:
+    if session.get_bind().dialect.name == "postgresql":
+        n = _copy_items(session, job_id, items, batch_size)
+    else:
+        n = 0
+        batch: list[dict] = []
+        stmt = insert(Item)
+        for row in items:
+            row.update(job_id=job_id, status="pending", attempts=0)
+            batch.append(row)
+            if len(batch) >= batch_size:
+                session.execute(stmt, batch)
+                n += len(batch)
+                batch = []
+        if batch:
             session.execute(stmt, batch)
             n += len(batch)
-            batch = []
-    if batch:
-        session.execute(stmt, batch)
-        n += len(batch)
     session.execute(update(Job).where(Job.id == job_id).values(n_items=n))
+    return n
+
+
+def _copy_items(session: Session, job_id: str, items: Iterable[dict], batch_size: int) -> int:
+    """Postgres bulk path: COPY ... FROM STDIN, streamed (rows are written as they come)."""
+    dbapi_conn = session.connection().connection.driver_connection
+    n = 0
+    with dbapi_conn.cursor() as cur:
+        with cur.copy(
+            "COPY items (job_id, seq, line, item_id, status, attempts, request) FROM STDIN"
+        ) as copy:
+            for row in items:
+                copy.write_row((job_id, row["seq"], row["line"], row["item_id"], "pending", 0,
+                                json.dumps(row["request"], ensure_ascii=False)))
+                n += 1
     return n
 
 
@@ -94,25 +113,26 @@ def get_job(session: Session, job_id: str) -> Job | None:
     return session.get(Job, job_id)
 
 
-def mark_job_running(session: Session, job_id: str, identities: dict | None = None) -> None:
-    now = utcnow()
-    session.execute(
+def mark_job_running(session: Session, job_id: str, identities: dict | None = None,
+                     commit: bool = True) -> None:
+    session.connection().execute(
         update(Job)
         .where(Job.id == job_id, Job.status.in_(("pending", "queued")))
-        .values(status="running", started_at=now)
+        .values(status="running", started_at=func.coalesce(Job.started_at, utcnow()))
     )
     if identities:
         job = session.get(Job, job_id)
         if job is not None and not job.manifest.get("identities"):
             job.manifest = {**job.manifest, "identities": identities}
-    session.commit()
+    if commit:
+        session.commit()
 
 
 def claim_item(session: Session, job_id: str, seq: int, worker: str | None) -> Claim | None:
     """Claim one item for processing; None when it is finished, cancelled, or its job was
     cancelled (the cooperative-cancel check, folded into the same statement)."""
     job_live = exists().where(Job.id == job_id, Job.status != "cancelled")
-    row = session.execute(
+    row = session.connection().execute(
         update(Item)
         .where(
             Item.job_id == job_id,
@@ -163,12 +183,14 @@ def fail_item(session: Session, pk: int, error: str) -> None:
     session.commit()
 
 
-def save_result(session: Session, job_id: str, pk: int, result: Any) -> bool:
+def save_result(session: Session, job_id: str, pk: int, result: Any, commit: bool = True) -> bool:
     """Store a GenerationResult for item `pk` in one transaction. False when another delivery
-    already stored one (the output's primary key is the item)."""
+    already stored one (the output's primary key is the item). With commit=False the caller
+    commits (the worker lets the next claim's commit carry it: one round trip less)."""
     c = result.counters
     try:
-        session.execute(
+        conn = session.connection()
+        conn.execute(
             insert(Output).values(
                 item_pk=pk, job_id=job_id, text=result.text, final_answer=result.final_answer,
                 finish_reason=result.finish_reason, models=dict(result.models or {}),
@@ -176,7 +198,7 @@ def save_result(session: Session, job_id: str, pk: int, result: Any) -> bool:
             )
         )
         if result.steps:
-            session.execute(
+            conn.execute(
                 insert(StepLog),
                 [
                     {
@@ -189,7 +211,7 @@ def save_result(session: Session, job_id: str, pk: int, result: Any) -> bool:
                     for s in result.steps
                 ],
             )
-        session.execute(
+        conn.execute(
             insert(ItemStats).values(
                 item_pk=pk, job_id=job_id, wall_seconds=result.wall_seconds,
                 prompt_tokens=c.prompt_tokens, generated_tokens=c.generated_tokens,
@@ -200,12 +222,13 @@ def save_result(session: Session, job_id: str, pk: int, result: Any) -> bool:
                 n_steps=len(result.steps), phase_seconds=dict(c.phase_seconds),
             )
         )
-        session.execute(
+        conn.execute(
             update(Item)
             .where(Item.id == pk)
             .values(status="done", error=None, finished_at=utcnow())
         )
-        session.commit()
+        if commit:
+            session.commit()
         return True
     except IntegrityError:
         session.rollback()
@@ -213,7 +236,13 @@ def save_result(session: Session, job_id: str, pk: int, result: Any) -> bool:
 
 
 def finalize_job(session: Session, job_id: str) -> bool:
-    """Mark the job completed when no item is pending or running."""
+    """Mark the job completed when no item is pending or running. The commit is synchronous
+    (durable), which also makes every earlier asynchronous item commit durable: call it at
+    the end of each chunk, before the task is acknowledged."""
+    if session.get_bind().dialect.name == "postgresql":
+        # txid_current() gives the transaction an id, so its commit writes a WAL record
+        # and waits for the flush even when the update below changes nothing.
+        session.execute(text("SET LOCAL synchronous_commit = on; SELECT txid_current()"))
     busy = exists().where(Item.job_id == job_id, Item.status.in_(("pending", "running")))
     res = session.execute(
         update(Job)

@@ -61,11 +61,9 @@ def pg_url():
     base, _, _ = PG_ADMIN_URL.rpartition("/")
     url = f"{base}/{name}"
     yield url
-    from db.session import _engines, _factories
+    from db.session import forget
 
-    if url in _engines:
-        _engines.pop(url).dispose()
-        _factories.pop(url, None)
+    forget(url)
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
@@ -87,11 +85,9 @@ def sqlite_db(tmp_path):
     url = f"sqlite:///{tmp_path / 'semjobs.sqlite'}"
     migrate.upgrade(url)
     yield url
-    from db.session import _engines, _factories
+    from db.session import forget
 
-    if url in _engines:
-        _engines.pop(url).dispose()
-        _factories.pop(url, None)
+    forget(url)
 
 
 @pytest.fixture

@@ -38,7 +38,8 @@ def make_app(s: Settings = settings) -> Celery:
         task_default_queue=queue_name(s),
         task_create_missing_queues=True,
         worker_send_task_events=True,
-        task_send_sent_event=True,
+        task_send_sent_event=False,  # halves the cost of a 50,000-item submit; Flower
+        # still sees every task from "received" on (worker events).
         task_track_started=True,
         task_serializer="json",
         accept_content=["json"],
