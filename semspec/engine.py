@@ -1,6 +1,6 @@
 """The engine: loaded models + probes, and one ``generate`` for every method.
 
-    engine = Engine.load()                      # embedded SmolLM2 target only
+    engine = Engine.load()                      # embedded SmolLM2 (+ embedded draft/probes if shipped)
     engine = Engine.load(target, draft, probes)  # model specs (see semspec.models), probe dir
     result = engine.generate("What is 2+2?", GenerationConfig(method="ar"))
 
@@ -12,12 +12,25 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .models import LoadedModel, load_model
-from .probes import ProbePair
+from .models import DEFAULT_TARGET, LoadedModel, load_model
+from .probes import ProbePair, embedded_probes_available, resolve_probes
 from .sequence import METHOD_CLASSES, MethodUnavailable, PromptError, Sequence
 from .types import METHODS, GenerationConfig, GenerationResult
 
 __all__ = ["Engine", "MethodUnavailable", "PromptError"]
+
+
+EMBEDDED_DRAFT = "embedded:smollm2-135m-draft"
+
+
+def embedded_draft_available() -> bool:
+    """Whether the embedded draft's trained artifact is shipped in this install."""
+    try:
+        from semspec.draft import embedded
+    except ImportError:
+        return False
+    art = Path(embedded.ARTIFACT_DIR)
+    return art.is_dir() and any(p.suffix == ".safetensors" for p in art.iterdir())
 
 
 def _same_tokenizer(a, b) -> bool:
@@ -52,13 +65,27 @@ class Engine:
         cache_dir: str | os.PathLike | None = None,
     ) -> "Engine":
         """Load from specs. ``cache_dir`` is the service's cache root; converted models go
-        to ``cache_dir/models`` (default ``~/.cache/semjobs/models``)."""
+        to ``cache_dir/models`` (default ``~/.cache/semjobs/models``).
+
+        Defaults: ``target=None`` is the embedded SmolLM2. With the embedded target,
+        ``draft=None`` loads the embedded draft and ``probes=None`` the embedded probes when
+        they are shipped (else none). ``draft="none"`` / ``probes="none"`` load none."""
         model_cache = Path(cache_dir).expanduser() / "models" if cache_dir is not None else None
         t = load_model(target, device=device, cache_dir=model_cache)
+        embedded_target = target in (None, DEFAULT_TARGET)
+        if draft is None and embedded_target and embedded_draft_available():
+            draft = EMBEDDED_DRAFT
+        if draft in (None, "", "none"):
+            draft = None
         d = load_model(draft, device=device, cache_dir=model_cache) if draft else None
-        p = ProbePair.load(probes, t, d) if probes else None
-        if p is not None and d is None:
+        if probes is None and d is not None and draft == EMBEDDED_DRAFT and embedded_target \
+                and embedded_probes_available():
+            probes = "embedded:smollm2-135m"
+        if probes in (None, "", "none"):
+            probes = None
+        if probes is not None and d is None:
             raise ValueError("probes were given without a draft model")
+        p = ProbePair.load(resolve_probes(probes), t, d) if probes else None
         return cls(t, d, p)
 
     @property
@@ -67,8 +94,7 @@ class Engine:
         if self.draft is not None:
             ids["draft"] = str(self.draft.identity)
         if self.probes is not None:
-            ids["target_probe"] = self.probes.target.model_identity or f"constant:{self.probes.target.constant}"
-            ids["draft_probe"] = self.probes.draft.model_identity or f"constant:{self.probes.draft.constant}"
+            ids.update(self.probes.identities())
         return ids
 
     def new_sequence(self, messages: list[dict] | str, config: GenerationConfig) -> Sequence:

@@ -80,6 +80,7 @@ class Probe(nn.Module):
         self.training_summary = dict(training_summary or {})
         self.kind = kind
         self.constant = None if constant is None else float(constant)
+        self.source = ""  # "path@sha256:..." of the file it was loaded from
         self.register_buffer("input_mean", torch.zeros(self.hidden_size))
         self.register_buffer("input_std", torch.ones(self.hidden_size))
         layers: list[nn.Module] = []
@@ -197,6 +198,9 @@ class Probe(nn.Module):
         except RuntimeError as e:
             raise ProbeError(f"{path}: weights do not match the metadata: {e}") from e
         probe.eval()
+        import hashlib
+
+        probe.source = f"{path.resolve()}@sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
         if device is not None:
             probe.to(device)
         if model is not None:
@@ -296,7 +300,35 @@ class ProbePair:
         return cls.constant(0.0, 1.0, target_hidden, draft_hidden)
 
     def identities(self) -> dict[str, str]:
-        return {"target_probe": self.target.model_identity, "draft_probe": self.draft.model_identity}
+        """role -> the probe file's identity ("path@sha256:..."), or "constant:<p>"."""
+        def ident(p: Probe) -> str:
+            return p.source or (f"constant:{p.constant}" if p.kind == "constant" else "unsaved")
+
+        return {"target_probe": ident(self.target), "draft_probe": ident(self.draft)}
+
+
+# --------------------------------------------------------------------------- embedded probes
+
+# The shipped probes for the embedded pair (embedded:smollm2-135m target +
+# embedded:smollm2-135m-draft): a ProbePair directory inside the package.
+EMBEDDED_PROBES_DIR = Path(__file__).resolve().parent / "assets" / "probes"
+EMBEDDED_PROBES: dict[str, Path] = {"smollm2-135m": EMBEDDED_PROBES_DIR}
+
+
+def resolve_probes(spec: str | os.PathLike) -> Path:
+    """A probe spec (``"embedded:<name>"`` or a directory) -> the ProbePair directory."""
+    spec = str(spec)
+    if spec.startswith("embedded:"):
+        name = spec[len("embedded:"):]
+        if name not in EMBEDDED_PROBES:
+            raise ProbeError(f"unknown embedded probes {spec!r}; known: {sorted(EMBEDDED_PROBES)}")
+        return EMBEDDED_PROBES[name]
+    return Path(spec).expanduser()
+
+
+def embedded_probes_available(name: str = "smollm2-135m") -> bool:
+    d = EMBEDDED_PROBES.get(name)
+    return d is not None and (d / ProbePair.TARGET_FILE).is_file() and (d / ProbePair.DRAFT_FILE).is_file()
 
 
 # --------------------------------------------------------------------------- features

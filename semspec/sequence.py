@@ -138,7 +138,7 @@ class Sequence:
 
     def prefill(self) -> None:
         with self.timed("prefill"):
-            self.T.forward()
+            self.T.forward(keep_last=1)
         self.phase = "think"
 
     def take_target_token(self, tok: int) -> bool:
@@ -277,8 +277,8 @@ class DraftingSequence(Sequence):
 
     def prefill(self) -> None:
         with self.timed("prefill"):
-            self.T.forward()
-            self.D.forward()
+            self.T.forward(keep_last=1)
+            self.D.forward(keep_last=1)
         self.phase = "think"
 
     def sync_draft(self, upto: int) -> int:

@@ -18,7 +18,9 @@ from .models import LoadedModel
 
 @dataclass
 class ForwardOut:
-    logits: torch.Tensor  # [n_fed, V] float32, row i predicts the token after position start+i
+    # [n, V] float32 for the last n fed positions (all of them unless keep_last was given);
+    # the last row predicts the next token
+    logits: torch.Tensor
     hidden: torch.Tensor | None  # [n_fed, H] states of the requested layer, or None
     start: int  # absolute position of the first fed token
 
@@ -54,8 +56,10 @@ class Stream:
         self.ids.extend(int(t) for t in tokens)
 
     @torch.inference_mode()
-    def forward(self, extra: list[int] = (), hidden_layer: int | None = None) -> ForwardOut:
-        """Run pending tokens + ``extra`` (appended to ``ids``) in one pass."""
+    def forward(self, extra: list[int] = (), hidden_layer: int | None = None,
+                keep_last: int | None = None) -> ForwardOut:
+        """Run pending tokens + ``extra`` (appended to ``ids``) in one pass. ``keep_last``
+        computes logits for the last positions only (a prefill needs one row)."""
         self.append(list(extra))
         feed = self.ids[self.cached:]
         if not feed:
@@ -65,8 +69,10 @@ class Stream:
         if max_ctx is not None and len(self.ids) > max_ctx:
             raise ContextOverflow(f"sequence of {len(self.ids)} tokens exceeds the model's context of {max_ctx}")
         x = torch.tensor([feed], dtype=torch.long, device=self.lm.device)
+        keep = 0 if keep_last is None or keep_last >= len(feed) else int(keep_last)
         out = self.lm.model(
-            input_ids=x, cache=self.cache, use_cache=True, output_hidden_states=hidden_layer is not None
+            input_ids=x, cache=self.cache, use_cache=True, output_hidden_states=hidden_layer is not None,
+            logits_to_keep=keep,
         )
         self.forward_passes += 1
         self.fed_tokens += len(feed)
@@ -74,8 +80,8 @@ class Stream:
         hidden = None
         if hidden_layer is not None:
             hidden = out.hidden_states[hidden_layer][0].float()
-        self._before_last = self._tail_logits
-        self._last_start = start
+        self._before_last = self._tail_logits if keep == 0 else None
+        self._last_start = start + len(feed) - logits.shape[0]  # position of the first kept row
         self._last_logits = logits
         self.cached = len(self.ids)
         self._tail_logits = logits[-1]

@@ -202,3 +202,20 @@ def test_ar_matches_transformers_generate(tiny_target, ar_result):
         out = tiny_target.model.generate(ids, max_new_tokens=40, do_sample=False, min_new_tokens=40)
     gen = out[0, ids.shape[1]:]
     assert tiny_target.tokenizer.decode(gen, skip_special_tokens=True) == ar_result.text
+
+
+def test_engine_load_from_specs(tiny_dirs, tmp_path):
+    from semspec.probes import Probe
+
+    pair = ProbePair(Probe(64, hidden_dims=(8,), layer=-1), Probe(64, hidden_dims=(8,), layer=1, role="draft"))
+    pair.save(tmp_path / "probes")
+    e = Engine.load(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), str(tmp_path / "probes"),
+                    device="cpu", cache_dir=tmp_path / "cache")
+    ids = e.identities
+    assert set(ids) == {"target", "draft", "target_probe", "draft_probe"}
+    assert ids["target_probe"].startswith(str((tmp_path / "probes" / "target.safetensors").resolve()) + "@sha256:")
+    r = e.generate(PROMPT, cfg("semspec", max_new_tokens=12))
+    assert r.counters.generated_tokens == 12 and r.models == ids
+    assert all(0 < s.p_target < 1 for s in r.steps if s.p_target is not None)
+    plain = Engine.load(str(tiny_dirs["target"]), device="cpu", cache_dir=tmp_path / "cache")
+    assert plain.draft is None and set(plain.identities) == {"target"}
