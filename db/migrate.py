@@ -17,7 +17,8 @@ from semjobs.settings import settings
 
 def alembic_config(url: str | None = None) -> Config:
     cfg = Config()
-    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    # __path__, not __file__: an editable install may expose the package as a namespace.
+    cfg.set_main_option("script_location", str(Path(next(iter(migrations.__path__)))))
     cfg.attributes["url"] = url or settings.database_url
     return cfg
 
