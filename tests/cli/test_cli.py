@@ -1,0 +1,87 @@
+"""CLI commands in-process on SQLite with the instant test-double engine (no servers)."""
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from cli.main import main
+from tests.conftest import ROOT
+
+
+def invoke(*args):
+    res = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    return res
+
+
+@pytest.fixture
+def ran(tmp_path, sqlite_db, fake_engine):
+    src = ROOT / "examples" / "prompts.jsonl"
+    out = tmp_path / "out.jsonl"
+    res = invoke("run", src, "-o", out, "--db", sqlite_db, "--max-new-tokens", 8)
+    assert res.exit_code == 0, res.output
+    return res.output.strip().splitlines()[-1], out, sqlite_db
+
+
+def test_run_exports_every_id_and_status_reports(ran, tmp_path):
+    job_id, out, db = ran
+    ids = [json.loads(line)["id"] for line in open(out)]
+    assert ids == ["gsm8k-0", "gsm8k-1", "gsm8k-2"]
+    st = json.loads(invoke("status", job_id, "--json", "--db", db).output)
+    assert st["status"] == "completed" and st["counts"]["done"] == 3
+    assert st["config"]["max_new_tokens"] == 8 and st["manifest"]["input"]["items"] == 3
+    text = invoke("status", job_id, "--db", db).output
+    assert "3 done" in text and "acceptance" in text
+    watch = invoke("status", job_id, "--watch", "--db", db).output
+    assert "[" + "#" * 30 + "] 3/3" in watch
+    table = invoke("status", "--db", db).output
+    assert job_id in table
+
+
+def test_export_parquet_with_steps(ran, tmp_path):
+    job_id, _, db = ran
+    pq_path = tmp_path / "out.parquet"
+    res = invoke("export", job_id, "-o", pq_path, "--db", db, "--steps")
+    assert res.exit_code == 0, res.output
+    table = pq.read_table(pq_path)
+    assert table.num_rows == 3
+    assert table.column("id").to_pylist() == ["gsm8k-0", "gsm8k-1", "gsm8k-2"]
+    steps = json.loads(table.column("steps").to_pylist()[0])
+    assert steps[0]["author"] == "draft" and steps[1]["decision"] == "rejected"
+
+
+def test_batch_input_run_and_errors_file(tmp_path, sqlite_db, fake_engine):
+    src = tmp_path / "b.jsonl"
+    lines = [json.loads(x) for x in open(ROOT / "examples" / "openai_batch.jsonl")]
+    lines.append({**lines[0], "custom_id": "req-fail"})
+    lines[-1]["body"] = {**lines[0]["body"], "messages": [{"role": "user", "content": "FAIL"}]}
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "o.jsonl"
+    res = invoke("run", src, "-o", out, "--db", sqlite_db)
+    assert res.exit_code == 0, res.output
+    got = [json.loads(x) for x in open(out)]
+    assert [g["custom_id"] for g in got] == ["req-0", "req-1"]
+    assert got[0]["response"]["body"]["choices"][0]["message"]["content"]
+    errs = [json.loads(x) for x in open(tmp_path / "o.errors.jsonl")]
+    assert errs[0]["custom_id"] == "req-fail" and errs[0]["response"] is None
+    assert "fake engine asked to fail" in errs[0]["error"]["message"]
+
+
+def test_unknown_job_and_bad_method(sqlite_db, tmp_path):
+    res = invoke("status", "nope", "--db", sqlite_db)
+    assert res.exit_code != 0 and "no job 'nope'" in res.output
+    res = invoke("run", ROOT / "examples" / "prompts.jsonl", "-o", tmp_path / "o.jsonl",
+                 "--db", sqlite_db, "--method", "magic")
+    assert res.exit_code == 2 and "unknown method" in res.output
+
+
+def test_engine_load_failure_is_reported(tmp_path, sqlite_db, monkeypatch):
+    from semjobs.settings import settings
+    from worker import engine as engines
+
+    monkeypatch.setattr(settings, "engine_factory", "no_such_module:Engine.load")
+    engines._cache.clear()
+    res = invoke("run", ROOT / "examples" / "prompts.jsonl", "-o", tmp_path / "o.jsonl",
+                 "--db", sqlite_db)
+    assert res.exit_code == 1 and "could not load the engine" in res.output
