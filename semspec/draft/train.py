@@ -231,6 +231,42 @@ def _gen_cache_key(target, cfg: DraftTrainConfig, questions: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
+def cached_teacher_pass(target, seqs: list[Sequence], k: int, topk: int, batch_size: int, pad_id: int,
+                        cache_dir: str | None = None, log: Log | None = None) -> list[TeacherItem]:
+    """``teacher_pass`` for one frozen-layer count, cached in ``cache_dir`` (safetensors)."""
+    if not cache_dir:
+        return teacher_pass(target, seqs, [k], topk, batch_size, pad_id, log=log)
+    h = hashlib.sha256()
+    h.update(json.dumps(target_signature(target), sort_keys=True).encode())
+    h.update(json.dumps(target_checksums(target, k), sort_keys=True).encode())
+    h.update(json.dumps([k, topk, [(s.ids, s.prompt_len, s.source) for s in seqs]]).encode())
+    path = Path(cache_dir) / f"teacher-{h.hexdigest()[:16]}.safetensors"
+    if path.is_file():
+        from safetensors.torch import load_file
+
+        t = load_file(str(path))
+        items = [TeacherItem(hidden={k: t[f"{i}.hidden"]}, positions=t[f"{i}.positions"],
+                             topk_ids=t[f"{i}.topk_ids"], topk_logits=t[f"{i}.topk_logits"], source=s.source)
+                 for i, s in enumerate(seqs)]
+        if log:
+            log(f"loaded teacher outputs from {path}")
+        return items
+    items = teacher_pass(target, seqs, [k], topk, batch_size, pad_id, log=log)
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for i, it in enumerate(items):
+        tensors[f"{i}.hidden"] = it.hidden[k].contiguous()
+        tensors[f"{i}.positions"] = it.positions.contiguous()
+        tensors[f"{i}.topk_ids"] = it.topk_ids.contiguous()
+        tensors[f"{i}.topk_logits"] = it.topk_logits.contiguous()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
+    return items
+
+
 def build_training_data(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str | None = None,
                         log: Log | None = None) -> tuple[list[Sequence], list[Sequence]]:
     """(generated, reference) sequences; the generated ones are cached in ``cache_dir``."""
@@ -284,8 +320,8 @@ def train_draft(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str | None 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if k == 0:
         raise ValueError("frozen_layers must be at least 1")
-    items = teacher_pass(target, train_seqs + eval_seqs, [k], cfg.teacher_topk,
-                         cfg.teacher_batch_size, pad, log=log)
+    items = cached_teacher_pass(target, train_seqs + eval_seqs, k, cfg.teacher_topk,
+                                cfg.teacher_batch_size, pad, cache_dir=cache_dir, log=log)
     t_teacher = time.perf_counter() - t0
     train_items, eval_items = items[: len(train_seqs)], items[len(train_seqs):]
 
