@@ -56,9 +56,11 @@ def run_items(
     worker: str | None = None,
     deadline: float | None = None,
     on_item: Callable[[str, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> ChunkReport:
     """Process the items `seqs` of job `job_id`. `deadline` (time.monotonic) stops before an
-    item that would start after it; the rest is returned in `report.left`."""
+    item that would start after it, and so does `should_stop()` returning true (a worker
+    shutting down); the rest is returned in `report.left`."""
     report = ChunkReport()
     worker = worker or worker_name()
     with session_factory(url, role="worker")() as session:
@@ -73,7 +75,8 @@ def run_items(
             repo.mark_job_running(session, job_id, engines.identities(engine))
             _identities_written.add(job_id)
         for i, seq in enumerate(seqs):
-            if deadline is not None and i > 0 and time.monotonic() > deadline:
+            if i > 0 and ((deadline is not None and time.monotonic() > deadline)
+                          or (should_stop is not None and should_stop())):
                 report.left = list(seqs[i:])
                 break
             claim = repo.claim_item(session, job_id, seq, worker)

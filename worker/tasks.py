@@ -7,6 +7,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from celery.signals import worker_shutting_down
 from celery.utils import uuid
 from celery.utils.log import get_task_logger
 from sqlalchemy.exc import OperationalError
@@ -18,6 +19,18 @@ from worker.process import run_items, worker_name
 from worker.queues import queue_name
 
 log = get_task_logger(__name__)
+
+# Set when this worker begins a warm shutdown (SIGTERM, `docker stop`): the running chunk
+# stops after its current item and hands the rest back to the queue, so the task ends (and
+# is acknowledged) quickly instead of being killed mid-chunk and redelivered only after the
+# visibility timeout. Seen by tasks running in the main process (the solo pool, one per GPU).
+_shutting_down = False
+
+
+@worker_shutting_down.connect
+def _on_shutdown(**_kwargs) -> None:
+    global _shutting_down
+    _shutting_down = True
 
 
 @app.task(
@@ -33,7 +46,8 @@ def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
     # before Redis would hand its message to a second worker.
     deadline = time.monotonic() + settings.visibility_timeout_s / 2
     hostname = f"{self.request.hostname}:{os.getpid()}" if self.request.hostname else worker_name()
-    report = run_items(job_id, seqs, worker=hostname, deadline=deadline)
+    report = run_items(job_id, seqs, worker=hostname, deadline=deadline,
+                       should_stop=lambda: _shutting_down)
     if report.left:
         queue = (self.request.delivery_info or {}).get("routing_key") or queue_name()
         run_chunk.apply_async((job_id, report.left), queue=queue)

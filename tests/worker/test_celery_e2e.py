@@ -194,3 +194,27 @@ def test_cancel_stops_a_running_job(service_env, workers, pg_db, tmp_path):
     c = counts(pg_db, job_id)
     assert c.get("cancelled", 0) > 0 and c.get("done", 0) + c["cancelled"] == n
     assert job_status(pg_db, job_id) == "cancelled"
+
+
+def test_sigterm_hands_back_the_rest_of_the_chunk(service_env, workers, pg_db, tmp_path):
+    """Warm shutdown (SIGTERM, `docker stop`): the running chunk stops after its current item,
+    re-enqueues the rest and is acknowledged; no item runs twice, nothing waits for the
+    visibility timeout."""
+    env = {**service_env, "SEMJOBS_CHUNK_SIZE": "8", "FAKE_ENGINE_DELAY_S": "0.4"}
+    workers.env = env
+    n = 16
+    job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
+    first = workers.start("first")
+    wait_for(lambda: counts(pg_db, job_id).get("done", 0) >= 2, 60, interval=0.05,
+             what="first items")
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=30)
+    assert first.returncode == 0, workers.log(first)
+    workers.start("second")
+    wait_completed(pg_db, job_id, workers, timeout=90)
+    with session_factory(pg_db)() as s:
+        rows = s.execute(select(Item.seq, Item.attempts, Item.worker)
+                         .where(Item.job_id == job_id)).all()
+    assert all(r.attempts == 1 for r in rows), rows
+    # the first chunk (seqs 0-7) was cut short: its tail was done by the second worker
+    assert any(r.seq < 8 and r.worker.startswith("second@") for r in rows), rows
