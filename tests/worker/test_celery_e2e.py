@@ -218,3 +218,31 @@ def test_sigterm_hands_back_the_rest_of_the_chunk(service_env, workers, pg_db, t
     assert all(r.attempts == 1 for r in rows), rows
     # the first chunk (seqs 0-7) was cut short: its tail was done by the second worker
     assert any(r.seq < 8 and r.worker.startswith("second@") for r in rows), rows
+
+
+def test_killed_prefork_child_chunk_is_requeued_at_once(service_env, workers, pg_db, tmp_path):
+    """Prefork pool: a child process SIGKILLed mid-item -> the parent rejects the task with
+    requeue (task_reject_on_worker_lost) and another child redoes it, without waiting for the
+    visibility timeout (left at its 3 h default here)."""
+    env = {**service_env, "FAKE_ENGINE_DELAY_S": "0.3"}
+    workers.env = env
+    n = 16
+    job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
+    workers.start("pf", "--concurrency", "2", "--pool", "prefork")
+
+    def busy_child():
+        with session_factory(pg_db)() as s:
+            item = s.scalars(select(Item).where(Item.job_id == job_id, Item.status == "running",
+                                                Item.attempts == 1)).first()
+        return item
+
+    item = wait_for(busy_child, 90, interval=0.05, what="a child busy on an item")
+    child_pid = int(item.worker.rsplit(":", 1)[1])
+    os.kill(child_pid, signal.SIGKILL)
+    wait_completed(pg_db, job_id, workers, timeout=90)
+    with session_factory(pg_db)() as s:
+        killed = s.scalars(select(Item).where(Item.job_id == job_id, Item.seq == item.seq)).one()
+        n_out = s.scalar(select(func.count()).select_from(Output).where(Output.job_id == job_id))
+    assert n_out == n
+    assert killed.status == "done" and killed.attempts == 2
+    assert int(killed.worker.rsplit(":", 1)[1]) != child_pid
