@@ -38,11 +38,12 @@ def _config(method, max_new_tokens, temperature, seed) -> dict:
         raise click.BadParameter(str(e), param_hint="--method") from None
 
 
-def _store(file, config, queue, name, url, status):
+def _store(file, config, queue, name, url, status, validation=None):
     from jobs.submit import InvalidInput, store_job
 
     try:
-        return store_job(file, config, queue=queue, name=name, url=url, status=status)
+        return store_job(file, config, queue=queue, name=name, url=url, status=status,
+                         validation=validation)
     except InvalidInput as e:
         for line in e.lines():
             click.echo(line, err=True)
@@ -207,12 +208,17 @@ def retry(job, include_pending, db_url) -> None:
 @click.option("--db", "db_url", default=None,
               help="Database URL (default: SEMJOBS_EMBEDDED_DATABASE_URL, a SQLite file).")
 @click.option("--steps", is_flag=True, help="Include the per-step log in each output line.")
+@click.option("--resume/--no-resume", default=True, show_default=True,
+              help="Continue an unfinished job of the same file and settings in this "
+              "database (after a crash or Ctrl-C) instead of starting a new one.")
 def run(file, output, errors, method, max_new_tokens, temperature, seed, name, db_url,
-        steps) -> None:
+        steps, resume) -> None:
     """Embedded mode: no servers; process FILE in this process into a SQLite file, then
     export. Same tables, same per-item code as the workers."""
     from db import migrate
     from jobs.export import export_job
+    from jobs.schema import validate_file
+    from jobs.submit import find_resumable, unfinished_seqs
     from semjobs.settings import settings
     from worker.engine import EngineLoadError
     from worker.process import run_items
@@ -220,13 +226,22 @@ def run(file, output, errors, method, max_new_tokens, temperature, seed, name, d
     url = db_url or settings.embedded_database_url
     config = _config(method, max_new_tokens, temperature, seed)
     migrate.upgrade(url)
-    job_id, n = _store(file, config, "embedded", name, url, "queued")
-    click.echo(f"job {job_id}: {n} items, method {config['method']}; database {url}", err=True)
+    validation = validate_file(file, settings.max_line_bytes)
+    job_id = find_resumable(validation, config, url=url) if resume and validation.ok else None
+    if job_id is not None:
+        seqs = unfinished_seqs(job_id, url=url)
+        click.echo(f"resuming job {job_id}: {len(seqs)} of {validation.n_items} items left; "
+                   f"database {url}", err=True)
+    else:
+        job_id, n = _store(file, config, "embedded", name, url, "queued", validation)
+        seqs = list(range(n))
+        click.echo(f"job {job_id}: {n} items, method {config['method']}; database {url}",
+                   err=True)
     click.echo("loading the engine...", err=True)
     t0 = time.perf_counter()
     try:
-        with click.progressbar(length=n, label="generating", file=sys.stderr) as bar:
-            run_items(job_id, list(range(n)), url=url, on_item=lambda _k, _s: bar.update(1))
+        with click.progressbar(length=len(seqs), label="generating", file=sys.stderr) as bar:
+            run_items(job_id, seqs, url=url, on_item=lambda _k, _s: bar.update(1))
     except EngineLoadError as e:
         click.echo(f"\nerror: {e}", err=True)
         sys.exit(1)

@@ -39,14 +39,20 @@ def probe() -> None:
 @click.option("--draft-layer", type=int, default=None, help="Layer for the draft, if different.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--device", default="auto", show_default=True)
+@click.option("--threads", type=int, default=None,
+              help="torch CPU threads (default: torch's choice; 1 is much faster on a busy CPU).")
 def collect(target, draft, prompts_file, out_dir, samples, skip_lines, limit_prompts, max_prefixes,
             max_trace_steps, max_trace_tokens, max_step_tokens, step_delimiter, temperature, top_p,
-            trace_temperature, layer, draft_layer, seed, device):
+            trace_temperature, layer, draft_layer, seed, device, threads):
     """Generate target traces, cut them into prefixes, sample next steps from both models and
     store texts and pooled hidden states in OUT (resumable)."""
+    import torch
+
     from semspec.calibration.collect import CollectConfig, collect as run_collect, read_prompts
     from semspec.models import load_model
 
+    if threads:
+        torch.set_num_threads(threads)
     prompts = read_prompts(prompts_file, skip=skip_lines, limit=limit_prompts)
     if not prompts:
         raise click.UsageError(f"no prompts in {prompts_file} after skipping {skip_lines} lines")

@@ -109,11 +109,14 @@ def store_job(
     name: str | None = None,
     url: str | None = None,
     status: str = "pending",
+    validation: Validation | None = None,
 ) -> tuple[str, int]:
-    """Validate `path` completely, then store job + items. Raises InvalidInput (and writes
-    nothing) when any line is bad. Returns (job id, number of items)."""
+    """Validate `path` completely (unless `validation` of it is given), then store job +
+    items. Raises InvalidInput (and writes nothing) when any line is bad. Returns (job id,
+    number of items)."""
     path = Path(path)
-    validation = validate_file(path, settings.max_line_bytes)
+    if validation is None:
+        validation = validate_file(path, settings.max_line_bytes)
     if not validation.ok:
         raise InvalidInput(validation)
     job_id = uuid.uuid4().hex[:12]
@@ -136,6 +139,34 @@ def store_job(
             raise RuntimeError(f"{path} changed while being submitted")
         session.commit()
     return job_id, n
+
+
+def find_resumable(validation: Validation, config: dict, *, url: str | None = None) -> str | None:
+    """The newest unfinished job of the same input file (sha256) and config, if any."""
+    from sqlalchemy import select
+
+    from db.models import JOB_ACTIVE, Job
+
+    with session_factory(url)() as session:
+        for job in session.scalars(
+            select(Job).where(Job.status.in_(JOB_ACTIVE)).order_by(Job.created_at.desc())
+        ):
+            if job.manifest.get("input", {}).get("sha256") == validation.sha256 \
+                    and job.config == config:
+                return job.id
+    return None
+
+
+def unfinished_seqs(job_id: str, *, url: str | None = None) -> list[int]:
+    from sqlalchemy import select
+
+    from db.models import Item
+
+    with session_factory(url)() as session:
+        return list(session.scalars(
+            select(Item.seq).where(Item.job_id == job_id, Item.status.in_(("pending", "running")))
+            .order_by(Item.seq)
+        ))
 
 
 def enqueue_job(

@@ -85,3 +85,34 @@ def test_engine_load_failure_is_reported(tmp_path, sqlite_db, monkeypatch):
     res = invoke("run", ROOT / "examples" / "prompts.jsonl", "-o", tmp_path / "o.jsonl",
                  "--db", sqlite_db)
     assert res.exit_code == 1 and "could not load the engine" in res.output
+
+
+def test_run_resumes_an_interrupted_job_without_redoing_items(tmp_path, sqlite_db, fake_engine):
+    from sqlalchemy import select
+
+    from db import repo
+    from db.models import Item
+    from db.session import session_factory
+    from jobs.schema import validate_file
+    from jobs.submit import job_config, store_job
+    from worker.process import run_items
+
+    src = ROOT / "examples" / "prompts.jsonl"
+    config = job_config(None, 8)
+    job_id, _ = store_job(src, config, queue="embedded", url=sqlite_db, status="queued",
+                          validation=validate_file(src, 10**6))
+    run_items(job_id, [0], url=sqlite_db)  # item 0 finished before the "crash"
+    with session_factory(sqlite_db)() as s:
+        repo.claim_item(s, job_id, 1, "crashed")  # item 1 was in flight
+    out = tmp_path / "o.jsonl"
+    res = invoke("run", src, "-o", out, "--db", sqlite_db, "--max-new-tokens", 8)
+    assert res.exit_code == 0, res.output
+    assert f"resuming job {job_id}: 2 of 3 items left" in res.output
+    assert res.output.strip().splitlines()[-1] == job_id
+    assert len(open(out).readlines()) == 3
+    with session_factory(sqlite_db)() as s:
+        attempts = dict(s.execute(select(Item.seq, Item.attempts)).all())
+    assert attempts == {0: 1, 1: 2, 2: 1}
+    # a finished job is not resumed: the next run is a new job
+    res = invoke("run", src, "-o", out, "--db", sqlite_db, "--max-new-tokens", 8)
+    assert res.output.strip().splitlines()[-1] != job_id
