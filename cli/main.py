@@ -7,7 +7,25 @@ commands, so `semjobs --help` stays fast.
 import click
 
 
-@click.group()
+class _Main(click.Group):
+    """Turns the common set-up mistakes into one-line errors instead of tracebacks."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except Exception as e:  # noqa: BLE001
+            name = type(e).__name__
+            if name == "OperationalError" and "sqlalchemy" in type(e).__module__:
+                raise click.ClickException(
+                    f"cannot use the database: {str(e.orig).strip().splitlines()[0]} "
+                    "(check SEMJOBS_DATABASE_URL / --db)") from e
+            if name == "ProgrammingError" and "does not exist" in str(e):
+                raise click.ClickException(
+                    "the database has no semjobs schema yet: run `semjobs db upgrade`") from e
+            raise
+
+
+@click.group(cls=_Main)
 def main() -> None:
     """Bulk chain-of-thought generation with SemanticSpec decoding."""
 
