@@ -6,7 +6,7 @@ runs one real `semjobs worker` (solo pool) with the instant test-double engine, 
   the service when the engine takes no time: Celery delivery amortised over the chunk,
   claim, result commit);
 - mean per item = (last completion - first start) / N;
-- median claim-to-commit time inside the task (database only).
+- median time from an item's claim to the write of its result (database only).
 Not a timed test: run it by hand, e.g.
     python benchmarks/service_overhead.py --items 2000 --chunk-size 4
 """
@@ -83,7 +83,7 @@ def main() -> None:
             "median_ms_per_item": round(statistics.median(gaps), 3),
             "p90_ms_per_item": round(statistics.quantiles(gaps, n=10)[-1], 3),
             "mean_ms_per_item": round(span * 1000 / len(rows), 3),
-            "median_claim_to_commit_ms": round(statistics.median(inner), 3),
+            "median_claim_to_save_ms": round(statistics.median(inner), 3),
             "items_per_s": round(len(rows) / span, 1),
         }
         print(json.dumps(result, indent=2))

@@ -187,9 +187,11 @@ def save_result(session: Session, job_id: str, pk: int, result: Any, commit: boo
     """Store a GenerationResult for item `pk` in one transaction. False when another delivery
     already stored one (the output's primary key is the item). With commit=False the caller
     commits (the worker lets the next claim's commit carry it: one round trip less)."""
+    conn = session.connection()
+    if conn.dialect.name == "postgresql":
+        return _save_result_pg(session, conn, job_id, pk, result, commit)
     c = result.counters
     try:
-        conn = session.connection()
         conn.execute(
             insert(Output).values(
                 item_pk=pk, job_id=job_id, text=result.text, final_answer=result.final_answer,
@@ -233,6 +235,67 @@ def save_result(session: Session, job_id: str, pk: int, result: Any, commit: boo
     except IntegrityError:
         session.rollback()
         return False
+
+
+STEP_FIELDS = (
+    "step_index int, author text, text text, drafted_tokens int, accepted_tokens int, "
+    "decision text, p_target float8, p_draft float8, accept_prob float8, seconds float8"
+)
+STEP_COLS = ("step_index, author, text, drafted_tokens, accepted_tokens, decision, p_target, "
+             "p_draft, accept_prob, seconds")
+STAT_COLS = ("wall_seconds, prompt_tokens, generated_tokens, target_forward_passes, "
+             "draft_forward_passes, drafted_tokens, accepted_tokens, steps_drafted, "
+             "steps_accepted, n_steps, phase_seconds")
+# The Postgres path of save_result: output, step log, stats and the item's status in ONE
+# statement (one round trip). ON CONFLICT DO NOTHING on the output makes a second delivery a
+# no-op: the other inserts and the update only run when the output row was inserted.
+_SAVE_PG = text(f"""
+WITH o AS (
+    INSERT INTO outputs (item_pk, job_id, text, final_answer, finish_reason, models, created_at)
+    VALUES (:pk, :job_id, :text, :final_answer, :finish_reason, CAST(:models AS json), :now)
+    ON CONFLICT (item_pk) DO NOTHING
+    RETURNING item_pk
+), s AS (
+    INSERT INTO step_log (item_pk, job_id, {STEP_COLS})
+    SELECT :pk, :job_id, {STEP_COLS}
+    FROM json_to_recordset(CAST(:steps AS json)) AS x({STEP_FIELDS})
+    WHERE EXISTS (SELECT 1 FROM o)
+), st AS (
+    INSERT INTO item_stats (item_pk, job_id, {STAT_COLS})
+    SELECT :pk, :job_id, :wall_seconds, :prompt_tokens, :generated_tokens,
+           :target_forward_passes, :draft_forward_passes, :drafted_tokens, :accepted_tokens,
+           :steps_drafted, :steps_accepted, :n_steps, CAST(:phase_seconds AS json)
+    WHERE EXISTS (SELECT 1 FROM o)
+)
+UPDATE items SET status = 'done', error = NULL, finished_at = :now
+WHERE id = :pk AND EXISTS (SELECT 1 FROM o)
+""")
+
+
+def _save_result_pg(session: Session, conn, job_id: str, pk: int, result: Any,
+                    commit: bool) -> bool:
+    c = result.counters
+    steps = [
+        {"step_index": s.index, "author": s.author, "text": s.text,
+         "drafted_tokens": s.drafted_tokens, "accepted_tokens": s.accepted_tokens,
+         "decision": s.decision, "p_target": s.p_target, "p_draft": s.p_draft,
+         "accept_prob": s.accept_prob, "seconds": s.seconds}
+        for s in result.steps
+    ]
+    res = conn.execute(_SAVE_PG, {
+        "pk": pk, "job_id": job_id, "text": result.text, "final_answer": result.final_answer,
+        "finish_reason": result.finish_reason, "models": json.dumps(dict(result.models or {})),
+        "now": utcnow(), "steps": json.dumps(steps),
+        "wall_seconds": result.wall_seconds, "prompt_tokens": c.prompt_tokens,
+        "generated_tokens": c.generated_tokens, "target_forward_passes": c.target_forward_passes,
+        "draft_forward_passes": c.draft_forward_passes, "drafted_tokens": c.drafted_tokens,
+        "accepted_tokens": c.accepted_tokens, "steps_drafted": c.steps_drafted,
+        "steps_accepted": c.steps_accepted, "n_steps": len(result.steps),
+        "phase_seconds": json.dumps(dict(c.phase_seconds)),
+    })
+    if commit:
+        session.commit()
+    return res.rowcount == 1
 
 
 def finalize_job(session: Session, job_id: str) -> bool:
