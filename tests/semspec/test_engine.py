@@ -219,3 +219,34 @@ def test_engine_load_from_specs(tiny_dirs, tmp_path):
     assert all(0 < s.p_target < 1 for s in r.steps if s.p_target is not None)
     plain = Engine.load(str(tiny_dirs["target"]), device="cpu", cache_dir=tmp_path / "cache")
     assert plain.draft is None and set(plain.identities) == {"target"}
+
+
+def test_tau_floor_rejects(tiny_target, tiny_draft, ar_result):
+    even = Engine(tiny_target, tiny_draft, ProbePair.constant(0.5, 0.5, 64, 64))
+    r = even.generate(PROMPT, cfg("semspec", tau=0.6))
+    assert r.text == ar_result.text and r.counters.steps_accepted == 0
+    r = even.generate(PROMPT, cfg("semspec", tau=0.4))
+    assert r.counters.steps_accepted == r.counters.steps_drafted > 0
+
+
+def test_end_of_thinking_marker_hands_over_to_the_target(accept_engine):
+    free = accept_engine.generate(PROMPT, cfg("semspec", think_end=None))
+    marker = free.steps[1].text[-2:]  # something the draft writes in its second step
+    assert marker.strip()
+    r = accept_engine.generate(PROMPT, cfg("semspec", think_end=marker))
+    idx = next(i for i, s in enumerate(r.steps) if marker in s.text)
+    assert r.steps[idx].text.endswith(marker) or marker in r.steps[idx].text
+    after = r.steps[idx + 1:]
+    assert after and all(s.author == "target" and s.decision == "target_only" for s in after)
+
+
+def test_token_sd_matches_transformers_assisted_generation(tiny_target, tiny_draft):
+    from semspec.models import encode_prompt
+
+    ids = torch.tensor([encode_prompt(tiny_target.tokenizer, PROMPT)])
+    with torch.no_grad():
+        out = tiny_target.model.generate(ids, assistant_model=tiny_draft.model, max_new_tokens=30,
+                                         min_new_tokens=30, do_sample=False)
+    hf = tiny_target.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    ours = Engine(tiny_target, tiny_draft).generate(PROMPT, cfg("token_sd", max_new_tokens=30))
+    assert ours.text == hf
