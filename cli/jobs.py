@@ -153,6 +153,8 @@ def _print_export(rep) -> None:
         msg += f"; {rep.errors} failed/cancelled items to {rep.errors_path}"
     if rep.unfinished:
         msg += f"; {rep.unfinished} items not finished yet"
+    if rep.manifest_path:
+        msg += f"; manifest {rep.manifest_path}"
     click.echo(msg, err=True)
 
 

@@ -23,6 +23,7 @@ class ExportReport:
     unfinished: int = 0
     out: Path | None = None
     errors_path: Path | None = None
+    manifest_path: Path | None = None
 
 
 def _stats(stats: ItemStats | None) -> dict[str, Any]:
@@ -178,15 +179,39 @@ def _sink(path: Path):
     return _ParquetSink(path) if path.suffix == ".parquet" else _JsonlSink(path)
 
 
-def default_errors_path(out: Path) -> Path:
+def _sibling(out: Path, suffix: str) -> Path:
     stem = out.name[: -len(out.suffix)] if out.suffix else out.name
-    return out.with_name(f"{stem}.errors.jsonl")
+    return out.with_name(f"{stem}{suffix}")
+
+
+def default_errors_path(out: Path) -> Path:
+    return _sibling(out, ".errors.jsonl")
+
+
+def write_manifest(job_id: str, path: Path, *, url: str | None = None) -> None:
+    """Reproducibility manifest beside the export: input file hash, models and their
+    identities (path + sha256, probes included), the generation config, counts, timings."""
+    from jobs.status import job_status
+
+    st = job_status(job_id, url=url)
+    manifest = {
+        "job": {k: st[k] for k in ("id", "name", "status", "method", "input_format", "queue",
+                                   "n_items", "created_at", "started_at", "finished_at")},
+        "config": st["config"],
+        **st["manifest"],
+        "counts": st["counts"],
+        "totals": {k: st[k] for k in ("generated_tokens", "prompt_tokens", "elapsed_s",
+                                      "tokens_per_s", "decode_tokens_per_s")},
+        "acceptance": st["acceptance"],
+    }
+    path.write_text(json.dumps(manifest, indent=2, default=str) + "\n")
 
 
 def export_job(job_id: str, out: str | Path, errors: str | Path | None = None, *,
-               url: str | None = None, with_steps: bool = False) -> ExportReport:
+               url: str | None = None, with_steps: bool = False,
+               manifest: bool = True) -> ExportReport:
     """Write results to `out` and failed/cancelled items to `errors` (default: beside `out`,
-    created only when there are any)."""
+    created only when there are any), and OUT's name + .manifest.json."""
     out = Path(out)
     errors_path = Path(errors) if errors else None
     report = ExportReport(out=out)
@@ -210,4 +235,7 @@ def export_job(job_id: str, out: str | Path, errors: str | Path | None = None, *
         if err_f is not None:
             err_f.close()
     report.errors_path = errors_path
+    if manifest:
+        report.manifest_path = _sibling(out, ".manifest.json")
+        write_manifest(job_id, report.manifest_path, url=url)
     return report
