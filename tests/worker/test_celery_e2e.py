@@ -122,10 +122,11 @@ def test_batch_input_exports_batch_output_shape(service_env, workers, pg_db, tmp
 
 def test_two_workers_process_every_item_exactly_once(service_env, workers, pg_db, tmp_path):
     n = 40
-    job_id = submit(service_env, write_input(tmp_path / "in.jsonl", n))
     slow = {"FAKE_ENGINE_DELAY_S": "0.05"}
-    workers.start("w1", env=slow)
-    workers.start("w2", env=slow)
+    procs = [workers.start("w1", env=slow), workers.start("w2", env=slow)]
+    # both consuming before the job exists, so neither can take it all alone
+    wait_for(lambda: all(" ready." in workers.log(p) for p in procs), 90, what="workers ready")
+    job_id = submit(service_env, write_input(tmp_path / "in.jsonl", n))
     wait_completed(pg_db, job_id, workers)
     with session_factory(pg_db)() as s:
         rows = s.execute(select(Item.item_id, Item.attempts, Item.worker, Item.status)
