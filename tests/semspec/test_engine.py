@@ -250,3 +250,14 @@ def test_token_sd_matches_transformers_assisted_generation(tiny_target, tiny_dra
     hf = tiny_target.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
     ours = Engine(tiny_target, tiny_draft).generate(PROMPT, cfg("token_sd", max_new_tokens=30))
     assert ours.text == hf
+
+
+def test_sequences_can_be_interleaved(accept_engine):
+    prompts = [PROMPT, "What is 7 times 6?"]
+    configs = [cfg("semspec", temperature=0.8, seed=1), cfg("token_sd", seed=2)]
+    alone = [accept_engine.generate(p, c).text for p, c in zip(prompts, configs)]
+    seqs = [accept_engine.new_sequence(p, c) for p, c in zip(prompts, configs)]
+    while not all(s.done for s in seqs):
+        for s in seqs:
+            s.advance()
+    assert [s.result().text for s in seqs] == alone
