@@ -1,0 +1,15 @@
+"""Probe calibration: semantic-equivalence judges, meaning-cluster labels, data collection
+and probe training (see README.md in this directory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_PROBES_ROOT = Path(__file__).resolve().parent / "default_probes"
+EMBEDDED_PAIR = "smollm2-135m"  # embedded:smollm2-135m + embedded:smollm2-135m-draft
+
+
+def default_probes_dir(pair: str = EMBEDDED_PAIR) -> Path | None:
+    """The committed probe directory for an embedded model pair, or None if none ships."""
+    d = DEFAULT_PROBES_ROOT / pair
+    return d if (d / "target.safetensors").exists() and (d / "draft.safetensors").exists() else None

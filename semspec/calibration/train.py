@@ -5,9 +5,11 @@ hidden states as features and that model's meaning-frequency label as target (se
 `labels.py`). The held-out split is **by question**: all prefixes of a held-out question
 are held out, so a probe is never evaluated on a question it has seen a prefix of.
 
-A small model selection (architecture x epochs) runs on an inner split by question of the
-training questions; the chosen configuration is retrained on all training questions and
-evaluated once on the held-out ones. Reported per probe: MSE, R², Spearman, AUROC for
+A small model selection (architecture x regularisation x epochs) runs as a grouped k-fold
+by question over the training questions; the chosen configuration is retrained on all
+training questions, its output is rescaled (sigmoid(a*z+b), fitted on the out-of-fold
+predictions and folded into the last layer, since small data makes the MLP overconfident),
+and it is evaluated once on the held-out questions. Reported per probe: MSE, R², Spearman, AUROC for
 "label >= 0.5", the constant predictor's MSE, sizes; plus a calibration plot (PNG).
 The probes are saved in the engine's format (`semspec.probes`) with that summary inside.
 """
@@ -30,10 +32,11 @@ from semspec.calibration.store import CalibrationStore, atomic_write_json
 ROLES = ("target", "draft")
 # (hidden_dims, dropout, epochs, weight_decay) tried by model selection.
 DEFAULT_GRID: tuple[tuple[tuple[int, ...], float, int, float], ...] = (
-    ((), 0.0, 100, 1e-2),
+    ((), 0.0, 30, 0.1),
+    ((16,), 0.1, 30, 0.1),
+    ((64,), 0.3, 30, 0.5),
     ((64,), 0.1, 60, 1e-2),
-    ((64,), 0.1, 200, 1e-2),
-    ((256,), 0.2, 100, 5e-2),
+    ((256,), 0.5, 30, 0.5),
 )
 
 
@@ -152,22 +155,68 @@ def _predict(probe, x: torch.Tensor) -> np.ndarray:
     return probe(x.float()).cpu().numpy()
 
 
-def select_config(data: RoleData, train_q: set[str], grid, seed: int, lr: float) -> tuple[tuple, list[dict]]:
-    """Pick the grid entry with the lowest MSE on an inner split by question."""
-    qs = sorted(train_q)
-    if len(grid) == 1 or len(qs) < 4:
-        return grid[0], []
-    inner_tr, inner_va = split_questions(qs, 0.25, seed + 1)
-    tr = torch.tensor([q in inner_tr for q in data.questions])
-    va = torch.tensor([q in inner_va for q in data.questions])
-    tried = []
+def _group_folds(questions: Sequence[str], k: int, seed: int) -> list[set[str]]:
+    uniq = sorted(set(questions))
+    random.Random(seed).shuffle(uniq)
+    k = max(2, min(k, len(uniq)))
+    return [set(uniq[i::k]) for i in range(k)]
+
+
+@torch.no_grad()
+def _logits(probe, x: torch.Tensor) -> np.ndarray:
+    probe.eval()
+    return probe.logits(x.float()).cpu().numpy()
+
+
+def fit_recalibration(logits: np.ndarray, labels: np.ndarray, steps: int = 300) -> tuple[float, float]:
+    """(a, b) minimising the MSE of sigmoid(a * logit + b) against the labels (Platt-style
+    scaling fitted on out-of-fold logits): small data makes the MLP overconfident."""
+    z = torch.tensor(logits, dtype=torch.float64)
+    y = torch.tensor(labels, dtype=torch.float64)
+    ab = torch.tensor([1.0, 0.0], dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([ab], lr=0.5, max_iter=steps, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.mean((torch.sigmoid(ab[0] * z + ab[1]) - y) ** 2)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    a, b = (float(v) for v in ab.detach())
+    if not (math.isfinite(a) and math.isfinite(b)) or a <= 0:
+        return 1.0, 0.0
+    return a, b
+
+
+@torch.no_grad()
+def apply_recalibration(probe, a: float, b: float) -> None:
+    """Fold sigmoid(a * z + b) into the probe's last linear layer (same file format)."""
+    last = probe.mlp[-1]
+    last.weight.mul_(a)
+    last.bias.mul_(a).add_(b)
+
+
+def select_config(data: RoleData, grid, seed: int, lr: float, folds: int = 5):
+    """Grouped k-fold by question over the training rows: pick the grid entry with the
+    lowest out-of-fold MSE; return it, the table, and its out-of-fold logits."""
+    fold_sets = _group_folds(data.questions, folds, seed + 1)
+    if len(set(data.questions)) < 3:
+        return grid[0], [], None
+    tried, oof = [], []
+    y = data.labels.numpy()
     for cfg in grid:
-        probe, _ = _fit(data.features.shape[1], cfg, data.features[tr], data.labels[tr], seed, lr)
-        mse = float(np.mean((_predict(probe, data.features[va]) - data.labels[va].numpy()) ** 2))
+        z = np.zeros(len(y))
+        for held in fold_sets:
+            te = torch.tensor([q in held for q in data.questions])
+            probe, _ = _fit(data.features.shape[1], cfg, data.features[~te], data.labels[~te], seed, lr)
+            z[te.numpy()] = _logits(probe, data.features[te])
+        mse = float(np.mean((1 / (1 + np.exp(-z)) - y) ** 2))
         tried.append({"hidden_dims": list(cfg[0]), "dropout": cfg[1], "epochs": cfg[2],
-                      "weight_decay": cfg[3], "inner_val_mse": mse})
-    best = min(range(len(grid)), key=lambda i: tried[i]["inner_val_mse"])
-    return grid[best], tried
+                      "weight_decay": cfg[3], "cv_mse": mse})
+        oof.append(z)
+    best = min(range(len(grid)), key=lambda i: tried[i]["cv_mse"])
+    return grid[best], tried, oof[best]
 
 
 def calibration_plot(results: dict[str, dict], path: Path, bins: int = 10) -> Path:
@@ -220,6 +269,8 @@ def train_probes(
     lr: float = 1e-3,
     grid=DEFAULT_GRID,
     roles: Sequence[str] = ROLES,
+    folds: int = 5,
+    recalibrate: bool = True,
 ) -> dict:
     """Train, evaluate and save one probe per model role. Returns the report (also written
     to OUT/report.json, with the calibration plot OUT/calibration.png)."""
@@ -248,10 +299,8 @@ def train_probes(
         d = data[role]
         tr = torch.tensor([q in train_q for q in d.questions])
         te = ~tr
-        cfg, tried = select_config(
-            RoleData(d.features[tr], d.labels[tr], [q for q, m in zip(d.questions, tr) if m], []),
-            train_q, grid, seed, lr,
-        )
+        train_rows = RoleData(d.features[tr], d.labels[tr], [q for q, m in zip(d.questions, tr) if m], [])
+        cfg, tried, oof_logits = select_config(train_rows, grid, seed, lr, folds)
         model_meta = meta["models"][role]
         probe, info = _fit(
             d.features.shape[1], cfg, d.features[tr], d.labels[tr], seed, lr,
@@ -260,6 +309,15 @@ def train_probes(
             model_identity=model_meta["identity"],
             role=role,
         )
+        recal = None
+        if recalibrate and oof_logits is not None:
+            y_tr = train_rows.labels.numpy()
+            a, b = fit_recalibration(oof_logits, y_tr)
+            before = float(np.mean((1 / (1 + np.exp(-oof_logits)) - y_tr) ** 2))
+            after = float(np.mean((1 / (1 + np.exp(-(a * oof_logits + b))) - y_tr) ** 2))
+            if after < before:
+                apply_recalibration(probe, a, b)
+                recal = {"a": a, "b": b, "cv_mse_before": before, "cv_mse_after": after}
         pred = _predict(probe, d.features[te])
         metrics = regression_metrics(pred, d.labels[te].numpy(), float(d.labels[tr].mean()))
         summary = {
@@ -268,6 +326,7 @@ def train_probes(
             "config": {"hidden_dims": list(cfg[0]), "dropout": cfg[1], "epochs": cfg[2],
                        "weight_decay": cfg[3], "lr": lr},
             "selection": tried,
+            "recalibration": recal,
             "split": "by question",
             "questions": {"train": len(train_q), "held_out": len(test_q)},
             "judge": judge,
