@@ -299,13 +299,20 @@ def _save_result_pg(session: Session, conn, job_id: str, pk: int, result: Any,
 
 
 def finalize_job(session: Session, job_id: str) -> bool:
-    """Mark the job completed when no item is pending or running. The commit is synchronous
-    (durable), which also makes every earlier asynchronous item commit durable: call it at
-    the end of each chunk, before the task is acknowledged."""
-    if session.get_bind().dialect.name == "postgresql":
-        # txid_current() gives the transaction an id, so its commit writes a WAL record
-        # and waits for the flush even when the update below changes nothing.
+    """End of a chunk: make this worker's item commits durable, then mark the job completed
+    when no item is pending or running. Call it before the task is acknowledged.
+
+    Two transactions, in this order: this chunk's results must be committed *before* the
+    completion check, or two workers finishing their last items at the same moment would
+    each see the other's item still running and neither would complete the job."""
+    pg = session.get_bind().dialect.name == "postgresql"
+    if pg:
+        # A synchronous commit flushes the WAL of every earlier asynchronous commit too;
+        # txid_current() makes sure this transaction writes a commit record to wait for.
         session.execute(text("SET LOCAL synchronous_commit = on; SELECT txid_current()"))
+    session.commit()
+    if pg:  # durable only when it changes something (no transaction id otherwise)
+        session.execute(text("SET LOCAL synchronous_commit = on"))
     busy = exists().where(Item.job_id == job_id, Item.status.in_(("pending", "running")))
     res = session.execute(
         update(Job)
