@@ -68,12 +68,14 @@ def run_items(
         if config is None:
             report.skipped = len(seqs)
             return report
+        # Load first (minutes, once per process), so no transaction stays open meanwhile.
+        engine = engines.get_engine()  # raises EngineLoadError
         defer_commit = session.get_bind().dialect.name == "postgresql"
-        repo.mark_job_running(session, job_id, commit=not defer_commit)
-        engine = engines.get_engine()  # loads once per process; raises EngineLoadError
         if job_id not in _identities_written:
             repo.mark_job_running(session, job_id, engines.identities(engine))
             _identities_written.add(job_id)
+        else:  # committed together with the first claim
+            repo.mark_job_running(session, job_id, commit=not defer_commit)
         for i, seq in enumerate(seqs):
             if i > 0 and ((deadline is not None and time.monotonic() > deadline)
                           or (should_stop is not None and should_stop())):
