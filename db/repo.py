@@ -10,7 +10,6 @@ Delivery is at least once (DESIGN.md §6), so the item writes are idempotent:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -419,10 +418,3 @@ def steps_for(session: Session, item_pk: int) -> list[StepLog]:
     return list(
         session.scalars(select(StepLog).where(StepLog.item_pk == item_pk).order_by(StepLog.step_index))
     )
-
-
-def to_dict(obj: Any) -> dict:
-    if dataclasses.is_dataclass(obj):
-        return dataclasses.asdict(obj)
-    return {c.key: getattr(obj, c.key) for c in obj.__table__.columns}
-
