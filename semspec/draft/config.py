@@ -18,12 +18,12 @@ class DraftTrainConfig:
     # benchmark slice and are never trained on.
     data: str = "/work/shared/data/gsm8k_test.jsonl"
     holdout: int = 100
-    gen_prompts: int = 160  # questions the target answers greedily (on-policy text)
-    ref_prompts: int = 320  # further questions teacher-forced on their reference solutions
-    max_new_tokens: int = 192
+    gen_prompts: int = 64  # questions the target answers greedily (on-policy text)
+    ref_prompts: int = 192  # further questions teacher-forced on their reference solutions
+    max_new_tokens: int = 160
     gen_batch_size: int = 32
     teacher_batch_size: int = 8
-    eval_fraction: float = 0.08  # of the generated sequences, held out for evaluation
+    eval_fraction: float = 0.125  # of the generated sequences, held out for evaluation
     # Distillation targets: the teacher's top-k next-token logits at every response position.
     teacher_topk: int = 32
     temperature: float = 1.0

@@ -113,17 +113,30 @@ class DraftStack(nn.Module):
         for p in self.parameters():
             p.requires_grad_(True)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, select: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Normed output states [B, L, H]; with ``select`` (one position tensor per row) only
+        those positions, concatenated [N, H] -- the last layer's MLP then runs only there."""
         bsz, length, _ = hidden.shape
         pos = torch.arange(length, device=hidden.device).unsqueeze(0).expand(bsz, -1)
         cos, sin = self._rotary[0](hidden, pos)
         pe = (cos.to(hidden.dtype), sin.to(hidden.dtype))
         causal = torch.full((length, length), float("-inf"), device=hidden.device).triu(1)
         causal = causal.to(hidden.dtype)[None, None]
-        for layer in self.layers:
-            hidden = _layer_output(
-                layer(hidden, attention_mask=causal, position_ids=pos, position_embeddings=pe)
-            )
+        kw = dict(attention_mask=causal, position_ids=pos, position_embeddings=pe)
+        layers = list(self.layers)
+        if select is None or not layers:
+            for layer in layers:
+                hidden = _layer_output(layer(hidden, **kw))
+            out = self.norm(hidden)
+            return out if select is None else torch.cat([out[r, p] for r, p in enumerate(select)])
+        for layer in layers[:-1]:
+            hidden = _layer_output(layer(hidden, **kw))
+        last = layers[-1]
+        # Same arithmetic as the decoder layer's forward, with the MLP restricted to `select`.
+        attn, _ = last.self_attn(hidden_states=last.input_layernorm(hidden), **kw)
+        hidden = hidden + attn
+        hidden = torch.cat([hidden[r, p] for r, p in enumerate(select)])
+        hidden = hidden + last.mlp(last.post_attention_layernorm(hidden))
         return self.norm(hidden)
 
     def export(self) -> dict[str, torch.Tensor]:
@@ -154,9 +167,12 @@ def evaluate(stack: DraftStack, head_weight: torch.Tensor, items: list[TeacherIt
     nll = 0.0
     for start in range(0, len(items), batch_size):
         chunk = items[start:start + batch_size]
-        out = stack(_pad_hidden(chunk, k))
+        out = stack(_pad_hidden(chunk, k), select=[it.positions for it in chunk])
+        offsets = [0]
+        for it in chunk:
+            offsets.append(offsets[-1] + len(it.positions))
         for r, it in enumerate(chunk):
-            logits = out[r, it.positions] @ head_weight.T
+            logits = out[offsets[r]:offsets[r + 1]] @ head_weight.T
             pred = logits.argmax(-1)
             want = it.topk_ids[:, 0]
             agree += int((pred == want).sum())
@@ -198,8 +214,7 @@ def train_stack(stack: DraftStack, head_weight: torch.Tensor, train_items: list[
         del perm[: cfg.batch_size]
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        out = stack(_pad_hidden(batch, k))
-        hs = torch.cat([out[r, it.positions] for r, it in enumerate(batch)])
+        hs = stack(_pad_hidden(batch, k), select=[it.positions for it in batch])
         tids = remap[torch.cat([it.topk_ids for it in batch])]
         tlog = torch.cat([it.topk_logits for it in batch]) / cfg.temperature
         p = tlog.softmax(-1)
@@ -231,39 +246,52 @@ def _gen_cache_key(target, cfg: DraftTrainConfig, questions: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def cached_teacher_pass(target, seqs: list[Sequence], k: int, topk: int, batch_size: int, pad_id: int,
-                        cache_dir: str | None = None, log: Log | None = None) -> list[TeacherItem]:
-    """``teacher_pass`` for one frozen-layer count, cached in ``cache_dir`` (safetensors)."""
-    if not cache_dir:
-        return teacher_pass(target, seqs, [k], topk, batch_size, pad_id, log=log)
+def _teacher_cache_path(target, seqs: list[Sequence], k: int, topk: int, cache_dir: str) -> Path:
     h = hashlib.sha256()
     h.update(json.dumps(target_signature(target), sort_keys=True).encode())
     h.update(json.dumps(target_checksums(target, k), sort_keys=True).encode())
     h.update(json.dumps([k, topk, [(s.ids, s.prompt_len, s.source) for s in seqs]]).encode())
-    path = Path(cache_dir) / f"teacher-{h.hexdigest()[:16]}.safetensors"
-    if path.is_file():
-        from safetensors.torch import load_file
+    return Path(cache_dir) / f"teacher-{h.hexdigest()[:16]}.safetensors"
 
-        t = load_file(str(path))
-        items = [TeacherItem(hidden={k: t[f"{i}.hidden"]}, positions=t[f"{i}.positions"],
-                             topk_ids=t[f"{i}.topk_ids"], topk_logits=t[f"{i}.topk_logits"], source=s.source)
-                 for i, s in enumerate(seqs)]
+
+def cached_teacher_pass(target, seqs: list[Sequence], ks: list[int], topk: int, batch_size: int,
+                        pad_id: int, cache_dir: str | None = None, log: Log | None = None) -> list[TeacherItem]:
+    """``teacher_pass`` for the frozen-layer counts ``ks``; each count is cached on its own in
+    ``cache_dir`` (safetensors), and the missing ones are computed in one pass."""
+    if not cache_dir:
+        return teacher_pass(target, seqs, list(ks), topk, batch_size, pad_id, log=log)
+    from safetensors.torch import load_file, save_file
+
+    paths = {k: _teacher_cache_path(target, seqs, k, topk, cache_dir) for k in ks}
+    missing = [k for k in ks if not paths[k].is_file()]
+    items = teacher_pass(target, seqs, missing, topk, batch_size, pad_id, log=log) if missing else None
+    for k in missing:
+        tensors = {}
+        for i, it in enumerate(items):
+            tensors[f"{i}.hidden"] = it.hidden[k].contiguous()
+            tensors[f"{i}.positions"] = it.positions.contiguous()
+            tensors[f"{i}.topk_ids"] = it.topk_ids.contiguous()
+            tensors[f"{i}.topk_logits"] = it.topk_logits.contiguous()
+        paths[k].parent.mkdir(parents=True, exist_ok=True)
+        tmp = paths[k].with_suffix(".tmp")
+        save_file(tensors, str(tmp))
+        os.replace(tmp, paths[k])
+    if items is None:
+        items = []
+        for i, s in enumerate(seqs):
+            items.append(TeacherItem(hidden={}, positions=None, topk_ids=None, topk_logits=None,
+                                     source=s.source))
+    for k in ks:
+        if k in missing:
+            continue
+        t = load_file(str(paths[k]))
+        for i, it in enumerate(items):
+            it.hidden[k] = t[f"{i}.hidden"]
+            if it.positions is None:
+                it.positions, it.topk_ids, it.topk_logits = (
+                    t[f"{i}.positions"], t[f"{i}.topk_ids"], t[f"{i}.topk_logits"])
         if log:
-            log(f"loaded teacher outputs from {path}")
-        return items
-    items = teacher_pass(target, seqs, [k], topk, batch_size, pad_id, log=log)
-    from safetensors.torch import save_file
-
-    tensors = {}
-    for i, it in enumerate(items):
-        tensors[f"{i}.hidden"] = it.hidden[k].contiguous()
-        tensors[f"{i}.positions"] = it.positions.contiguous()
-        tensors[f"{i}.topk_ids"] = it.topk_ids.contiguous()
-        tensors[f"{i}.topk_logits"] = it.topk_logits.contiguous()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp))
-    os.replace(tmp, path)
+            log(f"loaded teacher outputs for {k} shared layers from {paths[k]}")
     return items
 
 
@@ -294,20 +322,10 @@ def build_training_data(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str
     return gen, ref
 
 
-def train_draft(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str | None = None,
-                log: Log | None = None, target_name: str | None = None) -> DraftArtifact:
-    """Build a draft artifact for ``target``; deterministic given ``cfg`` (seed, threads)."""
-    t_start = time.perf_counter()
-    torch.manual_seed(cfg.seed)
-    n_layers = int(target.config.num_hidden_layers)
-    k = cfg.frozen_layers
-    if not 0 <= k < n_layers:
-        raise ValueError(f"frozen_layers must be in [0, {n_layers - 1}]")
-    init = cfg.resolved_adapter_init(n_layers)
-    target.eval()
-    for p in target.parameters():
-        p.requires_grad_(False)
-
+def prepare_items(target, tokenizer, cfg: DraftTrainConfig, ks: list[int], cache_dir: str | None = None,
+                  log: Log | None = None):
+    """(train items, eval items, data seconds, teacher seconds): the eval items are the last
+    ``eval_fraction`` of the target's generated answers; hidden states for every k in ``ks``."""
     t0 = time.perf_counter()
     gen, ref = build_training_data(target, tokenizer, cfg, cache_dir=cache_dir, log=log)
     t_data = time.perf_counter() - t0
@@ -315,15 +333,29 @@ def train_draft(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str | None 
     eval_seqs, train_seqs = gen[len(gen) - n_eval:] if n_eval else [], gen[: len(gen) - n_eval] + ref
     if not train_seqs:
         raise ValueError("no training sequences")
-
     t0 = time.perf_counter()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if k == 0:
-        raise ValueError("frozen_layers must be at least 1")
-    items = cached_teacher_pass(target, train_seqs + eval_seqs, k, cfg.teacher_topk,
+    items = cached_teacher_pass(target, train_seqs + eval_seqs, ks, cfg.teacher_topk,
                                 cfg.teacher_batch_size, pad, cache_dir=cache_dir, log=log)
-    t_teacher = time.perf_counter() - t0
-    train_items, eval_items = items[: len(train_seqs)], items[len(train_seqs):]
+    return items[: len(train_seqs)], items[len(train_seqs):], t_data, time.perf_counter() - t0
+
+
+def train_draft(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str | None = None,
+                log: Log | None = None, target_name: str | None = None) -> DraftArtifact:
+    """Build a draft artifact for ``target``; deterministic given ``cfg`` (seed, threads)."""
+    t_start = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    n_layers = int(target.config.num_hidden_layers)
+    k = cfg.frozen_layers
+    if not 1 <= k < n_layers:
+        raise ValueError(f"frozen_layers must be in [1, {n_layers - 1}]")
+    init = cfg.resolved_adapter_init(n_layers)
+    target.eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+
+    train_items, eval_items, t_data, t_teacher = prepare_items(target, tokenizer, cfg, [k], cache_dir, log)
+    train_seqs, eval_seqs = train_items, eval_items
 
     stack = DraftStack(target, k, init)
     head_weight = target.get_output_embeddings().weight.detach().float()

@@ -35,6 +35,8 @@ def test_draft_model_matches_trained_stack(target, tokenizer):
         for p in stack.parameters():
             p.add_(0.01 * torch.randn_like(p))
         want = stack(item.hidden[2][None])[0] @ target.lm_head.weight.T
+        sel = torch.tensor([4, 9, 19])
+        torch.testing.assert_close(stack(item.hidden[2][None], select=[sel]) @ target.lm_head.weight.T, want[sel])
     from semspec.draft.artifact import DraftArtifact, target_checksums, target_signature
 
     art = DraftArtifact(meta={"format": "semspec-draft/1", "frozen_layers": 2, "adapter_layers": 1,
@@ -98,3 +100,18 @@ def test_cached_data_gives_the_same_draft(target, tokenizer, data_file, tmp_path
     assert len(list((tmp_path / "cache").glob("gen-*.json"))) == 1
     b = train_draft(target, tokenizer, tiny_cfg(data_file), cache_dir=str(tmp_path / "cache"))
     assert all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
+
+
+def test_two_adapter_layers(target, tokenizer, data_file, tmp_path):
+    art = train_draft(target, tokenizer, tiny_cfg(data_file, frozen_layers=1, adapter_layers=2, steps=2))
+    assert art.meta["adapter_init"] == [2, 3] and art.num_layers == 3
+    save_artifact(art, tmp_path / "a")
+    draft = build_draft_model(target, load_artifact(tmp_path / "a"))
+    seq = Sequence(ids=list(range(3, 15)), prompt_len=4, source="ref")
+    item = teacher_pass(target, [seq], [1], topk=4, batch_size=1, pad_id=2)[0]
+    stack = DraftStack(target, 1, [2, 3])
+    stack.load_state_dict({k.replace("layers.", "layers.", 1): v.float() for k, v in load_artifact(tmp_path / "a").tensors.items()})
+    with torch.no_grad():
+        want = stack(item.hidden[1][None], select=[item.positions]) @ target.lm_head.weight.T
+        got = draft(torch.tensor([seq.ids])).logits[0, item.positions]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
