@@ -498,10 +498,13 @@ class StepJudgeSequence(DraftingSequence):
         with self.timed("judge"):
             pre = len(self.T.ids)
             self.T.forward(extra=t_ids + self.suffix_ids)
-            score = int(self.T.next_logits[self.digit_ids].argmax())
+            digit_logits = self.T.next_logits[self.digit_ids]
+            score = int(digit_logits.argmax())
+            expected = float((torch.softmax(digit_logits, -1) * torch.arange(10, device=digit_logits.device)).sum())
             self.T.truncate(pre + len(t_ids))  # drop the judging question, keep the step
         accepted = score >= cfg.judge_threshold
-        record = {"judge_score": score, "p_target": score / 9.0, "accept_prob": 1.0 if accepted else 0.0}
+        # p_target: the expected score over the ten digits, scaled to [0, 1] (for the logs)
+        record = {"judge_score": score, "p_target": expected / 9.0, "accept_prob": 1.0 if accepted else 0.0}
         if accepted:
             self.after_accept(step, t_ids, **record)
             return
