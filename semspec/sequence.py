@@ -385,10 +385,18 @@ class DraftingSequence(Sequence):
             return self.prefill()
         if self.remaining() <= 0:
             return self.finish("length")
-        if self.phase == "answer":
+        if self.phase == "answer" or self.draft_out_of_room():
             self.target_write_step("target_only")
             return
         self.speculate_step()
+
+    def draft_out_of_room(self, extra: int = 0) -> bool:
+        """True when drafting one more step could overflow either model's context
+        (the draft's may be shorter; step_judge adds its question): the target writes."""
+        room = self.cfg.max_step_tokens + 8
+        dmax, tmax = self.draft.max_context, self.T.lm.max_context
+        d_len = len(self.D.ids) + (len(self.T.ids) - self.step_start) + room
+        return (dmax is not None and d_len > dmax) or (tmax is not None and len(self.T.ids) + room + extra > tmax)
 
     def speculate_step(self) -> None:
         raise NotImplementedError
@@ -482,6 +490,9 @@ class StepJudgeSequence(DraftingSequence):
                 raise MethodUnavailable(f"step_judge needs single-token digits; {d!r} is {ids}")
             digits.append(ids[0])
         self.digit_ids = torch.tensor(digits, device=engine.target.device)
+
+    def draft_out_of_room(self, extra: int = 0) -> bool:
+        return super().draft_out_of_room(extra + len(self.suffix_ids))
 
     def speculate_step(self) -> None:
         cfg, c = self.cfg, self.counters

@@ -261,3 +261,16 @@ def test_sequences_can_be_interleaved(accept_engine):
         for s in seqs:
             s.advance()
     assert [s.result().text for s in seqs] == alone
+
+
+def test_near_the_context_end_the_target_writes(tiny_dirs, tiny_cache, tiny_target):
+    # a draft with a short context: once drafting could overflow it, the target takes over
+    from semspec.models import load_model
+
+    short = load_model(str(tiny_dirs["draft"]), device="cpu", cache_dir=tiny_cache)
+    short.model.config.max_position_embeddings = 60
+    e = Engine(tiny_target, short, ProbePair.always_accept(64, 64))
+    for method in ("semspec", "step_judge"):
+        r = e.generate("Hi", cfg(method, max_new_tokens=60, judge_threshold=0))
+        assert r.counters.generated_tokens == 60, method
+        assert r.steps[0].author == "draft" and r.steps[-1].decision == "target_only", method
