@@ -83,6 +83,28 @@ def summarize(method: str, results: list, prompts: list[dict], ar_texts: list[st
     return row
 
 
+def hf_rows(target, draft, prompts: list[dict], max_new_tokens: int) -> list[dict]:
+    """transformers' own greedy decoding (and assisted decoding with the same draft), timed
+    the same way, for reference."""
+    from .models import encode_prompt
+
+    rows = []
+    for name, kwargs in [("hf_generate", {}), ("hf_assisted", {"assistant_model": draft.model if draft else None})]:
+        if name == "hf_assisted" and draft is None:
+            continue
+        gen = 0
+        t0 = time.perf_counter()
+        for p in prompts:
+            ids = torch.tensor([encode_prompt(target.tokenizer, p["prompt"])], device=target.device)
+            with torch.no_grad():
+                out = target.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
+            gen += out.shape[1] - ids.shape[1]
+        wall = time.perf_counter() - t0
+        rows.append({"method": name, "prompts": len(prompts), "generated_tokens": gen,
+                     "wall_seconds": round(wall, 2), "tokens_per_second": round(gen / wall, 2)})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", default="/work/shared/data/gsm8k_test.jsonl")
@@ -102,6 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--out", default=None, help="write the JSON report here")
+    ap.add_argument("--hf-compare", action="store_true",
+                    help="also time transformers' greedy generate, and generate(assistant_model=draft)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -157,6 +181,10 @@ def main(argv=None) -> int:
              "steps": [(s.author, s.decision, s.text) for s in results[0].steps[:6]]}
         ]
         print(json.dumps(row), flush=True)
+    if args.hf_compare:
+        report["rows"] += hf_rows(target, draft, prompts, args.max_new_tokens)
+        for row in report["rows"][-2:]:
+            print(json.dumps(row), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
     return 0
