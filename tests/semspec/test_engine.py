@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -274,3 +276,30 @@ def test_near_the_context_end_the_target_writes(tiny_dirs, tiny_cache, tiny_targ
         r = e.generate("Hi", cfg(method, max_new_tokens=60, judge_threshold=0))
         assert r.counters.generated_tokens == 60, method
         assert r.steps[0].author == "draft" and r.steps[-1].decision == "target_only", method
+
+
+@pytest.mark.parametrize("draft_name", ["same", "other"])
+def test_invariants_over_random_settings(draft_name, tiny_target, tiny_draft, tiny_other):
+    import random
+
+    draft = tiny_draft if draft_name == "same" else tiny_other
+    rnd = random.Random(draft_name)
+    methods = ["ar", "step_judge", "semspec"] + (["token_sd"] if draft_name == "same" else [])
+    for i in range(int(os.environ.get("SEMSPEC_FUZZ_N", "10"))):
+        pt, pd = rnd.random(), rnd.random()
+        engine = Engine(tiny_target, draft, ProbePair.constant(pt, pd, 64, 64))
+        c = GenerationConfig(
+            method=rnd.choice(methods), max_new_tokens=rnd.randint(1, 30), temperature=rnd.choice([0.0, 0.7, 1.2]),
+            top_p=rnd.choice([1.0, 0.9]), seed=i, step_delimiter=rnd.choice(["\n\n", " ", "e"]),
+            max_step_tokens=rnd.randint(1, 9), draft_tokens=rnd.randint(1, 5), judge_threshold=rnd.randint(0, 9),
+            tau=rnd.choice([0.0, 0.3]),
+        )
+        r = engine.generate(rnd.choice([PROMPT, "Hi", [{"role": "user", "content": "2+2?"}]]), c)
+        n = r.counters.generated_tokens
+        assert 0 <= n <= c.max_new_tokens, c
+        assert r.finish_reason in ("eos", "length"), c
+        assert r.finish_reason == "eos" or n == c.max_new_tokens, c
+        assert sum(s.target_tokens for s in r.steps) == n, c
+        assert [s.index for s in r.steps] == list(range(len(r.steps))), c
+        assert r.counters.accepted_tokens <= r.counters.drafted_tokens, c
+        assert r.counters.steps_accepted <= r.counters.steps_drafted, c
