@@ -18,7 +18,9 @@ def probe() -> None:
 @probe.command()
 @click.option("--target", default="embedded:smollm2-135m", show_default=True,
               help="Target model: embedded:NAME, a local HF directory or a .gguf file.")
-@click.option("--draft", required=True, help="Draft model spec (same forms as --target).")
+@click.option("--draft", default=None,
+              help="Draft model spec (same forms as --target). Without it, only the target's traces "
+                   "and samples are made and memoised in OUT, for a later run with the draft.")
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="JSONL prompts: {id, prompt}, GSM8K {question, ...} or OpenAI Batch lines.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
@@ -64,7 +66,7 @@ def collect(target, draft, prompts_file, out_dir, samples, skip_lines, limit_pro
     )
     click.echo(f"loading target {target} and draft {draft} ...", err=True)
     tgt = load_model(target, device=device)
-    drf = load_model(draft, device=device)
+    drf = load_model(draft, device=device) if draft else None
     stats = run_collect(tgt, drf, prompts, out_dir, cfg, progress=True)
     click.echo(json.dumps(stats, indent=1))
 

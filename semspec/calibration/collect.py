@@ -169,26 +169,59 @@ def _layer_for(cfg: CollectConfig, role: str) -> int:
     return cfg.draft_layer if role == "draft" and cfg.draft_layer is not None else cfg.layer
 
 
-def collect_prefix(models: dict, prompt: str, prefix_text: str, cfg: CollectConfig, seed: int):
+def _prefix_ids(lm, prompt: str, prefix_text: str) -> list[int]:
+    from semspec.models import encode_prompt
+
+    ids = encode_prompt(lm.tokenizer, prompt)
+    if prefix_text:
+        ids = ids + lm.tokenizer(prefix_text, add_special_tokens=False)["input_ids"]
+    return ids
+
+
+def _sampling_settings(cfg: CollectConfig) -> dict:
+    return {"samples": cfg.samples, "temperature": cfg.temperature, "top_p": cfg.top_p,
+            "step_delimiter": cfg.step_delimiter, "max_step_tokens": cfg.max_step_tokens,
+            "seed": cfg.seed}
+
+
+def sampled_steps_for(lm, role: str, prompt: str, prefix_text: str, cfg: CollectConfig, seed: int,
+                      cache_path: Path | None = None) -> list[SampledStep]:
+    """One model's N sampled next steps for a prefix, memoised in `cache_path` (a JSON file
+    keyed by the model identity and the sampling settings; the sampling is seeded, so the
+    memo holds exactly what sampling again would give)."""
+    want = {"model": str(lm.identity), "settings": _sampling_settings(cfg)}
+    if cache_path is not None and cache_path.exists():
+        try:
+            row = json.loads(cache_path.read_text())
+        except ValueError:
+            row = {}
+        if all(row.get(k) == v for k, v in want.items()):
+            return [SampledStep(list(x["tokens"]), x["text"], x["end"]) for x in row["steps"]]
+    g = torch.Generator(device=lm.device)
+    g.manual_seed(_seed_for(seed, role))
+    got = sample_steps(lm, _prefix_ids(lm, prompt, prefix_text), cfg.samples, cfg.temperature,
+                       cfg.top_p, cfg.step_delimiter, cfg.max_step_tokens, g)
+    if cache_path is not None:
+        from semspec.calibration.store import atomic_write_json
+
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(cache_path, {**want, "steps": [
+            {"tokens": s.tokens, "text": s.text, "end": s.end} for s in got]})
+    return got
+
+
+def collect_prefix(models: dict, prompt: str, prefix_text: str, cfg: CollectConfig, seed: int,
+                   cache_paths: dict | None = None):
     """Sample N steps per model after `prefix_text` and score all of them with both models.
     Returns (texts, sources, features {role: [2N, H]})."""
-    from semspec.models import encode_prompt
     from semspec.probes import step_features
 
-    prefix_ids = {}
-    for role, lm in models.items():
-        ids = encode_prompt(lm.tokenizer, prompt)
-        if prefix_text:
-            ids = ids + lm.tokenizer(prefix_text, add_special_tokens=False)["input_ids"]
-        prefix_ids[role] = ids
+    prefix_ids = {role: _prefix_ids(lm, prompt, prefix_text) for role, lm in models.items()}
     samples: list[SampledStep] = []
     sources: list[str] = []
     for role in SOURCES:
-        lm = models[role]
-        g = torch.Generator(device=lm.device)
-        g.manual_seed(_seed_for(seed, role))
-        got = sample_steps(lm, prefix_ids[role], cfg.samples, cfg.temperature, cfg.top_p,
-                           cfg.step_delimiter, cfg.max_step_tokens, g)
+        got = sampled_steps_for(models[role], role, prompt, prefix_text, cfg, seed,
+                                (cache_paths or {}).get(role))
         samples.extend(got)
         sources.extend([role] * len(got))
     features = {}
@@ -226,7 +259,7 @@ def read_prompts(path: str | Path, skip: int = 0, limit: int | None = None) -> l
 
 def collect(
     target,
-    draft,
+    draft,  # None: only traces and the target's samples (memoised for a later full run)
     prompts: Iterable[tuple[str, str]],
     out_dir: str | Path,
     cfg: CollectConfig | None = None,
@@ -235,32 +268,41 @@ def collect(
 ) -> dict:
     """Collect calibration data for (target, draft) — two `LoadedModel`s — into `out_dir`.
 
-    Resumable: finished prefixes and traces are skipped. Returns counts and seconds."""
+    Resumable: finished prefixes and traces are skipped. Returns counts and seconds.
+    With `draft=None` it only writes the traces and memoises the target's samples, so that
+    this half of the work can run before the draft exists; a later run with the draft
+    completes the prefixes from the memo."""
     cfg = cfg or CollectConfig()
     if cfg.samples < 1:
         raise ValueError("samples must be at least 1")
     prompts = list(prompts)
     store = CalibrationStore(out_dir)
     models = {"target": target, "draft": draft}
-    store.init({
-        "target": target.spec or str(target.identity),
-        "draft": draft.spec or str(draft.identity),
-        "models": {r: {"identity": str(m.identity), "spec": m.spec, "hidden_size": m.hidden_size,
-                       "num_layers": m.num_layers} for r, m in models.items()},
-        "layer": {r: _layer_for(cfg, r) for r in models},
-        "pooling": cfg.pooling,
-        "samples": cfg.samples,
-        "temperature": cfg.temperature,
-        "top_p": cfg.top_p,
-        "step_delimiter": cfg.step_delimiter,
-        "max_step_tokens": cfg.max_step_tokens,
-        "max_trace_tokens": cfg.max_trace_tokens,
-        "trace_temperature": cfg.trace_temperature,
-        "seed": cfg.seed,
-        "prompts": len(prompts),
-    })
+    target_only = draft is None
+    if target_only:
+        store.prefix_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        store.init({
+            "target": target.spec or str(target.identity),
+            "draft": draft.spec or str(draft.identity),
+            "models": {r: {"identity": str(m.identity), "spec": m.spec, "hidden_size": m.hidden_size,
+                           "num_layers": m.num_layers} for r, m in models.items()},
+            "layer": {r: _layer_for(cfg, r) for r in models},
+            "pooling": cfg.pooling,
+            "samples": cfg.samples,
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "step_delimiter": cfg.step_delimiter,
+            "max_step_tokens": cfg.max_step_tokens,
+            "max_trace_tokens": cfg.max_trace_tokens,
+            "trace_temperature": cfg.trace_temperature,
+            "seed": cfg.seed,
+            "prompts": len(prompts),
+        })
     traces = store.load_traces()
     done = set(store.keys())
+    if target_only:
+        done = set()  # nothing is complete without the draft; the memo makes repeats cheap
     stats = {"prefixes_new": 0, "prefixes_done_before": len(done), "traces_new": 0, "samples_new": 0}
     cap = cfg.max_prefixes
     bar = None
@@ -288,9 +330,16 @@ def collect(
                 if key in done:
                     continue
                 prefix_text = "".join(steps[:k])
-                texts, sources, feats = collect_prefix(
-                    models, prompt, prefix_text, cfg, _seed_for(cfg.seed, "prefix", qid, k)
-                )
+                seed = _seed_for(cfg.seed, "prefix", qid, k)
+                cache = {r: store.root / "samples" / f"{r}__{key}.json" for r in SOURCES}
+                if target_only:
+                    sampled_steps_for(target, "target", prompt, prefix_text, cfg, seed, cache["target"])
+                    done.add(key)
+                    stats["prefixes_new"] += 1
+                    if bar is not None:
+                        bar.update(1)
+                    continue
+                texts, sources, feats = collect_prefix(models, prompt, prefix_text, cfg, seed, cache)
                 store.write_prefix(PrefixRecord(
                     key=key, question_id=qid, k=k, prompt=prompt, prefix_text=prefix_text,
                     texts=texts, sources=sources, features=feats,

@@ -95,3 +95,23 @@ def test_read_prompts(tmp_path):
     ]) + "\n")
     assert read_prompts(p) == [("line0", "q0"), ("x", "q1"), ("y", "q2")]
     assert read_prompts(p, skip=1, limit=1) == [("x", "q1")]
+
+
+def test_target_only_run_memoises_samples_for_the_full_run(pair, tmp_path):
+    target, draft = pair
+    prompts = [("q1", "How many clips did Natalia sell?")]
+    cfg = CollectConfig(samples=3, max_step_tokens=6, max_trace_tokens=12, max_trace_steps=2)
+    stats = collect(target, None, prompts, tmp_path / "a", cfg)
+    assert stats["prefixes_new"] >= 1
+    store = CalibrationStore(tmp_path / "a")
+    assert store.keys() == []  # nothing complete without the draft
+    memo = sorted(p.name for p in (tmp_path / "a" / "samples").glob("target__*.json"))
+    assert len(memo) == stats["prefixes_new"]
+    collect(target, draft, prompts, tmp_path / "a", cfg)
+    collect(target, draft, prompts, tmp_path / "b", cfg)
+    other = CalibrationStore(tmp_path / "b")
+    assert store.keys() == other.keys()
+    for k in store.keys():
+        a, b = store.read_prefix(k), other.read_prefix(k)
+        assert a.texts == b.texts
+        assert torch.allclose(a.features["target"], b.features["target"], atol=1e-5)

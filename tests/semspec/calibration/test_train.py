@@ -92,3 +92,18 @@ def test_train_needs_labels(tmp_path):
     (root / "labels.json").unlink()
     with pytest.raises(FileNotFoundError, match="probe label"):
         train_probes(root, tmp_path / "out")
+
+
+def test_recalibration_folds_into_last_layer():
+    from semspec.calibration.train import apply_recalibration, fit_recalibration
+
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=400) * 4  # overconfident logits
+    y = 1 / (1 + np.exp(-(0.5 * z - 1.0)))  # true relation: a=0.5, b=-1
+    a, b = fit_recalibration(z, y)
+    assert a == pytest.approx(0.5, abs=0.05) and b == pytest.approx(-1.0, abs=0.05)
+    probe = Probe(8, hidden_dims=(4,))
+    x = torch.randn(5, 8)
+    before = probe.logits(x).detach()
+    apply_recalibration(probe, a, b)
+    assert torch.allclose(probe.logits(x).detach(), a * before + b, atol=1e-5)
