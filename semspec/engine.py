@@ -26,11 +26,11 @@ EMBEDDED_DRAFT = "embedded:smollm2-135m-draft"
 def embedded_draft_available() -> bool:
     """Whether the embedded draft's trained artifact is shipped in this install."""
     try:
-        from semspec.draft import embedded
+        from semspec.draft import artifact, embedded
     except ImportError:
         return False
     art = Path(embedded.ARTIFACT_DIR)
-    return art.is_dir() and any(p.suffix == ".safetensors" for p in art.iterdir())
+    return (art / artifact.WEIGHTS_FILE).is_file() and (art / artifact.META_FILE).is_file()
 
 
 def _same_tokenizer(a, b) -> bool:
