@@ -8,12 +8,16 @@ never trained on):
   alternately (step i of the target, then step i of the draft) so that load from other
   processes hits both alike. Reported: per-token ms (median, mean) and the ratio draft/target
   (ratio of medians, and median of the per-pair ratios). Prefill is excluded.
-- token-level greedy speculation (a plain loop here, not the engine): the draft proposes
-  ``--gamma`` tokens, the target verifies them in one forward pass, the longest agreeing
-  prefix is kept plus one target token. Reported: drafted, accepted (bonus excluded),
-  verifications, acceptance rate = accepted/drafted, mean accepted per verification with
-  and without the bonus token, and the loop's wall-clock speed-up over the target's own
-  greedy decode of the same length. The output must equal the target's greedy output.
+- token-level greedy speculation, gamma drafted tokens per verification: the target's greedy
+  answers are generated once (batched), the draft runs one teacher-forced pass over each, and
+  the counters of the greedy loop are derived exactly from those predictions (with greedy
+  verification the committed text is the target's greedy text, so each proposal is the
+  draft's prediction on the target's prefix). Reported: drafted, accepted (bonus excluded),
+  verifications, acceptance rate = accepted/drafted, mean accepted per verification with and
+  without the bonus token. On ``--spec-prompts`` prompts the real loop (``speculate``: draft
+  proposes, target verifies in one pass, KV caches cropped) also runs, for its wall-clock
+  speed-up over the target alone, its equality with the target's greedy output and its
+  agreement with the simulated counters. ``--engine`` adds the engine's own token_sd.
 - drafted steps: at a few step boundaries of the target's own answer, the draft's greedy
   next step beside the target's.
 """
@@ -31,18 +35,21 @@ import torch
 
 
 def load_pair(target_spec: str, draft_spec: str | None, artifact: str | None):
-    from semspec.models import load_model
+    """(target, draft) as LoadedModel; ``artifact`` builds the draft in memory instead."""
+    from semspec.models import LoadedModel, ModelIdentity, load_model
 
     target = load_model(target_spec, device="cpu", dtype=torch.float32)
     if artifact:
         from semspec.draft import build_draft_model, load_artifact
+        from semspec.draft.embedded import artifact_sha256
 
-        draft_model = build_draft_model(target.model, load_artifact(artifact))
-        name = f"artifact:{artifact}"
+        draft = LoadedModel(model=build_draft_model(target.model, load_artifact(artifact)),
+                            tokenizer=target.tokenizer,
+                            identity=ModelIdentity(f"artifact:{artifact}", artifact_sha256(artifact)),
+                            device=target.device, dtype=target.dtype, spec=f"artifact:{artifact}")
     else:
         draft = load_model(draft_spec, device="cpu", dtype=torch.float32)
-        draft_model, name = draft.model, str(draft.identity)
-    return target, draft_model, name
+    return target, draft
 
 
 def questions(path: str, n: int) -> list[str]:
@@ -93,6 +100,13 @@ def greedy(model, prompt: list[int], max_new: int, eos: set[int]) -> tuple[list[
     return out, time.perf_counter() - t0
 
 
+def _crop(cache, keep: int) -> None:
+    """Keep the first ``keep`` positions of a KV cache."""
+    n = cache.get_seq_length()
+    if n > keep:
+        cache.crop(keep - n)  # this transformers takes the number of positions to drop, negated
+
+
 @torch.inference_mode()
 def speculate(target, draft, prompt: list[int], max_new: int, gamma: int, eos: set[int]) -> dict:
     """Greedy token-level speculative decoding; returns tokens and raw counters."""
@@ -116,7 +130,6 @@ def speculate(target, draft, prompt: list[int], max_new: int, gamma: int, eos: s
             d_len += 1
             proposal.append(int(logits[0, -1].argmax()))
         # Verify: the target scores [last committed token] + proposal in one pass.
-        t_len = len(seq) - 1
         vlog = target(torch.tensor([[seq[-1]] + proposal]), past_key_values=tc, use_cache=True).logits[0]
         want = vlog.argmax(-1).tolist()  # want[i] = target's token after proposal[:i]
         n_ok = 0
@@ -133,13 +146,42 @@ def speculate(target, draft, prompt: list[int], max_new: int, gamma: int, eos: s
             if tok in eos or len(out) >= max_new:
                 break
         # Roll back both caches to the committed sequence (minus its last token).
-        tc.crop(len(seq) - 1)
+        _crop(tc, len(seq) - 1)
         d_keep = min(d_len, len(seq) - 1)
-        dc.crop(d_keep)
+        _crop(dc, d_keep)
         d_len = d_keep
-        del t_len
     return {"tokens": out, "seconds": time.perf_counter() - t0, "drafted": drafted, "accepted": accepted,
             "verifications": verifications, "accepted_per_verification": per_verification}
+
+
+@torch.inference_mode()
+def draft_predictions(draft, prompt: list[int], continuation: list[int]) -> list[int]:
+    """pred[i] = the draft's greedy token after prompt + continuation[:i] (one forward pass)."""
+    logits = draft(torch.tensor([prompt + continuation[:-1]])).logits[0]
+    return logits[len(prompt) - 1:].argmax(-1).tolist()
+
+
+def simulate_greedy_sd(pred: list[int], cont: list[int], gamma: int, max_new: int) -> dict:
+    """Counters of greedy token-level speculation, derived exactly from teacher-forced draft
+    predictions: with greedy verification the committed text is the target's greedy text, so
+    the draft's k-th proposal after an accepted run is its prediction on the target's prefix.
+    Follows ``speculate``: token 0 comes from the target's prefill; each verification drafts
+    min(gamma, tokens left) tokens and commits the agreeing prefix plus one target token."""
+    n = len(cont)
+    i = 1
+    drafted = accepted = ver = 0
+    per = []
+    while i < n:
+        g = min(gamma, max_new - i)
+        a = 0
+        while a < g and i + a < n and pred[i + a] == cont[i + a]:
+            a += 1
+        drafted += g
+        accepted += a
+        ver += 1
+        per.append(a)
+        i += a + 1
+    return {"drafted": drafted, "accepted": accepted, "verifications": ver, "accepted_per_verification": per}
 
 
 @torch.inference_mode()
@@ -162,49 +204,92 @@ def main() -> None:
     ap.add_argument("--artifact", default=None, help="a draft artifact dir instead of --draft")
     ap.add_argument("--data", default="/work/shared/data/gsm8k_test.jsonl")
     ap.add_argument("--prompts", type=int, default=10)
-    ap.add_argument("--cost-tokens", type=int, default=32)
+    ap.add_argument("--cost-tokens", type=int, default=16, help="decode steps timed per prompt and model")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--spec-prompts", type=int, default=2, help="prompts also run through the real loop")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--step-examples", type=int, default=3, help="prompts whose steps are shown")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--engine", action="store_true",
+                    help="also run the engine's greedy token_sd (semspec.engine) on the same prompts")
     ap.add_argument("--out", default=None, help="write JSON here (and .md beside it)")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
     from semspec.models import encode_prompt
 
-    target, draft, draft_name = load_pair(args.target, args.draft, args.artifact)
+    target, draft_lm = load_pair(args.target, args.draft, args.artifact)
+    draft, draft_name = draft_lm.model, str(draft_lm.identity)
     tok = target.tokenizer
     eos = target.eos_token_ids
     qs = questions(args.data, args.prompts)
     prompts = [encode_prompt(tok, q) for q in qs]
 
-    pairs, spec_rows, examples = [], [], []
-    for i, (q, p) in enumerate(zip(qs, prompts)):
+    from semspec.draft.data import generate_sequences
+
+    # 1. Cost: target and draft decode steps, alternately timed.
+    pairs = []
+    for p in prompts:
         pairs += cost_pairs(target.model, draft, p, args.cost_tokens)
+    print(f"cost: {len(pairs)} step pairs", flush=True)
+
+    # 2. The target's greedy answers (batched), then the draft's predictions on them.
+    t0 = time.perf_counter()
+    gen = generate_sequences(target.model, tok, qs, args.max_new_tokens, batch_size=len(qs))
+    print(f"target greedy answers: {time.perf_counter() - t0:.0f}s", flush=True)
+    conts = [s.ids[s.prompt_len:] for s in gen]
+    sim_rows, top1 = [], [0, 0]
+    for i, (p, c) in enumerate(zip(prompts, conts)):
+        pred = draft_predictions(draft, p, c)
+        top1[0] += sum(int(a == b) for a, b in zip(pred, c))
+        top1[1] += len(c)
+        row = simulate_greedy_sd(pred, c, args.gamma, args.max_new_tokens)
+        row.update({"prompt": i, "tokens": len(c)})
+        sim_rows.append(row)
+
+    # 3. The real loop on a few prompts: wall-clock against the target alone, and a check that
+    #    its output and counters match the simulation.
+    spec_rows = []
+    for i, p in enumerate(prompts[: args.spec_prompts]):
         ref, ar_s = greedy(target.model, p, args.max_new_tokens, eos)
         sp = speculate(target.model, draft, p, args.max_new_tokens, args.gamma, eos)
-        sp.update({"prompt": i, "ar_seconds": ar_s, "equal_to_ar": sp["tokens"] == ref, "ar_tokens": len(ref)})
+        sp.update({"prompt": i, "ar_seconds": ar_s, "equal_to_ar": sp["tokens"] == ref,
+                   "ar_tokens": len(ref), "matches_simulation": sp["accepted"] == sim_rows[i]["accepted"]})
         spec_rows.append(sp)
         print(f"prompt {i}: {len(ref)} tokens, accepted {sp['accepted']}/{sp['drafted']}, "
               f"spec {sp['seconds']:.2f}s vs ar {ar_s:.2f}s, equal={sp['equal_to_ar']}", flush=True)
-        if i < args.step_examples:
-            text = tok.decode(ref, skip_special_tokens=True)
-            parts = text.split("\n\n")
-            shown = []
-            prefix = ""
-            for j, part in enumerate(parts[:4]):
-                ids = p + tok(prefix, add_special_tokens=False)["input_ids"] if prefix else p
-                shown.append({"step": j, "target": part,
-                              "draft": draft_step(draft, ids, tok, 64, eos)})
-                prefix += part + "\n\n"
-            examples.append({"prompt": i, "question": q, "steps": shown})
+
+    # 4. Drafted steps beside the target's own.
+    examples = []
+    for i in range(min(args.step_examples, len(qs))):
+        text = tok.decode(conts[i], skip_special_tokens=True)
+        shown, prefix = [], ""
+        for j, part in enumerate(text.split("\n\n")[:3]):
+            ids = prompts[i] + (tok(prefix, add_special_tokens=False)["input_ids"] if prefix else [])
+            shown.append({"step": j, "target": part, "draft": draft_step(draft, ids, tok, 64, eos)})
+            prefix += part + "\n\n"
+        examples.append({"prompt": i, "question": qs[i], "steps": shown})
+
+    engine_rows = []
+    if args.engine:
+        from semspec.engine import Engine
+        from semspec.types import GenerationConfig
+
+        eng = Engine(target, draft_lm)
+        for i, q in enumerate(qs):
+            r = eng.generate(q, GenerationConfig(method="token_sd", temperature=0.0, draft_tokens=args.gamma,
+                                                 max_new_tokens=args.max_new_tokens))
+            c = r.counters
+            engine_rows.append({"prompt": i, "drafted": c.drafted_tokens, "accepted": c.accepted_tokens,
+                                "target_forward_passes": c.target_forward_passes,
+                                "generated": c.generated_tokens, "seconds": r.wall_seconds})
+            print(f"engine token_sd prompt {i}: accepted {c.accepted_tokens}/{c.drafted_tokens}", flush=True)
 
     t_ms = [a * 1e3 for a, _ in pairs]
     d_ms = [b * 1e3 for _, b in pairs]
-    drafted = sum(r["drafted"] for r in spec_rows)
-    accepted = sum(r["accepted"] for r in spec_rows)
-    ver = sum(r["verifications"] for r in spec_rows)
+    drafted = sum(r["drafted"] for r in sim_rows)
+    accepted = sum(r["accepted"] for r in sim_rows)
+    ver = sum(r["verifications"] for r in sim_rows)
     res = {
         "environment": {"threads": torch.get_num_threads(), "torch": torch.__version__,
                         "cpu": platform.processor() or platform.machine(), "target": str(target.identity),
@@ -218,20 +303,34 @@ def main() -> None:
             "pairs": len(pairs),
         },
         "token_sd_greedy": {
+            "how": "simulated exactly from one teacher-forced draft pass over the target's greedy answer",
             "gamma": args.gamma, "drafted": drafted, "accepted": accepted, "verifications": ver,
             "acceptance_rate": accepted / max(drafted, 1),
             "mean_accepted_per_verification_excl_bonus": accepted / max(ver, 1),
             "mean_tokens_per_verification_incl_bonus": (accepted + ver) / max(ver, 1),
+            "draft_top1_agreement": top1[0] / max(top1[1], 1),
+            "target_tokens": top1[1],
+            "per_prompt": sim_rows,
+        },
+        "token_sd_greedy_loop": {
+            "prompts": len(spec_rows),
             "all_equal_to_ar": all(r["equal_to_ar"] for r in spec_rows),
-            "speedup_wall_median": statistics.median(r["ar_seconds"] / r["seconds"] for r in spec_rows),
+            "all_match_simulation": all(r["matches_simulation"] for r in spec_rows),
+            "speedup_wall_median": statistics.median(r["ar_seconds"] / r["seconds"] for r in spec_rows) if spec_rows else None,
             "per_prompt": [{k: v for k, v in r.items() if k != "tokens"} for r in spec_rows],
         },
         "step_examples": examples,
     }
+    if engine_rows:
+        d_, a_ = sum(r["drafted"] for r in engine_rows), sum(r["accepted"] for r in engine_rows)
+        res["engine_token_sd_greedy"] = {
+            "drafted": d_, "accepted": a_, "acceptance_rate": a_ / max(d_, 1),
+            "target_forward_passes": sum(r["target_forward_passes"] for r in engine_rows),
+            "generated": sum(r["generated"] for r in engine_rows), "per_prompt": engine_rows}
     summary = {k: res["cost"][k] for k in ("target_ms_median", "draft_ms_median", "ratio_of_medians", "median_pair_ratio")}
     summary.update({k: res["token_sd_greedy"][k] for k in ("acceptance_rate", "mean_accepted_per_verification_excl_bonus",
-                                                          "mean_tokens_per_verification_incl_bonus", "all_equal_to_ar",
-                                                          "speedup_wall_median")})
+                                                          "mean_tokens_per_verification_incl_bonus", "draft_top1_agreement")})
+    summary.update({f"loop_{k}": v for k, v in res["token_sd_greedy_loop"].items() if k != "per_prompt"})
     print(json.dumps(summary, indent=1))
     if args.out:
         out = Path(args.out)

@@ -11,7 +11,7 @@ class DraftTrainConfig:
     # Architecture: the target's first `frozen_layers` layers are shared (frozen); then
     # `adapter_layers` trained layers, initialised from the target layers in `adapter_init`
     # (default: the target's last layers, which already map into the LM head's space).
-    frozen_layers: int = 5
+    frozen_layers: int = 6
     adapter_layers: int = 1
     adapter_init: list[int] | None = None  # target layer indices; None -> the last ones
     # Data: GSM8K-style JSONL ({"question", "answer"}); the first `holdout` lines are the
@@ -19,7 +19,7 @@ class DraftTrainConfig:
     data: str = "/work/shared/data/gsm8k_test.jsonl"
     holdout: int = 100
     gen_prompts: int = 64  # questions the target answers greedily (on-policy text)
-    ref_prompts: int = 192  # further questions teacher-forced on their reference solutions
+    ref_prompts: int = 128  # further questions teacher-forced on their reference solutions
     max_new_tokens: int = 160
     gen_batch_size: int = 32
     teacher_batch_size: int = 8
@@ -28,13 +28,13 @@ class DraftTrainConfig:
     teacher_topk: int = 32
     temperature: float = 1.0
     # Optimisation.
-    steps: int = 400
+    steps: int = 160
     batch_size: int = 8  # sequences per step
     lr: float = 5e-4
     weight_decay: float = 0.0
-    warmup_steps: int = 20
+    warmup_steps: int = 10
     threads: int = 2
-    eval_every: int = 100
+    eval_every: int = 0
     extra: dict = field(default_factory=dict)
 
     def resolved_adapter_init(self, target_layers: int) -> list[int]:
