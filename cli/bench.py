@@ -1,0 +1,104 @@
+"""`semjobs bench`: every decoding method side by side on the same prompts (see semspec.benchmark)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import click
+
+DEFAULT_PROMPTS = "/work/shared/data/gsm8k_test.jsonl"
+
+
+def _floats(value: str | None) -> tuple[float, ...] | None:
+    if value is None or not value.strip():
+        return None
+    try:
+        return tuple(float(x) for x in value.split(",") if x.strip())
+    except ValueError as e:
+        raise click.BadParameter(f"expected comma-separated numbers, got {value!r}") from e
+
+
+@click.command()
+@click.option("--prompts", default=DEFAULT_PROMPTS, show_default=True, type=click.Path(exists=True, dir_okay=False),
+              help="JSONL prompts: GSM8K lines (question + answer with '#### N') or {id, prompt[, reference]}.")
+@click.option("--limit", default=10, show_default=True, type=int, help="Prompts to run (the first ones after --offset).")
+@click.option("--offset", default=0, show_default=True, type=int, help="Lines to skip first.")
+@click.option("--methods", default="ar,token_sd,hf_assisted,step_judge,semspec", show_default=True,
+              help="Comma-separated: ar, token_sd, hf_assisted, step_judge, semspec (ar always runs).")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory for results.json, results.md, runs.jsonl and the plots.")
+@click.option("--temperature", default=0.6, show_default=True, type=float, help="0 for greedy.")
+@click.option("--top-p", default=0.95, show_default=True, type=float)
+@click.option("--max-new-tokens", default=256, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int, help="Prompt i uses seed+i, for every method.")
+@click.option("--taus", default=None, help="semspec thresholds, e.g. 0,0.3 (default: the engine's default only).")
+@click.option("--target", default=None, help="Target model spec (default: the embedded SmolLM2).")
+@click.option("--draft", default=None,
+              help="Draft model spec (default: the embedded draft when shipped); 'first:K' = the target's first K layers.")
+@click.option("--probes", default=None,
+              help="Probe dir or embedded:<name> (default: the embedded probes when shipped); accept, reject, const:P_T,P_D.")
+@click.option("--max-step-tokens", default=None, type=int, help="Per-step token cap (default: the engine's).")
+@click.option("--draft-tokens", default=None, type=int, help="token_sd: tokens drafted per verification.")
+@click.option("--judge-threshold", default=None, type=int, help="step_judge: accept at this 0-9 score or above.")
+@click.option("--threads", default=None, type=int, help="torch threads (default: torch's choice).")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--cache-dir", default=None, help="Service cache root (converted models under <dir>/models).")
+@click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up call per method.")
+@click.option("--no-loglik", is_flag=True, help="Skip the target log-likelihood pass over the outputs.")
+@click.option("-q", "--quiet", is_flag=True, help="No per-run progress lines.")
+def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, target, draft,
+          probes, max_step_tokens, draft_tokens, judge_threshold, threads, device, cache_dir, no_warmup, no_loglik,
+          quiet) -> None:
+    """Run the decoding methods on the same prompts, interleaved, and report speed beside quality."""
+    import torch
+
+    from semspec.benchmark.report import write_report
+    from semspec.benchmark.runner import BenchSettings, load_engine, load_prompts
+
+    if threads:
+        torch.set_num_threads(threads)
+    settings = BenchSettings(
+        prompts=prompts, limit=limit, offset=offset,
+        methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+        taus=_floats(taus), temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
+        max_step_tokens=max_step_tokens, draft_tokens=draft_tokens, judge_threshold=judge_threshold,
+        warmup=not no_warmup, loglik=not no_loglik,
+    )
+    t0 = time.perf_counter()
+
+    def say(msg: str) -> None:
+        if not quiet:
+            click.echo(f"[{time.perf_counter() - t0:7.1f}s] {msg}", err=True)
+
+    from semspec.benchmark.runner import plan_runs, run_bench
+
+    try:
+        plan_runs(settings.methods, settings.taus, settings.temperature)
+        prompt_list = load_prompts(prompts, limit, offset)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    engine = load_engine(target, draft, probes, device=device, cache_dir=cache_dir)
+    say("models: " + ", ".join(f"{k}={v}" for k, v in engine.identities.items()))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    raw = out / "runs.jsonl"
+    raw.write_text("")
+    br = run_bench(engine, settings, prompt_list, progress=say, raw_log=raw)
+    command = "semjobs bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 \
+        and sys.argv[1] == "bench" else None
+    res = write_report(br, out, engine=engine, command=command)
+    for label, why in br.skipped.items():
+        click.echo(f"skipped {label}: {why}", err=True)
+    click.echo(f"{'method':<20} {'speed-up':>9} {'agree':>6} {'acc':>5} {'tok/s':>6}")
+    for label, m in res["methods"].items():
+        if m.get("skipped"):
+            continue
+        sp, ag, ac, ts = (m.get(k) for k in ("speedup_vs_ar", "answer_agreement_vs_ar", "accuracy", "tokens_per_second"))
+        click.echo(f"{label:<20} {sp if sp is None else f'{sp:.2f}x':>9} {'-' if ag is None else f'{ag:.2f}':>6} "
+                   f"{'-' if ac is None else f'{ac:.2f}':>5} {'-' if ts is None else f'{ts:.1f}':>6}")
+    sa = res["ar_self_agreement"]
+    click.echo(f"ar_self_agreement: {'-' if sa is None else f'{sa:.2f}'}")
+    click.echo(f"wrote {out / 'results.json'}, {out / 'results.md'} and plots")

@@ -1,0 +1,16 @@
+"""``semjobs bench``: every decoding method side by side on the same prompts, quality beside speed.
+
+- :mod:`semspec.benchmark.runner` — loads the models once, runs the methods interleaved
+  prompt by prompt (same seeds and limits), plus transformers' assisted generation
+  (``hf_assisted``) with the same draft; one raw record per (method, prompt).
+- :mod:`semspec.benchmark.metrics` — the figures, derived from the raw records.
+- :mod:`semspec.benchmark.report` — ``results.json``, ``results.md`` and the PNG plots.
+
+Raw counts are stored per run; every ratio is derived in ``metrics`` and defined in
+``metrics.DEFINITIONS`` (which ``results.json`` carries along).
+"""
+
+from .metrics import DEFINITIONS, summarize
+from .runner import BenchSettings, load_prompts, run_bench
+
+__all__ = ["BenchSettings", "DEFINITIONS", "load_prompts", "run_bench", "summarize"]

@@ -1,0 +1,420 @@
+"""Run every method on the same prompts, interleaved prompt by prompt.
+
+For each prompt, every method runs once (the method order rotates from prompt to prompt, so
+that no method is always first after a switch) with the same seed and token limits; machine
+noise therefore hits all methods alike. When sampling, ``ar`` runs a second time with other
+seeds (label ``ar_2``) to measure the noise floor of answer agreement.
+
+Timing: wall-clock around the whole call (prompt encoding, decoding and detokenizing included),
+after one short untimed warm-up call per method. Quality passes (the target's log-likelihood
+of every output) run after all timed runs and are not timed.
+
+``hf_assisted`` is transformers' ``generate(assistant_model=draft)`` with the same target, draft,
+sampling settings, EOS tokens and token limit; its forward passes are counted with forward
+hooks, and the assistant's generation settings are restored before every call (transformers
+otherwise carries its adaptive number of assistant tokens over from call to call).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from semspec.models import encode_prompt
+from semspec.types import GenerationConfig
+
+from .metrics import final_answer, reference_answer
+
+DEFAULT_PROMPTS = "/work/shared/data/gsm8k_test.jsonl"
+ALL_METHODS = ("ar", "token_sd", "hf_assisted", "step_judge", "semspec")
+DRAFT_METHODS = ("token_sd", "hf_assisted", "step_judge", "semspec")
+AR2_SEED_OFFSET = 100_003  # the second ar run's seeds: seed + prompt index + this
+
+
+@dataclass
+class BenchSettings:
+    prompts: str = DEFAULT_PROMPTS
+    limit: int = 10
+    offset: int = 0
+    methods: tuple[str, ...] = ALL_METHODS
+    taus: tuple[float, ...] | None = None  # None: semspec at its default setting only
+    temperature: float = 0.6
+    top_p: float = 0.95
+    max_new_tokens: int = 256
+    seed: int = 0
+    max_step_tokens: int | None = None  # None: the engine's default
+    draft_tokens: int | None = None
+    judge_threshold: int | None = None
+    warmup: bool = True
+    loglik: bool = True
+
+
+@dataclass
+class MethodRun:
+    label: str  # key in results: "ar", "ar_2", "semspec", "semspec@tau=0.3", ...
+    method: str  # an engine method or "hf_assisted"
+    tau: float | None = None
+    seed_offset: int = 0
+    default_setting: bool = True
+
+    def meta(self) -> dict[str, Any]:
+        d = {"method": self.method, "default_setting": self.default_setting}
+        if self.tau is not None:
+            d["tau"] = self.tau
+        return d
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def load_prompts(path: str | os.PathLike = DEFAULT_PROMPTS, limit: int | None = None, offset: int = 0) -> list[dict]:
+    """JSONL lines ``offset .. offset+limit``: the text from ``question`` (GSM8K), ``prompt`` or
+    ``content``; the reference from GSM8K's ``answer`` (after ``####``) or a ``reference`` field."""
+    out: list[dict] = []
+    with open(path) as f:
+        for i, line in enumerate(f):
+            if i < offset or not line.strip():
+                continue
+            rec = json.loads(line)
+            text = rec.get("question") or rec.get("prompt") or rec.get("content")
+            if not text:
+                raise ValueError(f"{path}:{i + 1}: no 'question' or 'prompt' field")
+            ref = rec.get("reference")
+            ref = str(ref) if ref is not None else reference_answer(rec.get("answer"))
+            out.append({"id": str(rec.get("id", i)), "line": i, "prompt": text, "reference": ref})
+            if limit is not None and len(out) >= limit:
+                break
+    if not out:
+        raise ValueError(f"no prompts in {path} (offset {offset})")
+    return out
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
+              default_tau: float | None = None) -> list[MethodRun]:
+    """The labelled runs: ``ar`` always (speed-ups are against it), ``ar_2`` when sampling,
+    ``semspec`` once per tau (the engine's default tau is labelled plain ``semspec``)."""
+    unknown = [m for m in methods if m not in ALL_METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(ALL_METHODS)}")
+    default_tau = GenerationConfig().tau if default_tau is None else default_tau
+    runs = [MethodRun("ar", "ar")]
+    if temperature > 0:
+        runs.append(MethodRun("ar_2", "ar", seed_offset=AR2_SEED_OFFSET))
+    for m in methods:
+        if m == "ar":
+            continue
+        if m == "semspec":
+            for tau in (taus if taus else [default_tau]):
+                tau = float(tau)
+                is_default = abs(tau - default_tau) < 1e-12
+                runs.append(MethodRun("semspec" if is_default else f"semspec@tau={tau:g}", "semspec",
+                                      tau=tau, default_setting=is_default))
+        else:
+            runs.append(MethodRun(m, m))
+    return runs
+
+
+def config_for(run: MethodRun, s: BenchSettings, prompt_index: int, max_new_tokens: int | None = None) -> GenerationConfig:
+    kw: dict[str, Any] = dict(
+        method="ar" if run.method == "hf_assisted" else run.method,
+        max_new_tokens=max_new_tokens or s.max_new_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p if s.temperature > 0 else 1.0,
+        seed=s.seed + prompt_index + run.seed_offset,
+    )
+    if run.tau is not None:
+        kw["tau"] = run.tau
+    for name in ("max_step_tokens", "draft_tokens", "judge_threshold"):
+        if getattr(s, name) is not None:
+            kw[name] = getattr(s, name)
+    return GenerationConfig(**kw)
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def _steps_compact(steps) -> list[list]:
+    """[index, author, decision, drafted_tokens, accepted_tokens, target_tokens, p_target, p_draft]"""
+    r = lambda x: None if x is None else round(float(x), 4)  # noqa: E731
+    return [[s.index, s.author, s.decision, s.drafted_tokens, s.accepted_tokens, s.target_tokens,
+             r(s.p_target), r(s.p_draft)] for s in steps]
+
+
+def run_record(run: MethodRun, prompt: dict, *, text: str, wall: float, finish: str, counters: dict,
+               steps: list | None, draft_seconds: float, think_end: str | None = None) -> dict:
+    return {
+        "label": run.label,
+        "method": run.method,
+        "prompt_id": prompt["id"],
+        "text": text,
+        "answer": final_answer(text, think_end),
+        "finish_reason": finish,
+        "wall_seconds": wall,
+        "generated_tokens": counters.get("generated_tokens", 0),
+        "target_forward_passes": counters.get("target_forward_passes", 0),
+        "draft_forward_passes": counters.get("draft_forward_passes", 0),
+        "drafted_tokens": counters.get("drafted_tokens", 0),
+        "accepted_tokens": counters.get("accepted_tokens", 0),
+        "steps_drafted": counters.get("steps_drafted", 0),
+        "steps_accepted": counters.get("steps_accepted", 0),
+        "phase_seconds": counters.get("phase_seconds", {}),
+        "draft_seconds": draft_seconds,
+        "steps": steps or [],
+    }
+
+
+def run_engine(engine, run: MethodRun, prompt: dict, cfg: GenerationConfig) -> dict:
+    t0 = time.perf_counter()
+    res = engine.generate(prompt["prompt"], cfg)
+    wall = time.perf_counter() - t0
+    counters = asdict(res.counters)
+    think_end = None
+    if cfg.think_end == "auto":
+        from semspec.steps import detect_think_end
+
+        think_end = detect_think_end(engine.target.tokenizer)
+    return run_record(run, prompt, text=res.text, wall=wall, finish=res.finish_reason, counters=counters,
+                      steps=_steps_compact(res.steps), draft_seconds=counters["phase_seconds"].get("draft", 0.0),
+                      think_end=think_end)
+
+
+class _CallMeter:
+    """Counts a module's forward calls and the seconds spent in them (forward hooks)."""
+
+    def __init__(self, module):
+        self.calls = 0
+        self.seconds = 0.0
+        self._t: list[float] = []
+        self._handles = [
+            module.register_forward_pre_hook(lambda *a: self._t.append(time.perf_counter())),
+            module.register_forward_hook(lambda *a: self._done()),
+        ]
+
+    def _done(self) -> None:
+        self.calls += 1
+        if self._t:
+            self.seconds += time.perf_counter() - self._t.pop()
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+class HFAssisted:
+    """transformers' assisted generation with the engine's target and draft."""
+
+    def __init__(self, target, draft):
+        if draft is None:
+            raise ValueError("hf_assisted needs a draft model")
+        from semspec.engine import _same_tokenizer
+
+        if not _same_tokenizer(target.tokenizer, draft.tokenizer):
+            raise ValueError("hf_assisted is run with same-tokenizer drafts only")
+        self.target, self.draft = target, draft
+        self._assistant_cfg = copy.deepcopy(draft.model.generation_config)
+
+    def __call__(self, run: MethodRun, prompt: dict, cfg: GenerationConfig) -> dict:
+        tgt, tok = self.target, self.target.tokenizer
+        self.draft.model.generation_config = copy.deepcopy(self._assistant_cfg)
+        eos = sorted(tgt.eos_token_ids)
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=cfg.max_new_tokens, assistant_model=self.draft.model,
+            eos_token_id=eos, pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else eos[0],
+        )
+        if cfg.temperature > 0:
+            kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        t_meter, d_meter = _CallMeter(tgt.model), _CallMeter(self.draft.model)
+        try:
+            t0 = time.perf_counter()
+            ids = torch.tensor([encode_prompt(tok, prompt["prompt"])], device=tgt.device)
+            torch.manual_seed(cfg.seed)
+            with torch.inference_mode():
+                out = tgt.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+            new = out[0, ids.shape[1]:].tolist()
+            finish = "length"
+            if new and new[-1] in tgt.eos_token_ids:
+                new = new[:-1]
+                finish = "eos"
+            text = tok.decode(new, skip_special_tokens=True)
+            wall = time.perf_counter() - t0
+        finally:
+            t_meter.close()
+            d_meter.close()
+        # each target pass verifies the candidates and adds one token of its own
+        produced = len(new) + (1 if finish == "eos" else 0)
+        counters = {
+            "generated_tokens": len(new),
+            "target_forward_passes": t_meter.calls,
+            "draft_forward_passes": d_meter.calls,
+            "drafted_tokens": d_meter.calls,
+            "accepted_tokens": max(0, produced - t_meter.calls),
+            "phase_seconds": {"draft": d_meter.seconds, "target": t_meter.seconds},
+        }
+        return run_record(run, prompt, text=text, wall=wall, finish=finish, counters=counters, steps=None,
+                          draft_seconds=d_meter.seconds)
+
+
+# --------------------------------------------------------------------------- quality
+
+
+@torch.inference_mode()
+def target_mean_loglik(target, prompt: str, text: str) -> float | None:
+    """Mean log-probability per token the target gives ``text`` after ``prompt`` (teacher forced)."""
+    tok = target.tokenizer
+    p = encode_prompt(tok, prompt)
+    o = tok(text, add_special_tokens=False)["input_ids"] if text else []
+    if not o:
+        return None
+    ids = p + o
+    if target.max_context is not None and len(ids) > target.max_context:
+        ids = ids[: target.max_context]
+        o = ids[len(p):]
+    x = torch.tensor([ids], device=target.device)
+    logits = target.model(input_ids=x).logits[0, len(p) - 1: len(ids) - 1].float()
+    lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(o, device=logits.device)[:, None])
+    return float(lp.mean())
+
+
+# --------------------------------------------------------------------------- the bench
+
+
+@dataclass
+class BenchRun:
+    settings: BenchSettings
+    prompts: list[dict]
+    plan: list[MethodRun]
+    runs: dict[str, list[dict | None]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    errors: list[dict] = field(default_factory=list)
+    started_at: float = 0.0
+    seconds: float = 0.0
+
+
+def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None,
+              progress: Callable[[str], None] | None = None, raw_log: str | os.PathLike | None = None) -> BenchRun:
+    """Run the plan on ``prompts`` (default: ``settings.prompts`` sliced by limit/offset).
+    ``raw_log``: append each run's record as a JSON line as soon as it is done."""
+    say = progress or (lambda _m: None)
+    prompts = prompts if prompts is not None else load_prompts(settings.prompts, settings.limit, settings.offset)
+    plan = plan_runs(settings.methods, settings.taus, settings.temperature)
+    br = BenchRun(settings, prompts, plan, started_at=time.time())
+
+    hf = None
+    active: list[MethodRun] = []
+    for run in plan:
+        if run.method in DRAFT_METHODS and engine.draft is None:
+            br.skipped[run.label] = "no draft model loaded"
+            continue
+        if run.method in ("token_sd", "hf_assisted") and not engine.same_tokenizer:
+            br.skipped[run.label] = "needs a draft with the target's tokenizer"
+            continue
+        if run.method == "semspec" and engine.probes is None:
+            br.skipped[run.label] = "no probes loaded"
+            continue
+        if run.method == "hf_assisted":
+            hf = HFAssisted(engine.target, engine.draft)
+        active.append(run)
+
+    def one(run: MethodRun, prompt: dict, cfg: GenerationConfig) -> dict:
+        if run.method == "hf_assisted":
+            return hf(run, prompt, cfg)
+        return run_engine(engine, run, prompt, cfg)
+
+    if settings.warmup:
+        for run in active:
+            try:
+                one(run, prompts[0], config_for(run, settings, 0, max_new_tokens=min(8, settings.max_new_tokens)))
+            except Exception as e:  # noqa: BLE001 - a failing method is reported, not fatal
+                br.skipped[run.label] = f"warm-up failed: {type(e).__name__}: {e}"
+        active = [r for r in active if r.label not in br.skipped]
+
+    for run in active:
+        br.runs[run.label] = [None] * len(prompts)
+    log = open(raw_log, "a") if raw_log else None
+    t_start = time.perf_counter()
+    try:
+        for i, prompt in enumerate(prompts):
+            k = i % len(active) if active else 0
+            for run in active[k:] + active[:k]:
+                cfg = config_for(run, settings, i)
+                try:
+                    rec = one(run, prompt, cfg)
+                except Exception as e:  # noqa: BLE001
+                    br.errors.append({"label": run.label, "prompt_id": prompt["id"],
+                                      "error": f"{type(e).__name__}: {e}"})
+                    say(f"[{i + 1}/{len(prompts)}] {run.label}: ERROR {type(e).__name__}: {e}")
+                    continue
+                br.runs[run.label][i] = rec
+                if log:
+                    log.write(json.dumps(rec) + "\n")
+                    log.flush()
+                say(f"[{i + 1}/{len(prompts)}] {run.label:<18} {rec['wall_seconds']:7.2f}s "
+                    f"{rec['generated_tokens']:4d} tok  answer={rec['answer']}")
+    finally:
+        if log:
+            log.close()
+    br.seconds = time.perf_counter() - t_start
+
+    if settings.loglik:
+        say("target log-likelihood of every output (untimed)")
+        for label, recs in br.runs.items():
+            for prompt, rec in zip(prompts, recs):
+                if rec is not None:
+                    rec["target_mean_loglik"] = target_mean_loglik(engine.target, prompt["prompt"], rec["text"])
+    return br
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_engine(target: str | None = None, draft: str | None = None, probes: str | None = None,
+                device: str = "auto", cache_dir: str | os.PathLike | None = None):
+    """Like ``Engine.load`` (same defaults: the embedded target, and with it the embedded
+    draft and probes when shipped), plus two bench conveniences:
+    ``draft="first:K"`` — the target's first K layers (no training; a stand-in draft), and
+    ``probes="accept" | "reject" | "const:P_T,P_D"`` — constant probes."""
+    from semspec.engine import EMBEDDED_DRAFT, Engine, embedded_draft_available
+    from semspec.models import DEFAULT_TARGET, load_model, truncated_copy
+    from semspec.probes import ProbePair, embedded_probes_available, resolve_probes
+
+    model_cache = Path(cache_dir).expanduser() / "models" if cache_dir is not None else None
+    t = load_model(target, device=device, cache_dir=model_cache)
+    embedded_target = target in (None, DEFAULT_TARGET)
+    if draft is None and embedded_target and embedded_draft_available():
+        draft = EMBEDDED_DRAFT
+    d = None
+    if draft and draft != "none":
+        if draft.startswith("first:"):
+            d = truncated_copy(t, int(draft.split(":", 1)[1]))
+        else:
+            d = load_model(draft, device=device, cache_dir=model_cache)
+    if probes is None and d is not None and draft == EMBEDDED_DRAFT and embedded_target \
+            and embedded_probes_available():
+        probes = "embedded:smollm2-135m"
+    p = None
+    if probes and probes != "none":
+        if d is None:
+            raise ValueError("probes were given without a draft model")
+        th, dh = t.hidden_size, d.hidden_size
+        if probes == "accept":
+            p = ProbePair.always_accept(th, dh)
+        elif probes == "reject":
+            p = ProbePair.always_reject(th, dh)
+        elif probes.startswith("const:"):
+            a, b = (float(x) for x in probes[len("const:"):].split(","))
+            p = ProbePair.constant(a, b, th, dh)
+        else:
+            p = ProbePair.load(resolve_probes(probes), t, d)
+    return Engine(t, d, p)
