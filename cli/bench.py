@@ -27,7 +27,8 @@ def _floats(value: str | None) -> tuple[float, ...] | None:
 @click.option("--limit", default=10, show_default=True, type=int, help="Prompts to run (the first ones after --offset).")
 @click.option("--offset", default=0, show_default=True, type=int, help="Lines to skip first.")
 @click.option("--methods", default="ar,token_sd,hf_assisted,step_judge,semspec", show_default=True,
-              help="Comma-separated: ar, token_sd, hf_assisted, step_judge, semspec (ar always runs).")
+              help="Comma-separated: ar, token_sd, hf_assisted, step_judge, semspec, and the opt-in hf_generate "
+                   "(transformers' plain generate); ar always runs.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory for results.json, results.md, runs.jsonl and the plots.")
 @click.option("--temperature", default=0.6, show_default=True, type=float, help="0 for greedy.")

@@ -150,7 +150,7 @@ def markdown(res: dict[str, Any], plots: dict[str, str] | None = None) -> str:
               "|---|---|---|---|---|---|---|"]
     for label, m in res["methods"].items():
         ph = m.get("phase_share") or {}
-        if not ph or m.get("method") == "hf_assisted":
+        if not ph or str(m.get("method", "")).startswith("hf_"):
             continue
         lines.append(f"| {label} | " + " | ".join(_pct(ph.get(k)) for k in
                                                   ["prefill", "draft", "verify", "judge", "target_write", "other"]) + " |")
@@ -211,7 +211,7 @@ def plot_pareto(res: dict[str, Any], path: Path) -> None:
     if len(sem) > 1:
         sem.sort()
         ax.plot([s[1] for s in sem], [s[2] for s in sem], "-", color="tab:red", alpha=0.5, label="semspec across τ")
-    front = pareto_front(pts)
+    front = pareto_front(pts + [(1.0, 1.0)])  # ar itself is a point of the front
     if front:
         ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="grey", ls=":", label="Pareto front")
     ax.scatter([1.0], [1.0], marker="*", s=120, color="black", zorder=3)
@@ -245,10 +245,12 @@ def plot_step_acceptance(res: dict[str, Any], path: Path) -> None:
         if not rows:
             continue
         any_line = True
-        ax.plot([r["position"] for r in rows], [r["rate"] for r in rows], "o-", ms=3, label=label)
+        ax.plot([r["position"] for r in rows], [r["rate"] for r in rows], "o-", ms=3,
+                label=f"{label} ({sum(r['drafted'] for r in rows)} drafted steps)")
     if not any_line:
         ax.text(0.5, 0.5, "no drafted steps", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("step position in the trace (0 = first step)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("step position in the trace (0 = first step; steps past 30 pooled at 30)")
     ax.set_ylabel("drafted steps accepted")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title("Step acceptance by step position")

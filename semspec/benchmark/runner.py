@@ -33,7 +33,8 @@ from semspec.types import GenerationConfig
 from .metrics import final_answer, reference_answer
 
 DEFAULT_PROMPTS = "/work/shared/data/gsm8k_test.jsonl"
-ALL_METHODS = ("ar", "token_sd", "hf_assisted", "step_judge", "semspec")
+ALL_METHODS = ("ar", "token_sd", "hf_assisted", "step_judge", "semspec", "hf_generate")
+DEFAULT_METHODS = ALL_METHODS[:5]  # hf_generate (transformers' plain generate, no draft) is opt-in
 DRAFT_METHODS = ("token_sd", "hf_assisted", "step_judge", "semspec")
 AR2_SEED_OFFSET = 100_003  # the second ar run's seeds: seed + prompt index + this
 
@@ -43,7 +44,7 @@ class BenchSettings:
     prompts: str = DEFAULT_PROMPTS
     limit: int = 10
     offset: int = 0
-    methods: tuple[str, ...] = ALL_METHODS
+    methods: tuple[str, ...] = DEFAULT_METHODS
     taus: tuple[float, ...] | None = None  # None: semspec at its default setting only
     temperature: float = 0.6
     top_p: float = 0.95
@@ -126,7 +127,7 @@ def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
 
 def config_for(run: MethodRun, s: BenchSettings, prompt_index: int, max_new_tokens: int | None = None) -> GenerationConfig:
     kw: dict[str, Any] = dict(
-        method="ar" if run.method == "hf_assisted" else run.method,
+        method="ar" if run.method.startswith("hf_") else run.method,
         max_new_tokens=max_new_tokens or s.max_new_tokens,
         temperature=s.temperature,
         top_p=s.top_p if s.temperature > 0 else 1.0,
@@ -210,32 +211,33 @@ class _CallMeter:
             h.remove()
 
 
-class HFAssisted:
-    """transformers' assisted generation with the engine's target and draft."""
+class HFGenerate:
+    """transformers' own ``generate``: with ``draft``, assisted generation (``hf_assisted``);
+    without, plain decoding (``hf_generate``, a reference for the engine's ``ar`` overhead)."""
 
-    def __init__(self, target, draft):
-        if draft is None:
-            raise ValueError("hf_assisted needs a draft model")
+    def __init__(self, target, draft=None):
         from semspec.engine import _same_tokenizer
 
-        if not _same_tokenizer(target.tokenizer, draft.tokenizer):
+        if draft is not None and not _same_tokenizer(target.tokenizer, draft.tokenizer):
             raise ValueError("hf_assisted is run with same-tokenizer drafts only")
         self.target, self.draft = target, draft
-        self._assistant_cfg = copy.deepcopy(draft.model.generation_config)
+        self._assistant_cfg = copy.deepcopy(draft.model.generation_config) if draft is not None else None
 
     def __call__(self, run: MethodRun, prompt: dict, cfg: GenerationConfig) -> dict:
         tgt, tok = self.target, self.target.tokenizer
-        self.draft.model.generation_config = copy.deepcopy(self._assistant_cfg)
         eos = sorted(tgt.eos_token_ids)
         kwargs: dict[str, Any] = dict(
-            max_new_tokens=cfg.max_new_tokens, assistant_model=self.draft.model,
-            eos_token_id=eos, pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else eos[0],
+            max_new_tokens=cfg.max_new_tokens, eos_token_id=eos, pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else eos[0],
         )
         if cfg.temperature > 0:
             kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        t_meter, d_meter = _CallMeter(tgt.model), _CallMeter(self.draft.model)
+        if self.draft is not None:
+            self.draft.model.generation_config = copy.deepcopy(self._assistant_cfg)
+            kwargs["assistant_model"] = self.draft.model
+        t_meter = _CallMeter(tgt.model)
+        d_meter = _CallMeter(self.draft.model) if self.draft is not None else None
         try:
             t0 = time.perf_counter()
             ids = torch.tensor([encode_prompt(tok, prompt["prompt"])], device=tgt.device)
@@ -251,19 +253,18 @@ class HFAssisted:
             wall = time.perf_counter() - t0
         finally:
             t_meter.close()
-            d_meter.close()
-        # each target pass verifies the candidates and adds one token of its own
-        produced = len(new) + (1 if finish == "eos" else 0)
-        counters = {
-            "generated_tokens": len(new),
-            "target_forward_passes": t_meter.calls,
-            "draft_forward_passes": d_meter.calls,
-            "drafted_tokens": d_meter.calls,
-            "accepted_tokens": max(0, produced - t_meter.calls),
-            "phase_seconds": {"draft": d_meter.seconds, "target": t_meter.seconds},
-        }
+            if d_meter is not None:
+                d_meter.close()
+        counters = {"generated_tokens": len(new), "target_forward_passes": t_meter.calls,
+                    "phase_seconds": {"target": t_meter.seconds}}
+        if d_meter is not None:
+            # each target pass verifies the candidates and adds one token of its own
+            produced = len(new) + (1 if finish == "eos" else 0)
+            counters.update(draft_forward_passes=d_meter.calls, drafted_tokens=d_meter.calls,
+                            accepted_tokens=max(0, produced - t_meter.calls))
+            counters["phase_seconds"]["draft"] = d_meter.seconds
         return run_record(run, prompt, text=text, wall=wall, finish=finish, counters=counters, steps=None,
-                          draft_seconds=d_meter.seconds)
+                          draft_seconds=d_meter.seconds if d_meter is not None else 0.0)
 
 
 # --------------------------------------------------------------------------- quality
@@ -311,7 +312,7 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
     plan = plan_runs(settings.methods, settings.taus, settings.temperature)
     br = BenchRun(settings, prompts, plan, started_at=time.time())
 
-    hf = None
+    hf: dict[str, HFGenerate] = {}
     active: list[MethodRun] = []
     for run in plan:
         if run.method in DRAFT_METHODS and engine.draft is None:
@@ -324,12 +325,14 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
             br.skipped[run.label] = "no probes loaded"
             continue
         if run.method == "hf_assisted":
-            hf = HFAssisted(engine.target, engine.draft)
+            hf["hf_assisted"] = HFGenerate(engine.target, engine.draft)
+        elif run.method == "hf_generate":
+            hf["hf_generate"] = HFGenerate(engine.target)
         active.append(run)
 
     def one(run: MethodRun, prompt: dict, cfg: GenerationConfig) -> dict:
-        if run.method == "hf_assisted":
-            return hf(run, prompt, cfg)
+        if run.method in hf:
+            return hf[run.method](run, prompt, cfg)
         return run_engine(engine, run, prompt, cfg)
 
     if settings.warmup:

@@ -40,7 +40,8 @@ def test_load_prompts(prompts_file):
 @pytest.fixture(scope="module")
 def greedy_reject_run(tiny_target, tiny_draft, prompts_file):
     engine = Engine(tiny_target, tiny_draft, ProbePair.always_reject(64, 64))
-    return run_bench(engine, settings(prompts_file))
+    methods = ("ar", "token_sd", "hf_assisted", "step_judge", "semspec", "hf_generate")
+    return run_bench(engine, settings(prompts_file, methods=methods))
 
 
 def test_greedy_lossless_methods_reproduce_ar(greedy_reject_run):
@@ -49,7 +50,7 @@ def test_greedy_lossless_methods_reproduce_ar(greedy_reject_run):
     ar = [r["text"] for r in br.runs["ar"]]
     # greedy token_sd and transformers' assisted decoding are exact; semspec rejecting every
     # step is the target alone
-    for label in ("token_sd", "hf_assisted", "semspec"):
+    for label in ("token_sd", "hf_assisted", "hf_generate", "semspec"):
         assert [r["text"] for r in br.runs[label]] == ar, label
     sem = br.runs["semspec"][0]
     assert sem["steps_drafted"] > 0 and sem["steps_accepted"] == 0
