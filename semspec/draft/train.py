@@ -302,21 +302,27 @@ def build_training_data(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str
     gen_rows = rows[: cfg.gen_prompts]
     ref_rows = rows[cfg.gen_prompts: cfg.gen_prompts + cfg.ref_prompts]
     questions = [r["question"] for r in gen_rows]
-    cache_file = None
-    if cache_dir:
-        cache_file = Path(cache_dir) / f"gen-{_gen_cache_key(target, cfg, questions)}.json"
-    if cache_file is not None and cache_file.is_file():
-        raw = json.loads(cache_file.read_text())
-        gen = [Sequence(ids=r["ids"], prompt_len=r["prompt_len"], source="gen") for r in raw]
+    # Generated in batches of gen_batch_size questions; each batch is cached on its own, so a
+    # larger gen_prompts reuses the batches already generated.
+    gen: list[Sequence] = []
+    bs = cfg.gen_batch_size
+    for start in range(0, len(questions), bs):
+        chunk = questions[start:start + bs]
+        cache_file = Path(cache_dir) / f"gen-{_gen_cache_key(target, cfg, chunk)}.json" if cache_dir else None
+        if cache_file is not None and cache_file.is_file():
+            raw = json.loads(cache_file.read_text())
+            gen += [Sequence(ids=r["ids"], prompt_len=r["prompt_len"], source="gen") for r in raw]
+            if log:
+                log(f"loaded {len(raw)} generated answers from {cache_file}")
+            continue
+        part = generate_sequences(target, tokenizer, chunk, cfg.max_new_tokens, bs)
+        gen += part
         if log:
-            log(f"loaded {len(gen)} generated answers from {cache_file}")
-    else:
-        gen = generate_sequences(target, tokenizer, questions, cfg.max_new_tokens,
-                                 cfg.gen_batch_size, log=log)
+            log(f"generated {len(gen)}/{len(questions)} answers")
         if cache_file is not None:
             cache_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps([{"ids": s.ids, "prompt_len": s.prompt_len} for s in gen]))
+            tmp.write_text(json.dumps([{"ids": s.ids, "prompt_len": s.prompt_len} for s in part]))
             os.replace(tmp, cache_file)
     ref = reference_sequences(tokenizer, ref_rows)
     return gen, ref
