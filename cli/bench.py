@@ -23,7 +23,7 @@ def _floats(value: str | None) -> tuple[float, ...] | None:
 
 @click.command()
 @click.option("--prompts", default=DEFAULT_PROMPTS, show_default=True, type=click.Path(exists=True, dir_okay=False),
-              help="JSONL prompts: GSM8K lines (question + answer with '#### N') or {id, prompt[, reference]}.")
+              help="JSONL prompts: GSM8K lines (question + answer with '#### N') or {id, prompt or messages[, reference]}.")
 @click.option("--limit", default=10, show_default=True, type=int, help="Prompts to run (the first ones after --offset).")
 @click.option("--offset", default=0, show_default=True, type=int, help="Lines to skip first.")
 @click.option("--methods", default="ar,token_sd,hf_assisted,step_judge,semspec", show_default=True,

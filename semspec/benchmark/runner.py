@@ -76,17 +76,18 @@ class MethodRun:
 
 
 def load_prompts(path: str | os.PathLike = DEFAULT_PROMPTS, limit: int | None = None, offset: int = 0) -> list[dict]:
-    """JSONL lines ``offset .. offset+limit``: the text from ``question`` (GSM8K), ``prompt`` or
-    ``content``; the reference from GSM8K's ``answer`` (after ``####``) or a ``reference`` field."""
+    """JSONL lines ``offset .. offset+limit``: the prompt from ``question`` (GSM8K), ``prompt`` or
+    ``messages`` (a chat, passed to the engine as is); the reference from GSM8K's ``answer``
+    (after ``####``) or a ``reference`` field."""
     out: list[dict] = []
     with open(path) as f:
         for i, line in enumerate(f):
             if i < offset or not line.strip():
                 continue
             rec = json.loads(line)
-            text = rec.get("question") or rec.get("prompt") or rec.get("content")
+            text = rec.get("question") or rec.get("prompt") or rec.get("messages")
             if not text:
-                raise ValueError(f"{path}:{i + 1}: no 'question' or 'prompt' field")
+                raise ValueError(f"{path}:{i + 1}: no 'question', 'prompt' or 'messages' field")
             ref = rec.get("reference")
             ref = str(ref) if ref is not None else reference_answer(rec.get("answer"))
             out.append({"id": str(rec.get("id", i)), "line": i, "prompt": text, "reference": ref})
