@@ -216,6 +216,18 @@ def cost_model(methods: dict[str, dict]) -> dict[str, float | None]:
                 t["steps_drafted"]
         if t.get("drafted_tokens") and t.get("steps_drafted"):
             out[f"{label}.drafted_tokens_per_step"] = t["drafted_tokens"] / t["steps_drafted"]
+            # seconds per drafted token spent drafting and verifying it: with every step
+            # accepted, this is (about) the time per generated token, so ar's time per token
+            # over it bounds the speed-up from above whatever the probes decide
+            per_tok = (t.get("draft_seconds", 0.0) + ph.get("verify", 0.0) + ph.get("judge", 0.0)) / t["drafted_tokens"]
+            out[f"{label}.seconds_per_drafted_token_draft_plus_verify"] = per_tok
+            if out.get("target_seconds_per_token_ar") and per_tok:
+                out[f"{label}.speedup_ceiling_at_full_acceptance"] = out["target_seconds_per_token_ar"] / per_tok
+            if t.get("generated_tokens"):
+                out[f"{label}.share_of_output_tokens_drafted"] = t.get("accepted_tokens", 0) / t["generated_tokens"]
+            if t.get("drafted_tokens") and t.get("draft_seconds"):
+                wasted = t["draft_seconds"] * (1 - t.get("accepted_tokens", 0) / t["drafted_tokens"])
+                out[f"{label}.wasted_draft_time_share"] = wasted / t["wall_seconds"] if t.get("wall_seconds") else None
     tpt = out["target_seconds_per_token_ar"]
     if tpt:
         for k in [k for k in out if k.endswith("draft_seconds_per_draft_pass")]:

@@ -113,3 +113,18 @@ def test_plan_runs():
     assert [r.label for r in greedy] == ["ar", "semspec"] and greedy[1].default_setting
     with pytest.raises(ValueError, match="unknown method"):
         plan_runs(["beam"], None, 0.0)
+
+
+def test_cost_model_ceiling():
+    from semspec.benchmark.metrics import cost_model
+
+    ar = [rec(wall=10.0, gen=100)]  # 0.1 s per token
+    sem = [rec("semspec", wall=5.0, gen=100, draft_forward_passes=80, drafted_tokens=80, accepted_tokens=60,
+               steps_drafted=4, steps_accepted=3, draft_seconds=2.0, phase_seconds={"draft": 2.0, "verify": 1.2})]
+    methods = {"ar": method_figures(ar, ar, [{}]), "semspec": method_figures(sem, ar, [{}])}
+    cm = cost_model(methods)
+    assert cm["semspec.draft_cost_ratio"] == pytest.approx(0.025 / 0.1)
+    assert cm["semspec.seconds_per_drafted_token_draft_plus_verify"] == pytest.approx(3.2 / 80)
+    assert cm["semspec.speedup_ceiling_at_full_acceptance"] == pytest.approx(0.1 / 0.04)
+    assert cm["semspec.share_of_output_tokens_drafted"] == pytest.approx(0.6)
+    assert cm["semspec.wasted_draft_time_share"] == pytest.approx(2.0 * 0.25 / 5.0)
