@@ -62,6 +62,9 @@ def environment(engine=None) -> dict[str, Any]:
         env["device"] = str(engine.target.device)
         env["dtype"] = str(engine.target.dtype)
         env["models"] = dict(engine.identities)
+        env["model_specs"] = {"target": engine.target.spec}
+        if engine.draft is not None:
+            env["model_specs"]["draft"] = engine.draft.spec
         if torch.cuda.is_available() and engine.target.device.type == "cuda":
             env["gpu"] = torch.cuda.get_device_name(engine.target.device)
     return env
@@ -87,6 +90,7 @@ def build_results(br, engine=None, command: str | None = None, env: dict | None 
         "settings": s,
         "environment": env if env is not None else environment(engine),
         "bench_seconds": br.seconds,
+        "loadavg": br.loadavg,
         "ar_self_agreement": summary["ar_self_agreement"],
         "goal": summary["goal"],
         "cost_model": summary["cost_model"],
@@ -120,7 +124,8 @@ def markdown(res: dict[str, Any], plots: dict[str, str] | None = None) -> str:
         f"- Prompts: {len(res['prompts'])} from `{s['prompts']}` (offset {s['offset']}); "
         f"temperature {s['temperature']}, top-p {s['top_p']}, max new tokens {s['max_new_tokens']}, seed {s['seed']}",
         f"- Machine: {env.get('cpu')} ({env.get('cpu_count')} CPUs, {env.get('torch_threads')} torch threads, "
-        f"load average at start {_f((env.get('loadavg') or [None])[0])}); torch {env['versions'].get('torch')}, "
+        f"1-min load average {_f((res.get('loadavg', {}).get('start') or [None])[0])} at start, "
+        f"{_f((res.get('loadavg', {}).get('end') or [None])[0])} at end); torch {env['versions'].get('torch')}, "
         f"transformers {env['versions'].get('transformers')}; commit {str(env.get('git_commit'))[:10]}",
     ]
     for role, ident in (env.get("models") or {}).items():

@@ -302,6 +302,7 @@ class BenchRun:
     errors: list[dict] = field(default_factory=list)
     started_at: float = 0.0
     seconds: float = 0.0
+    loadavg: dict[str, list[float]] = field(default_factory=dict)  # "start"/"end" 1, 5, 15-minute load
 
 
 def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None,
@@ -312,6 +313,8 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
     prompts = prompts if prompts is not None else load_prompts(settings.prompts, settings.limit, settings.offset)
     plan = plan_runs(settings.methods, settings.taus, settings.temperature)
     br = BenchRun(settings, prompts, plan, started_at=time.time())
+    if hasattr(os, "getloadavg"):
+        br.loadavg["start"] = list(os.getloadavg())
 
     hf: dict[str, HFGenerate] = {}
     active: list[MethodRun] = []
@@ -370,6 +373,8 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
         if log:
             log.close()
     br.seconds = time.perf_counter() - t_start
+    if hasattr(os, "getloadavg"):
+        br.loadavg["end"] = list(os.getloadavg())
 
     if settings.loglik:
         say("target log-likelihood of every output (untimed)")
