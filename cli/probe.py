@@ -31,8 +31,10 @@ def probe() -> None:
 @click.option("--max-prefixes", type=int, default=None, help="Stop once this many prefixes are stored.")
 @click.option("--max-trace-steps", default=12, show_default=True, help="Prefixes per question at most.")
 @click.option("--max-trace-tokens", default=320, show_default=True, help="Token cap of each target trace.")
-@click.option("--max-step-tokens", default=48, show_default=True, help="Token cap of one step.")
-@click.option("--step-delimiter", default="\n\n", show_default=repr("\n\n"), help="Step delimiter.")
+@click.option("--max-step-tokens", default=64, show_default=True,
+              help="Token cap of one step (use the engine's setting for these probes).")
+@click.option("--step-delimiter", default="\n\n", show_default=repr("\n\n"),
+              help="Step delimiter (use the engine's setting for these probes).")
 @click.option("--temperature", default=0.6, show_default=True)
 @click.option("--top-p", default=0.95, show_default=True)
 @click.option("--trace-temperature", default=0.0, show_default=True, help="0 = greedy target traces.")

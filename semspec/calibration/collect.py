@@ -30,8 +30,10 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from semspec.calibration.store import CalibrationStore, PrefixRecord, prefix_key
+from semspec.types import GenerationConfig
 
 SOURCES = ("target", "draft")
+_ENGINE_DEFAULTS = GenerationConfig()
 
 
 @dataclass
@@ -42,8 +44,9 @@ class CollectConfig:
     layer: int = -1  # hidden_states index for both models (negative: from the end)
     draft_layer: int | None = None  # override for the draft
     pooling: str = "mean"
-    step_delimiter: str = "\n\n"
-    max_step_tokens: int = 48
+    # Steps must be cut as the engine cuts them when it decodes with these probes.
+    step_delimiter: str = _ENGINE_DEFAULTS.step_delimiter
+    max_step_tokens: int = _ENGINE_DEFAULTS.max_step_tokens
     max_trace_tokens: int = 320
     max_trace_steps: int = 12  # prefixes per question at most
     max_prefixes: int | None = None  # total cap for the run (complete prefixes count)
