@@ -109,13 +109,16 @@ def train(data_dir, out_dir, holdout, seed, lr):
     from semspec.calibration.train import train_probes
 
     report = train_probes(data_dir, out_dir, holdout=holdout, seed=seed, lr=lr)
+    fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+
+    def line(name, m):
+        return (f"{name} held-out n={m['n']}: MSE {fmt(m['mse'])} (constant {fmt(m['constant_mse'])}), "
+                f"R² {fmt(m['r2'])}, Spearman {fmt(m['spearman'])}, AUROC(label≥0.5) {fmt(m['auroc_label_ge_0.5'])}")
+
     for role, s in report["probes"].items():
-        m = s["held_out"]
-        fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-        click.echo(
-            f"{role:6s} held-out n={m['n']}: MSE {fmt(m['mse'])} (constant {fmt(m['constant_mse'])}), "
-            f"R² {fmt(m['r2'])}, Spearman {fmt(m['spearman'])}, AUROC(label≥0.5) {fmt(m['auroc_label_ge_0.5'])}"
-        )
+        click.echo(line(f"{role} probe, all steps", s["held_out"]))
+        for sampler, m in s.get("held_out_by_sampler", {}).items():
+            click.echo("  " + line(f"steps sampled by {sampler}:", m))
     click.echo(f"probes, report.json and calibration.png in {out_dir}")
 
 

@@ -46,6 +46,7 @@ class RoleData:
     labels: torch.Tensor  # [M]
     questions: list[str]  # question id per row
     prefixes: list[str]  # prefix key per row
+    sources: list[str] | None = None  # who sampled the row's step ("target"/"draft")
 
 
 def load_role_data(root: str | Path) -> dict[str, RoleData]:
@@ -56,6 +57,7 @@ def load_role_data(root: str | Path) -> dict[str, RoleData]:
     ys: dict[str, list[float]] = {r: [] for r in ROLES}
     qs: dict[str, list[str]] = {r: [] for r in ROLES}
     ps: dict[str, list[str]] = {r: [] for r in ROLES}
+    ss: dict[str, list[str]] = {r: [] for r in ROLES}
     for key in store.keys():
         if key not in labels:
             raise ValueError(f"prefix {key} has no labels; re-run `semjobs probe label`")
@@ -71,10 +73,11 @@ def load_role_data(root: str | Path) -> dict[str, RoleData]:
             ys[role].extend(float(v) for v in lab)
             qs[role].extend([rec.question_id] * f.shape[0])
             ps[role].extend([key] * f.shape[0])
+            ss[role].extend(rec.sources)
     out = {}
     for role in ROLES:
         if feats[role]:
-            out[role] = RoleData(torch.cat(feats[role]), torch.tensor(ys[role]), qs[role], ps[role])
+            out[role] = RoleData(torch.cat(feats[role]), torch.tensor(ys[role]), qs[role], ps[role], ss[role])
     if not out:
         raise ValueError(f"{root} holds no features")
     return out
@@ -320,8 +323,15 @@ def train_probes(
                 recal = {"a": a, "b": b, "cv_mse_before": before, "cv_mse_after": after}
         pred = _predict(probe, d.features[te])
         metrics = regression_metrics(pred, d.labels[te].numpy(), float(d.labels[tr].mean()))
+        by_source = {}
+        if d.sources:
+            te_src = [src for src, m in zip(d.sources, te.tolist()) if m]
+            for src in sorted(set(te_src)):
+                sel = np.array([x == src for x in te_src])
+                by_source[src] = regression_metrics(pred[sel], d.labels[te].numpy()[sel], float(d.labels[tr].mean()))
         summary = {
             "held_out": metrics,
+            "held_out_by_sampler": by_source,
             "train": {"mse": info["train_mse"], "n": info["n_train"]},
             "config": {"hidden_dims": list(cfg[0]), "dropout": cfg[1], "epochs": cfg[2],
                        "weight_decay": cfg[3], "lr": lr},

@@ -75,6 +75,7 @@ def test_train_probes_on_synthetic_data(tmp_path):
         assert held["r2"] > 0.5, held
         assert held["spearman"] > 0.7
         assert held["mse"] < held["constant_mse"]
+    assert set(report["probes"]["target"]["held_out_by_sampler"]) == {"target", "draft"}
     # Held-out questions are whole questions.
     assert report["questions"] == {"train": 9, "held_out": 3}
     pair = ProbePair.load(tmp_path / "probes")
