@@ -53,7 +53,10 @@ def _floats(value: str | None) -> tuple[float, ...] | None:
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, target, draft,
           probes, max_step_tokens, draft_tokens, judge_threshold, threads, device, cache_dir, no_warmup, no_loglik,
           quiet) -> None:
-    """Run the decoding methods on the same prompts, interleaved, and report speed beside quality."""
+    """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
+
+    Ctrl-C or SIGTERM during the runs stops them and still writes the report, over the
+    prompts that every method finished."""
     import torch
 
     from semspec.benchmark.report import write_report
@@ -87,6 +90,12 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     out.mkdir(parents=True, exist_ok=True)
     raw = out / "runs.jsonl"
     raw.write_text("")
+    import signal
+
+    def _stop(signum, frame):  # SIGTERM stops like Ctrl-C: report the prompts finished so far
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
     br = run_bench(engine, settings, prompt_list, progress=say, raw_log=raw)
     command = "semjobs bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 \
         and sys.argv[1] == "bench" else None

@@ -90,6 +90,7 @@ def build_results(br, engine=None, command: str | None = None, env: dict | None 
         "settings": s,
         "environment": env if env is not None else environment(engine),
         "bench_seconds": br.seconds,
+        "interrupted": br.interrupted,
         "loadavg": br.loadavg,
         "ar_self_agreement": summary["ar_self_agreement"],
         "goal": summary["goal"],
@@ -130,6 +131,8 @@ def markdown(res: dict[str, Any], plots: dict[str, str] | None = None) -> str:
     ]
     for role, ident in (env.get("models") or {}).items():
         lines.append(f"- {role}: `{ident}`")
+    if res.get("interrupted"):
+        lines.append(f"- **Stopped early**: figures over the {len(res['prompts'])} prompt(s) every method finished")
     lines += [
         f"- `ar_self_agreement` (noise floor: ar vs ar with other seeds): **{_pct(res['ar_self_agreement'])}**",
         "",

@@ -303,12 +303,15 @@ class BenchRun:
     started_at: float = 0.0
     seconds: float = 0.0
     loadavg: dict[str, list[float]] = field(default_factory=dict)  # "start"/"end" 1, 5, 15-minute load
+    interrupted: bool = False  # stopped early (Ctrl-C / SIGTERM): only the prompts all methods finished
 
 
 def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None,
               progress: Callable[[str], None] | None = None, raw_log: str | os.PathLike | None = None) -> BenchRun:
     """Run the plan on ``prompts`` (default: ``settings.prompts`` sliced by limit/offset).
-    ``raw_log``: append each run's record as a JSON line as soon as it is done."""
+    ``raw_log``: append each run's record as a JSON line as soon as it is done.
+    A ``KeyboardInterrupt`` during the timed runs stops them; the result then holds the
+    prompts that every method finished (``interrupted`` is set)."""
     say = progress or (lambda _m: None)
     prompts = prompts if prompts is not None else load_prompts(settings.prompts, settings.limit, settings.offset)
     plan = plan_runs(settings.methods, settings.taus, settings.temperature)
@@ -351,6 +354,7 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
         br.runs[run.label] = [None] * len(prompts)
     log = open(raw_log, "a") if raw_log else None
     t_start = time.perf_counter()
+    completed = 0
     try:
         for i, prompt in enumerate(prompts):
             k = i % len(active) if active else 0
@@ -369,6 +373,12 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
                     log.flush()
                 say(f"[{i + 1}/{len(prompts)}] {run.label:<18} {rec['wall_seconds']:7.2f}s "
                     f"{rec['generated_tokens']:4d} tok  answer={rec['answer']}")
+            completed = i + 1
+    except KeyboardInterrupt:
+        br.interrupted = True
+        say(f"interrupted: keeping the {completed} prompt(s) every method finished")
+        br.prompts = prompts = prompts[:completed]
+        br.runs = {label: recs[:completed] for label, recs in br.runs.items()}
     finally:
         if log:
             log.close()

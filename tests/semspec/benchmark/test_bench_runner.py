@@ -110,3 +110,24 @@ def test_cli_bench(tiny_dirs, prompts_file, tmp_path):
     assert "semspec" in r.output
     bad = CliRunner().invoke(main, ["bench", "--prompts", str(prompts_file), "--methods", "beam", "--out", str(out)])
     assert bad.exit_code != 0 and "unknown method" in bad.output
+
+
+def test_interrupted_run_keeps_the_finished_prompts(tiny_target, tiny_draft, prompts_file, tmp_path, monkeypatch):
+    from semspec.benchmark import runner
+
+    engine = Engine(tiny_target, tiny_draft, ProbePair.always_accept(64, 64))
+    calls = {"n": 0}
+    real = runner.run_engine
+
+    def flaky(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 5:  # ar and semspec warm-ups, prompt 1's two runs, then prompt 2
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(runner, "run_engine", flaky)
+    br = run_bench(engine, settings(prompts_file, methods=("ar", "semspec"), loglik=False))
+    assert br.interrupted and len(br.prompts) == 1 and all(len(v) == 1 for v in br.runs.values())
+    res = write_report(br, tmp_path)
+    assert res["interrupted"] and res["methods"]["semspec"]["prompts_run"] == 1
+    assert "Stopped early" in (tmp_path / "results.md").read_text()
