@@ -21,6 +21,15 @@ def _floats(value: str | None) -> tuple[float, ...] | None:
         raise click.BadParameter(f"expected comma-separated numbers, got {value!r}") from e
 
 
+def _unescape(value: str | None) -> str | None:
+    if value is None:
+        return None
+    out = value.encode("utf-8").decode("unicode_escape") if "\\" in value else value
+    if not out:
+        raise click.BadParameter("the step delimiter must not be empty", param_hint="--step-delimiter")
+    return out
+
+
 @click.command()
 @click.option("--prompts", default=DEFAULT_PROMPTS, show_default=True, type=click.Path(exists=True, dir_okay=False),
               help="JSONL prompts: GSM8K lines (question + answer with '#### N') or {id, prompt or messages[, reference]}.")
@@ -41,6 +50,9 @@ def _floats(value: str | None) -> tuple[float, ...] | None:
               help="Draft model spec (default: the embedded draft when shipped); 'first:K' = the target's first K layers.")
 @click.option("--probes", default=None,
               help="Probe dir or embedded:<name> (default: the embedded probes when shipped); accept, reject, const:P_T,P_D.")
+@click.option("--step-delimiter", default=None,
+              help="Text that ends a reasoning step; backslash escapes allowed, e.g. '\\n' "
+                   "(default: the engine's, a blank line).")
 @click.option("--max-step-tokens", default=None, type=int, help="Per-step token cap (default: the engine's).")
 @click.option("--draft-tokens", default=None, type=int, help="token_sd: tokens drafted per verification.")
 @click.option("--judge-threshold", default=None, type=int, help="step_judge: accept at this 0-9 score or above.")
@@ -51,8 +63,8 @@ def _floats(value: str | None) -> tuple[float, ...] | None:
 @click.option("--no-loglik", is_flag=True, help="Skip the target log-likelihood pass over the outputs.")
 @click.option("-q", "--quiet", is_flag=True, help="No per-run progress lines.")
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, target, draft,
-          probes, max_step_tokens, draft_tokens, judge_threshold, threads, device, cache_dir, no_warmup, no_loglik,
-          quiet) -> None:
+          probes, step_delimiter, max_step_tokens, draft_tokens, judge_threshold, threads, device, cache_dir,
+          no_warmup, no_loglik, quiet) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
 
     Ctrl-C or SIGTERM during the runs stops them and still writes the report, over the
@@ -68,7 +80,8 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
         prompts=prompts, limit=limit, offset=offset,
         methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
         taus=_floats(taus), temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
-        max_step_tokens=max_step_tokens, draft_tokens=draft_tokens, judge_threshold=judge_threshold,
+        step_delimiter=_unescape(step_delimiter), max_step_tokens=max_step_tokens, draft_tokens=draft_tokens,
+        judge_threshold=judge_threshold,
         warmup=not no_warmup, loglik=not no_loglik,
     )
     t0 = time.perf_counter()

@@ -50,6 +50,7 @@ class BenchSettings:
     top_p: float = 0.95
     max_new_tokens: int = 256
     seed: int = 0
+    step_delimiter: str | None = None  # None: the engine's default (a blank line)
     max_step_tokens: int | None = None  # None: the engine's default
     draft_tokens: int | None = None
     judge_threshold: int | None = None
@@ -136,7 +137,7 @@ def config_for(run: MethodRun, s: BenchSettings, prompt_index: int, max_new_toke
     )
     if run.tau is not None:
         kw["tau"] = run.tau
-    for name in ("max_step_tokens", "draft_tokens", "judge_threshold"):
+    for name in ("step_delimiter", "max_step_tokens", "draft_tokens", "judge_threshold"):
         if getattr(s, name) is not None:
             kw[name] = getattr(s, name)
     return GenerationConfig(**kw)
@@ -228,7 +229,8 @@ class HFGenerate:
         tgt, tok = self.target, self.target.tokenizer
         eos = sorted(tgt.eos_token_ids)
         kwargs: dict[str, Any] = dict(
-            max_new_tokens=cfg.max_new_tokens, eos_token_id=eos, pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else eos[0],
+            max_new_tokens=cfg.max_new_tokens, eos_token_id=eos,
+            pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else eos[0],
         )
         if cfg.temperature > 0:
             kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
