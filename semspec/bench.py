@@ -120,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-step-tokens", type=int, default=64)
     ap.add_argument("--draft-tokens", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--step-delimiter", default="\n\n", help="e.g. '\\n' (escapes are decoded)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--cache-dir", default=None)
@@ -168,7 +170,9 @@ def main(argv=None) -> int:
             continue
         engine = Engine(target, draft, pset)
         cfg = GenerationConfig(method=method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                               seed=args.seed, max_step_tokens=args.max_step_tokens, draft_tokens=args.draft_tokens)
+                               top_p=args.top_p, seed=args.seed, max_step_tokens=args.max_step_tokens,
+                               draft_tokens=args.draft_tokens,
+                               step_delimiter=args.step_delimiter.encode().decode("unicode_escape"))
         t0 = time.perf_counter()
         results = [engine.generate(p["prompt"], cfg) for p in prompts]
         row = summarize(name, results, prompts, ar_texts if method != "ar" else None)

@@ -310,8 +310,9 @@ class ProbePair:
 # --------------------------------------------------------------------------- embedded probes
 
 # The shipped probes for the embedded pair (embedded:smollm2-135m target +
-# embedded:smollm2-135m-draft): a ProbePair directory inside the package.
-EMBEDDED_PROBES_DIR = Path(__file__).resolve().parent / "assets" / "probes"
+# embedded:smollm2-135m-draft): a ProbePair directory inside the package, made by
+# semspec.calibration (see its README for how and with which step settings).
+EMBEDDED_PROBES_DIR = Path(__file__).resolve().parent / "calibration" / "default_probes" / "smollm2-135m"
 EMBEDDED_PROBES: dict[str, Path] = {"smollm2-135m": EMBEDDED_PROBES_DIR}
 
 
