@@ -51,3 +51,21 @@ def test_real_target_methods(pair):
     j = acc.generate(QUESTION, GenerationConfig(method="step_judge", max_new_tokens=N, max_step_tokens=12))
     assert j.counters.steps_drafted > 0
     assert all(s.judge_score is not None for s in j.steps if s.decision in ("accepted", "rejected"))
+
+
+def test_embedded_defaults_load_and_decode():
+    from semspec.engine import embedded_draft_available
+    from semspec.probes import embedded_probes_available
+
+    if not embedded_draft_available():
+        pytest.skip("no embedded draft shipped")
+    e = Engine.load()
+    assert e.draft is not None and e.same_tokenizer
+    assert (e.probes is not None) == embedded_probes_available()
+    if e.probes is None:
+        return
+    assert set(e.identities) == {"target", "draft", "target_probe", "draft_probe"}
+    r = e.generate(QUESTION, GenerationConfig(method="semspec", max_new_tokens=16, step_delimiter="\n",
+                                              max_step_tokens=8))
+    assert r.counters.generated_tokens == 16 and r.counters.steps_drafted > 0
+    assert all(0 <= s.p_target <= 1 and 0 <= s.p_draft <= 1 for s in r.steps if s.p_target is not None)
