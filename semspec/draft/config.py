@@ -18,7 +18,7 @@ class DraftTrainConfig:
     # benchmark slice and are never trained on.
     data: str = "/work/shared/data/gsm8k_test.jsonl"
     holdout: int = 100
-    gen_prompts: int = 64  # questions the target answers greedily (on-policy text)
+    gen_prompts: int = 96  # questions the target answers greedily (on-policy text)
     ref_prompts: int = 128  # further questions teacher-forced on their reference solutions
     max_new_tokens: int = 160
     gen_batch_size: int = 32
@@ -28,9 +28,9 @@ class DraftTrainConfig:
     teacher_topk: int = 32
     temperature: float = 1.0
     # Optimisation.
-    steps: int = 160
+    steps: int = 240
     batch_size: int = 8  # sequences per step
-    lr: float = 5e-4
+    lr: float = 1.5e-3
     weight_decay: float = 0.0
     warmup_steps: int = 10
     threads: int = 2
