@@ -10,12 +10,14 @@ import sys
 import uuid
 from pathlib import Path
 
+from semspec.assets import GSM8K_TEST
+
 ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN_URL = os.environ.get(
     "SEMJOBS_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
 REDIS_URL = os.environ.get("SEMJOBS_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
-GSM8K = Path(os.environ.get("SEMJOBS_GSM8K", "/work/shared/data/gsm8k_test.jsonl"))
+GSM8K = Path(os.environ.get("SEMJOBS_GSM8K", GSM8K_TEST))
 FAKE_ENGINE = "tests.fake_engine:InstantEngine.load"  # the instant test double
 
 

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from semspec.assets import GSM8K_TEST
+
 
 def load_pair(target_spec: str, draft_spec: str | None, artifact: str | None):
     """(target, draft) as LoadedModel; ``artifact`` builds the draft in memory instead."""
@@ -202,7 +204,7 @@ def main() -> None:
     ap.add_argument("--target", default="embedded:smollm2-135m")
     ap.add_argument("--draft", default="embedded:smollm2-135m-draft")
     ap.add_argument("--artifact", default=None, help="a draft artifact dir instead of --draft")
-    ap.add_argument("--data", default="/work/shared/data/gsm8k_test.jsonl")
+    ap.add_argument("--data", default=str(GSM8K_TEST))
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--cost-tokens", type=int, default=16, help="decode steps timed per prompt and model")
     ap.add_argument("--max-new-tokens", type=int, default=128)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from semspec.assets import GSM8K_TEST
+
 
 @dataclass
 class DraftTrainConfig:
@@ -16,7 +18,7 @@ class DraftTrainConfig:
     adapter_init: list[int] | None = None  # target layer indices; None -> the last ones
     # Data: GSM8K-style JSONL ({"question", "answer"}); the first `holdout` lines are the
     # benchmark slice and are never trained on.
-    data: str = "/work/shared/data/gsm8k_test.jsonl"
+    data: str = str(GSM8K_TEST)
     holdout: int = 100
     gen_prompts: int = 96  # questions the target answers greedily (on-policy text)
     ref_prompts: int = 128  # further questions teacher-forced on their reference solutions

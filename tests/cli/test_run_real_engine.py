@@ -12,11 +12,12 @@ import pytest
 from sqlalchemy import create_engine, func, select, pool
 
 from db.models import Item, ItemStats, Job, Output, StepLog
+from semspec.assets import GSM8K_TEST
 from tests.conftest import ROOT, run_cli
 
 pytestmark = pytest.mark.slow
 
-GSM8K = Path(os.environ.get("SEMJOBS_GSM8K", "/work/shared/data/gsm8k_test.jsonl"))
+GSM8K = Path(os.environ.get("SEMJOBS_GSM8K", GSM8K_TEST))
 
 try:
     import semspec.engine  # noqa: F401
