@@ -36,7 +36,7 @@ def _version(pkg: str) -> str | None:
         return None
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
@@ -56,7 +56,7 @@ def environment(engine=None) -> dict[str, Any]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "versions": {p: _version(p) for p in ("torch", "transformers", "numpy", "tokenizers", "semjobs")},
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
     }
     if engine is not None:
         env["device"] = str(engine.target.device)
@@ -83,12 +83,15 @@ def build_results(br, engine=None, command: str | None = None, env: dict | None 
             "runs": {label: recs[i] for label, recs in br.runs.items() if recs[i] is not None},
         })
     s = asdict(br.settings)
+    env = dict(env if env is not None else environment(engine))
+    if getattr(br, "git_commit", None):
+        env["git_commit"] = br.git_commit  # the code that ran, not the code at report time
     return {
         "schema": SCHEMA,
         "created_at": _dt.datetime.fromtimestamp(br.started_at, _dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
         "settings": s,
-        "environment": env if env is not None else environment(engine),
+        "environment": env,
         "bench_seconds": br.seconds,
         "interrupted": br.interrupted,
         "loadavg": br.loadavg,

@@ -306,6 +306,7 @@ class BenchRun:
     seconds: float = 0.0
     loadavg: dict[str, list[float]] = field(default_factory=dict)  # "start"/"end" 1, 5, 15-minute load
     interrupted: bool = False  # stopped early (Ctrl-C / SIGTERM): only the prompts all methods finished
+    git_commit: str | None = None  # the code's commit when the run started
 
 
 def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None,
@@ -317,7 +318,9 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
     say = progress or (lambda _m: None)
     prompts = prompts if prompts is not None else load_prompts(settings.prompts, settings.limit, settings.offset)
     plan = plan_runs(settings.methods, settings.taus, settings.temperature)
-    br = BenchRun(settings, prompts, plan, started_at=time.time())
+    from .report import git_commit
+
+    br = BenchRun(settings, prompts, plan, started_at=time.time(), git_commit=git_commit())
     if hasattr(os, "getloadavg"):
         br.loadavg["start"] = list(os.getloadavg())
 
