@@ -75,6 +75,11 @@ class CalibrationStore:
             old = json.loads(path.read_text())
             keys = ("target", "draft", "layer", "pooling", "samples", "step_delimiter")
             diff = {k: (old.get(k), meta.get(k)) for k in keys if old.get(k) != meta.get(k)}
+            # The same spec can name new weights (a retrained embedded draft): compare content.
+            for role, m in (meta.get("models") or {}).items():
+                was = (old.get("models") or {}).get(role, {}).get("identity")
+                if was is not None and was != m.get("identity"):
+                    diff[f"{role} model"] = (was, m.get("identity"))
             if diff:
                 raise ValueError(
                     f"{self.root} holds a collection with other settings {diff}; "

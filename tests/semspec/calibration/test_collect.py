@@ -115,3 +115,14 @@ def test_target_only_run_memoises_samples_for_the_full_run(pair, tmp_path):
         a, b = store.read_prefix(k), other.read_prefix(k)
         assert a.texts == b.texts
         assert torch.allclose(a.features["target"], b.features["target"], atol=1e-5)
+
+
+def test_resume_refuses_other_model_weights(tmp_path):
+    store = CalibrationStore(tmp_path)
+    meta = {"target": "embedded:x", "draft": "embedded:y", "samples": 2,
+            "models": {"draft": {"identity": "/c/y@sha256:" + "1" * 64}}}
+    store.init(meta)
+    store.init(meta)  # same weights: fine
+    meta["models"]["draft"]["identity"] = "/c/y@sha256:" + "2" * 64
+    with pytest.raises(ValueError, match="draft model"):
+        store.init(meta)
