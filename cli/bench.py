@@ -9,7 +9,9 @@ from pathlib import Path
 
 import click
 
-DEFAULT_PROMPTS = "/work/shared/data/gsm8k_test.jsonl"
+from semspec.assets import GSM8K_TEST
+
+DEFAULT_PROMPTS = str(GSM8K_TEST)  # the GSM8K test split shipped with the engine
 
 
 def _floats(value: str | None) -> tuple[float, ...] | None:
@@ -31,7 +33,8 @@ def _unescape(value: str | None) -> str | None:
 
 
 @click.command()
-@click.option("--prompts", default=DEFAULT_PROMPTS, show_default=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--prompts", default=DEFAULT_PROMPTS, show_default="the shipped GSM8K test split",
+              type=click.Path(exists=True, dir_okay=False),
               help="JSONL prompts: GSM8K lines (question + answer with '#### N') or {id, prompt or messages[, reference]}.")
 @click.option("--limit", default=10, show_default=True, type=int, help="Prompts to run (the first ones after --offset).")
 @click.option("--offset", default=0, show_default=True, type=int, help="Lines to skip first.")

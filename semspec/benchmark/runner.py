@@ -27,12 +27,13 @@ from typing import Any, Callable
 
 import torch
 
+from semspec.assets import GSM8K_TEST
 from semspec.models import encode_prompt
 from semspec.types import GenerationConfig
 
 from .metrics import final_answer, reference_answer
 
-DEFAULT_PROMPTS = "/work/shared/data/gsm8k_test.jsonl"
+DEFAULT_PROMPTS = str(GSM8K_TEST)  # GSM8K test split shipped with the engine (same file as ../shared/data)
 ALL_METHODS = ("ar", "token_sd", "hf_assisted", "step_judge", "semspec", "hf_generate")
 DEFAULT_METHODS = ALL_METHODS[:5]  # hf_generate (transformers' plain generate, no draft) is opt-in
 DRAFT_METHODS = ("token_sd", "hf_assisted", "step_judge", "semspec")
