@@ -29,6 +29,7 @@ DEFINITIONS: dict[str, str] = {
     "step_acceptance_rate": "drafted steps accepted / drafted steps (step_judge, semspec)",
     "answer_agreement_vs_ar": "fraction of prompts whose final answer equals ar's (same prompt, same seed); "
                               "'no answer found' counts as an answer of its own",
+    "identical_to_ar": "fraction of prompts whose whole output text equals ar's (greedy lossless methods: 1.0)",
     "accuracy": "fraction of prompts whose final answer equals the GSM8K reference (after ####)",
     "answers_found": "fraction of prompts with an extractable final answer",
     "output_length_vs_ar": "total generated tokens / ar's total generated tokens",
@@ -91,6 +92,11 @@ def agreement(a: list[dict | None], b: list[dict | None]) -> float | None:
     if not pairs:
         return None
     return sum(1 for x, y in pairs if x["answer"] == y["answer"]) / len(pairs)
+
+
+def _identical(a: list[dict | None], b: list[dict | None]) -> float | None:
+    pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
+    return sum(1 for x, y in pairs if x["text"] == y["text"]) / len(pairs) if pairs else None
 
 
 def verification_passes(rec: dict) -> int:
@@ -177,6 +183,7 @@ def method_figures(records: list[dict | None], ar: list[dict | None], prompts: l
         if method in ("token_sd", "hf_assisted") and verif else None,
         "step_acceptance_rate": _ratio(sa, sd),
         "answer_agreement_vs_ar": agreement(records, ar),
+        "identical_to_ar": _identical(records, ar),
         "accuracy": (sum(1 for r, ref in scored if r["answer"] == ref) / len(scored)) if scored else None,
         "answers_found": sum(1 for r in done if r["answer"] is not None) / len(done),
         "output_length_vs_ar": _ratio(gen, ar_gen),

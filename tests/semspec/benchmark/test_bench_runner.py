@@ -52,6 +52,9 @@ def test_greedy_lossless_methods_reproduce_ar(greedy_reject_run):
     # step is the target alone
     for label in ("token_sd", "hf_assisted", "hf_generate", "semspec"):
         assert [r["text"] for r in br.runs[label]] == ar, label
+    from semspec.benchmark.metrics import method_figures
+
+    assert method_figures(br.runs["token_sd"], br.runs["ar"], br.prompts)["identical_to_ar"] == 1.0
     sem = br.runs["semspec"][0]
     assert sem["steps_drafted"] > 0 and sem["steps_accepted"] == 0
     hf = br.runs["hf_assisted"][0]
