@@ -364,6 +364,22 @@ class DraftingSequence(Sequence):
             ids = self.T.lm.tokenizer(step.text, add_special_tokens=False)["input_ids"]
         return ids[: max(0, self.remaining())]
 
+    def draft_for_target(self, hidden_layer: int | None = None) -> tuple[DraftedStep, list[int]] | None:
+        """Draft one step and tokenize it for the target. None when the target has written
+        the step itself instead: the draft wants to stop, or nothing of its step fits."""
+        with self.timed("draft"):
+            step = self.draft_step(hidden_layer=hidden_layer)
+        if not step.tokens:
+            self.target_write_step("target_only")
+            return None
+        self.counters.steps_drafted += 1
+        self.counters.drafted_tokens += len(step.tokens)
+        t_ids = self.target_tokens_for(step)
+        if not t_ids:
+            self.target_write_step("target_only")
+            return None
+        return step, t_ids
+
     def after_accept(self, step: DraftedStep, t_ids: list[int], **record) -> None:
         """Keep an accepted drafted step, then draw the bonus token from the same pass."""
         self.mark_draft_accepted(step.text)
@@ -417,17 +433,10 @@ class SemSpecSequence(DraftingSequence):
 
     def speculate_step(self) -> None:
         cfg, c = self.cfg, self.counters
-        with self.timed("draft"):
-            step = self.draft_step(hidden_layer=self.d_layer)
-        if not step.tokens:
-            # the draft wants to stop (or cannot add anything): the target decides itself
-            self.target_write_step("target_only")
+        drafted = self.draft_for_target(hidden_layer=self.d_layer)
+        if drafted is None:
             return
-        c.steps_drafted += 1
-        c.drafted_tokens += len(step.tokens)
-        t_ids = self.target_tokens_for(step)
-        if not t_ids:  # nothing the target can take: let it write the step
-            return self.target_write_step("target_only")
+        step, t_ids = drafted
         with self.timed("verify"):
             pre = len(self.T.ids)
             out = self.T.forward(extra=t_ids, hidden_layer=self.t_layer)
@@ -496,16 +505,10 @@ class StepJudgeSequence(DraftingSequence):
 
     def speculate_step(self) -> None:
         cfg, c = self.cfg, self.counters
-        with self.timed("draft"):
-            step = self.draft_step()
-        if not step.tokens:
-            self.target_write_step("target_only")
+        drafted = self.draft_for_target()
+        if drafted is None:
             return
-        c.steps_drafted += 1
-        c.drafted_tokens += len(step.tokens)
-        t_ids = self.target_tokens_for(step)
-        if not t_ids:  # nothing the target can take: let it write the step
-            return self.target_write_step("target_only")
+        step, t_ids = drafted
         with self.timed("judge"):
             pre = len(self.T.ids)
             self.T.forward(extra=t_ids + self.suffix_ids)
