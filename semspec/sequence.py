@@ -432,7 +432,7 @@ class SemSpecSequence(DraftingSequence):
         self.d_layer = self.probes.draft.resolved_layer(self.draft.num_layers)
 
     def speculate_step(self) -> None:
-        cfg, c = self.cfg, self.counters
+        cfg = self.cfg
         drafted = self.draft_for_target(hidden_layer=self.d_layer)
         if drafted is None:
             return
@@ -504,7 +504,7 @@ class StepJudgeSequence(DraftingSequence):
         return super().draft_out_of_room(extra + len(self.suffix_ids))
 
     def speculate_step(self) -> None:
-        cfg, c = self.cfg, self.counters
+        cfg = self.cfg
         drafted = self.draft_for_target()
         if drafted is None:
             return
