@@ -16,7 +16,6 @@ The probes are saved in the engine's format (`semspec.probes`) with that summary
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time

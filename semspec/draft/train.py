@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from semspec.draft.artifact import (
