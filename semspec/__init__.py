@@ -12,5 +12,5 @@ Public API (imported from the submodules, so that ``import semspec.types`` stays
 - ``semspec.probes`` — ``Probe`` (MLP + sigmoid, safetensors + JSON metadata), ``ProbePair``,
   ``step_features`` (the pooled states the engine computes), ``train_probe``.
 - ``semspec.steps`` — ``StepDetector``, ``split_steps``, ``extract_answer``.
-- ``python -m semspec.bench`` — per-method figures on GSM8K prompts.
+- ``semspec.benchmark`` — every method side by side, quality beside speed (``semjobs bench``).
 """
