@@ -380,6 +380,18 @@ class DraftingSequence(Sequence):
             return None
         return step, t_ids
 
+    def settle(self, step: DraftedStep, t_ids: list[int], pre: int, accepted: bool, record: dict) -> None:
+        """Keep a verified drafted step, or drop it (the target's cache back to ``pre``
+        tokens) and let the target write the step itself."""
+        if accepted:
+            self.after_accept(step, t_ids, **record)
+            return
+        self.T.truncate(pre)
+        self.target_write_step("rejected", draft_text=step.text, **record)
+        # the drafted tokens were thrown away: record them on the target-written step
+        if self.steps:
+            self.steps[-1].drafted_tokens = len(step.tokens)
+
     def after_accept(self, step: DraftedStep, t_ids: list[int], **record) -> None:
         """Keep an accepted drafted step, then draw the bonus token from the same pass."""
         self.mark_draft_accepted(step.text)
@@ -450,14 +462,7 @@ class SemSpecSequence(DraftingSequence):
                 accept_prob = 0.0
             accepted = accept_prob >= 1.0 or uniform(self.coin) < accept_prob
         record = {"p_target": p_t, "p_draft": p_d, "accept_prob": accept_prob}
-        if accepted:
-            self.after_accept(step, t_ids, **record)
-            return
-        self.T.truncate(pre)
-        self.target_write_step("rejected", draft_text=step.text, **record)
-        # the drafted tokens were thrown away: record them on the target-written step
-        if self.steps:
-            self.steps[-1].drafted_tokens = len(step.tokens)
+        self.settle(step, t_ids, pre, accepted, record)
 
 
 JUDGE_QUESTION = (
@@ -519,13 +524,7 @@ class StepJudgeSequence(DraftingSequence):
         accepted = score >= cfg.judge_threshold
         # p_target: the expected score over the ten digits, scaled to [0, 1] (for the logs)
         record = {"judge_score": score, "p_target": expected / 9.0, "accept_prob": 1.0 if accepted else 0.0}
-        if accepted:
-            self.after_accept(step, t_ids, **record)
-            return
-        self.T.truncate(pre)
-        self.target_write_step("rejected", draft_text=step.text, **record)
-        if self.steps:
-            self.steps[-1].drafted_tokens = len(step.tokens)
+        self.settle(step, t_ids, pre, accepted, record)
 
 
 class TokenSDSequence(DraftingSequence):
