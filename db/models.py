@@ -120,6 +120,10 @@ class StepLog(Base):
     p_draft: Mapped[float | None] = mapped_column(Float)
     accept_prob: Mapped[float | None] = mapped_column(Float)
     seconds: Mapped[float] = mapped_column(Float)
+    # Added in 0002; NULL on rows written before it.
+    target_tokens: Mapped[int | None] = mapped_column(Integer)  # target-tokenizer tokens in text
+    draft_text: Mapped[str | None] = mapped_column(Text)  # the drafted step, when rejected
+    judge_score: Mapped[int | None] = mapped_column(Integer)  # step_judge: target's 0-9 score
 
 
 class ItemStats(Base):

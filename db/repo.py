@@ -201,16 +201,7 @@ def save_result(session: Session, job_id: str, pk: int, result: Any, commit: boo
         if result.steps:
             conn.execute(
                 insert(StepLog),
-                [
-                    {
-                        "item_pk": pk, "job_id": job_id, "step_index": s.index,
-                        "author": s.author, "text": s.text,
-                        "drafted_tokens": s.drafted_tokens, "accepted_tokens": s.accepted_tokens,
-                        "decision": s.decision, "p_target": s.p_target, "p_draft": s.p_draft,
-                        "accept_prob": s.accept_prob, "seconds": s.seconds,
-                    }
-                    for s in result.steps
-                ],
+                [{"item_pk": pk, "job_id": job_id, **step_row(s)} for s in result.steps],
             )
         conn.execute(
             insert(ItemStats).values(
@@ -236,12 +227,23 @@ def save_result(session: Session, job_id: str, pk: int, result: Any, commit: boo
         return False
 
 
-STEP_FIELDS = (
-    "step_index int, author text, text text, drafted_tokens int, accepted_tokens int, "
-    "decision text, p_target float8, p_draft float8, accept_prob float8, seconds float8"
-)
-STEP_COLS = ("step_index, author, text, drafted_tokens, accepted_tokens, decision, p_target, "
-             "p_draft, accept_prob, seconds")
+# step_log column -> its Postgres type in the JSON the one-statement save unpacks. Every
+# column is the StepRecord field of the same name, except step_index (StepRecord.index).
+STEP_TYPES = {
+    "step_index": "int", "author": "text", "text": "text", "drafted_tokens": "int",
+    "accepted_tokens": "int", "decision": "text", "p_target": "float8", "p_draft": "float8",
+    "accept_prob": "float8", "seconds": "float8", "target_tokens": "int",
+    "draft_text": "text", "judge_score": "int",
+}
+STEP_FIELDS = ", ".join(f"{col} {typ}" for col, typ in STEP_TYPES.items())
+STEP_COLS = ", ".join(STEP_TYPES)
+
+
+def step_row(s: Any) -> dict[str, Any]:
+    """A StepRecord as step_log column values (without item_pk and job_id)."""
+    return {col: getattr(s, "index" if col == "step_index" else col) for col in STEP_TYPES}
+
+
 STAT_COLS = ("wall_seconds, prompt_tokens, generated_tokens, target_forward_passes, "
              "draft_forward_passes, drafted_tokens, accepted_tokens, steps_drafted, "
              "steps_accepted, n_steps, phase_seconds")
@@ -274,13 +276,7 @@ WHERE id = :pk AND EXISTS (SELECT 1 FROM o)
 def _save_result_pg(session: Session, conn, job_id: str, pk: int, result: Any,
                     commit: bool) -> bool:
     c = result.counters
-    steps = [
-        {"step_index": s.index, "author": s.author, "text": s.text,
-         "drafted_tokens": s.drafted_tokens, "accepted_tokens": s.accepted_tokens,
-         "decision": s.decision, "p_target": s.p_target, "p_draft": s.p_draft,
-         "accept_prob": s.accept_prob, "seconds": s.seconds}
-        for s in result.steps
-    ]
+    steps = [step_row(s) for s in result.steps]
     res = conn.execute(_SAVE_PG, {
         "pk": pk, "job_id": job_id, "text": result.text, "final_answer": result.final_answer,
         "finish_reason": result.finish_reason, "models": json.dumps(dict(result.models or {})),

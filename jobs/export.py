@@ -45,10 +45,7 @@ def _usage(stats: ItemStats | None) -> dict[str, int]:
 
 def _steps(session, item: Item) -> list[dict]:
     return [
-        {k: getattr(s, k) for k in (
-            "step_index", "author", "text", "drafted_tokens", "accepted_tokens", "decision",
-            "p_target", "p_draft", "accept_prob", "seconds",
-        )}
+        {k: getattr(s, k) for k in repo.STEP_TYPES}
         for s in repo.steps_for(session, item.id)
     ]
 

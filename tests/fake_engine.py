@@ -40,10 +40,12 @@ class InstantEngine:
         steps = [
             StepRecord(0, "draft", step1, drafted_tokens=len(step1.split()),
                        accepted_tokens=len(step1.split()), decision="accepted",
-                       p_target=0.9, p_draft=0.8, accept_prob=1.0, seconds=0.0),
+                       p_target=0.9, p_draft=0.8, accept_prob=1.0, seconds=0.0,
+                       target_tokens=len(step1.split())),
             StepRecord(1, "target", step2, drafted_tokens=3, accepted_tokens=0,
                        decision="rejected", p_target=0.1, p_draft=0.7, accept_prob=0.14,
-                       seconds=0.0),
+                       seconds=0.0, target_tokens=len(step2.split()),
+                       draft_text="The answer is unknown.", judge_score=3),
         ]
         text = step1 + "\n\n" + step2
         c = Counters(prompt_tokens=len(prompt.split()), generated_tokens=len(text.split()),

@@ -53,6 +53,8 @@ def test_export_parquet_with_steps(ran, tmp_path):
     assert table.column("id").to_pylist() == ["gsm8k-0", "gsm8k-1", "gsm8k-2"]
     steps = json.loads(table.column("steps").to_pylist()[0])
     assert steps[0]["author"] == "draft" and steps[1]["decision"] == "rejected"
+    assert steps[1]["draft_text"] == "The answer is unknown." and steps[1]["judge_score"] == 3
+    assert steps[0]["target_tokens"] > 0 and steps[0]["draft_text"] is None
 
 
 def test_batch_input_run_and_errors_file(tmp_path, sqlite_db, fake_engine):

@@ -4,12 +4,14 @@ SQLite, and the migrated schema matches the models."""
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, inspect, pool
+from sqlalchemy import create_engine, inspect, pool, text
 
 from db import migrate
 from db.models import Base
 
 TABLES = {"jobs", "items", "outputs", "step_log", "item_stats"}
+HEAD = "0002_step_log_engine_fields"
+NEW_STEP_COLS = {"target_tokens", "draft_text", "judge_score"}
 
 
 def _tables(url):
@@ -39,7 +41,7 @@ def empty_url(request, tmp_path):
 def test_upgrade_downgrade_upgrade(empty_url):
     assert migrate.current(empty_url) is None
     migrate.upgrade(empty_url)
-    assert migrate.current(empty_url) == "0001_initial"
+    assert migrate.current(empty_url) == HEAD
     assert _tables(empty_url) == TABLES
     assert _diff(empty_url) == []
     migrate.downgrade(empty_url)
@@ -58,5 +60,55 @@ def test_cli_db_upgrade_reads_url_from_settings(pg_url, monkeypatch):
     monkeypatch.setattr(settings, "database_url", pg_url)
     res = CliRunner().invoke(main, ["db", "upgrade"])
     assert res.exit_code == 0, res.output
-    assert "0001_initial" in res.output
+    assert HEAD in res.output
     assert _tables(pg_url) == TABLES
+
+
+def _step_columns(url):
+    engine = create_engine(url, poolclass=pool.NullPool)
+    try:
+        return {c["name"] for c in inspect(engine).get_columns("step_log")}
+    finally:
+        engine.dispose()
+
+
+def _sql(url, statement):
+    engine = create_engine(url, poolclass=pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            result = conn.execute(text(statement))
+            return result.all() if result.returns_rows else None
+    finally:
+        engine.dispose()
+
+
+STEP = ("INSERT INTO step_log (id, item_pk, job_id, step_index, author, text, drafted_tokens, "
+        "accepted_tokens, decision, seconds) VALUES (1, 1, 'j', 0, 'target', 'step', 0, 0, "
+        "'target_only', 0.5)")
+
+
+def test_0002_adds_and_drops_step_fields_keeping_rows(empty_url):
+    """A database at 0001 with a step row: 0002 adds the nullable columns (old rows read NULL,
+    new values store), and downgrading to 0001 drops them and keeps the row."""
+    migrate.upgrade(empty_url, "0001_initial")
+    assert not NEW_STEP_COLS & _step_columns(empty_url)
+    _sql(empty_url, "INSERT INTO jobs (id, status, method, input_format, queue, n_items, config, "
+         "manifest, created_at) VALUES ('j', 'running', 'ar', 'plain', 'q', 1, '{}', '{}', "
+         "CURRENT_TIMESTAMP)")
+    _sql(empty_url, "INSERT INTO items (id, job_id, seq, line, item_id, status, attempts, "
+         "request) VALUES (1, 'j', 0, 1, 'i0', 'done', 1, '{}')")
+    _sql(empty_url, STEP)
+
+    migrate.upgrade(empty_url, HEAD)
+    assert NEW_STEP_COLS <= _step_columns(empty_url)
+    cols = "text, target_tokens, draft_text, judge_score"
+    assert _sql(empty_url, f"SELECT {cols} FROM step_log") == [("step", None, None, None)]
+    _sql(empty_url, "UPDATE step_log SET target_tokens = 7, draft_text = 'd', judge_score = 9")
+    assert _sql(empty_url, f"SELECT {cols} FROM step_log") == [("step", 7, "d", 9)]
+
+    migrate.downgrade(empty_url, "0001_initial")
+    assert migrate.current(empty_url) == "0001_initial"
+    assert not NEW_STEP_COLS & _step_columns(empty_url)
+    assert _sql(empty_url, "SELECT text, seconds FROM step_log") == [("step", 0.5)]
+    migrate.upgrade(empty_url, HEAD)
+    assert _diff(empty_url) == []

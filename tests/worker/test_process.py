@@ -54,8 +54,11 @@ def test_run_items_fills_every_table_and_completes_job(db_url, tmp_path, fake_en
         assert failed.item_id == "i2" and "fake engine asked to fail" in failed.error
         st = s.scalars(select(ItemStats).where(ItemStats.job_id == job_id)).first()
         assert st.target_forward_passes == 3 and st.steps_drafted == 2 and st.n_steps == 2
-        step = s.scalars(select(StepLog).order_by(StepLog.id)).first()
-        assert (step.author, step.decision, step.p_target) == ("draft", "accepted", 0.9)
+        first, second = s.scalars(select(StepLog).order_by(StepLog.id).limit(2))
+        assert (first.author, first.decision, first.p_target) == ("draft", "accepted", 0.9)
+        assert (first.target_tokens, first.draft_text, first.judge_score) == (5, None, None)
+        assert (second.target_tokens, second.draft_text, second.judge_score) == (
+            4, "The answer is unknown.", 3)
 
 
 def test_redelivery_skips_done_items_and_never_duplicates(db_url, tmp_path, fake_engine):
