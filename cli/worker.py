@@ -14,10 +14,19 @@ import click
 @click.option("-n", "--hostname", default=None, help="Celery node name.")
 @click.option("-l", "--loglevel", default="INFO", show_default=True)
 @click.option("--max-tasks-per-child", type=int, default=None)
-def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child) -> None:
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="torch CPU threads per worker process (default: SEMJOBS_THREADS, else "
+              "torch's choice).")
+def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, threads) -> None:
     """Start a Celery worker (late acks, prefetch 1, task events on)."""
+    from semjobs.settings import settings
     from worker.celery import app
     from worker.queues import queue_name
+
+    if threads is not None:
+        # Applied where the engine loads (worker.engine.set_threads); prefork children
+        # inherit the settings object when they fork.
+        settings.threads = threads
 
     if pool == "auto":
         pool = "solo" if concurrency == 1 else "prefork"

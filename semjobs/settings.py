@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -27,6 +28,10 @@ class Settings(BaseSettings):
     draft_model: str | None = None
     probes_dir: str | None = None
     device: str = "auto"  # "auto" picks CUDA (bfloat16) when present, else CPU float32
+    # torch CPU threads per engine process (torch.set_num_threads before the engine loads);
+    # None keeps torch's default, one per core. On a busy or shared CPU fewer is faster: on
+    # a loaded 2-core box 2 threads ran ~7x slower than 1. Workers x threads <= free cores.
+    threads: int | None = Field(default=None, ge=1)
 
     # The engine the worker and `semjobs run` call, as "module:attribute[.attribute]". It is
     # called once per process as factory(target=, draft=, probes=, device=, cache_dir=) and

@@ -10,6 +10,7 @@ root must be importable, e.g. PYTHONPATH=.). Knobs, read from the environment at
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from semspec.types import Counters, GenerationConfig, GenerationResult, StepRecord
@@ -19,6 +20,9 @@ class InstantEngine:
     def __init__(self, delay_s: float = 0.0):
         self.delay_s = delay_s
         self.identities = {"target": "fake-instant@sha256:0", "draft": "fake-instant@sha256:0"}
+        if "torch" in sys.modules:  # e.g. imported to apply SEMJOBS_THREADS: let tests see
+            # (in the job manifest) what torch got in the process that runs the engine.
+            self.identities["torch_threads"] = str(sys.modules["torch"].get_num_threads())
         self.calls = 0
 
     @classmethod

@@ -42,6 +42,16 @@ def engine_key() -> tuple:
     )
 
 
+def set_threads() -> None:
+    """Apply settings.threads to torch in this process, before the engine loads. Called from
+    get_engine so it runs where the engine runs (a prefork child, never the parent, which
+    must not import torch) and once per process, since the engine is loaded once."""
+    if settings.threads is not None:
+        import torch
+
+        torch.set_num_threads(settings.threads)
+
+
 def get_engine() -> Any:
     key = engine_key()
     engine = _cache.get(key)
@@ -50,6 +60,7 @@ def get_engine() -> Any:
             engine = _cache.get(key)
             if engine is None:
                 try:
+                    set_threads()
                     factory = resolve(settings.engine_factory)
                     engine = factory(
                         target=settings.target_model,

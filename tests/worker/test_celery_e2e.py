@@ -247,3 +247,15 @@ def test_killed_prefork_child_chunk_is_requeued_at_once(service_env, workers, pg
     assert n_out == n
     assert killed.status == "done" and killed.attempts == 2
     assert int(killed.worker.rsplit(":", 1)[1]) != child_pid
+
+
+def test_worker_threads_option_reaches_torch(service_env, workers, tmp_path):
+    """`semjobs worker --threads N` sets torch's threads in the process that loads the engine
+    (the fake engine reports torch.get_num_threads() into the job manifest)."""
+    n = (os.cpu_count() or 1) + 1  # differs from torch's default (at most one per core)
+    job_id = submit(service_env, write_input(tmp_path / "in.jsonl", 1))
+    workers.start("w1", "--threads", str(n))
+    url = service_env["SEMJOBS_DATABASE_URL"]
+    wait_completed(url, job_id, workers)
+    with session_factory(url)() as s:
+        assert s.get(Job, job_id).manifest["identities"]["torch_threads"] == str(n)
