@@ -9,13 +9,14 @@ No I/O happens here beyond model loading: no database, no queue, no printing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 from .models import DEFAULT_TARGET, LoadedModel, load_model
 from .probes import ProbePair, embedded_probes_available, resolve_probes
 from .sequence import METHOD_CLASSES, MethodUnavailable, PromptError, Sequence
-from .types import METHODS, GenerationConfig, GenerationResult
+from .types import DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, GenerationConfig, GenerationResult
 
 __all__ = ["Engine", "MethodUnavailable", "PromptError"]
 
@@ -101,7 +102,16 @@ class Engine:
         """The decoding state of one prompt; drive it with ``advance()`` until ``done``."""
         if config.method not in METHODS:
             raise ValueError(f"unknown method {config.method!r}; one of {', '.join(METHODS)}")
-        return METHOD_CLASSES[config.method](self, messages, config)
+        return METHOD_CLASSES[config.method](self, messages, self.resolve(config))
+
+    def resolve(self, config: GenerationConfig) -> GenerationConfig:
+        """``config`` with its unset step rule filled in: the probes' calibration, else the
+        defaults. Every method gets the same rule, so their step logs compare."""
+        rule = {"step_delimiter": DEFAULT_STEP_DELIMITER, "max_step_tokens": DEFAULT_MAX_STEP_TOKENS}
+        if self.probes is not None:
+            rule.update(self.probes.step_rule())
+        unset = {k: v for k, v in rule.items() if getattr(config, k) is None}
+        return dataclasses.replace(config, **unset) if unset else config
 
     def generate(self, messages: list[dict] | str, config: GenerationConfig | None = None) -> GenerationResult:
         return self.new_sequence(messages, config or GenerationConfig()).run()

@@ -40,6 +40,7 @@ DEFAULT_CACHE_DIR = Path(
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 _HASH_CHUNK = 1 << 20
+VOCAB_SUBSET_FILE = "semspec_vocab.json"  # a draft's reduced vocabulary, see LoadedModel
 
 
 # --------------------------------------------------------------------------- identity
@@ -70,8 +71,9 @@ def _hash_memo_path(cache_dir: Path, path: Path) -> Path:
 def _content_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
+    content_names = ("config.json", VOCAB_SUBSET_FILE)
     files = sorted(
-        p for p in path.iterdir() if p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name == "config.json")
+        p for p in path.iterdir() if p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name in content_names)
     )
     if not files:
         raise FileNotFoundError(f"no weight files in model directory {path}")
@@ -218,6 +220,40 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     spec: str = ""
+    # Token ids the model may predict (a draft with a reduced vocabulary, FR-Spec style):
+    # its LM head then runs over these rows only, the rest of the vocabulary gets -inf.
+    # None: the full vocabulary.
+    vocab_ids: torch.Tensor | None = None
+
+    def forward(self, input_ids: torch.Tensor, cache, want_hidden: bool, keep: int | torch.Tensor = 0):
+        """One pass of ``input_ids`` [1, n] through the model with ``cache``: (logits
+        [rows, V] float32 for the last ``keep`` positions -- all when 0, the given row indices
+        when a tensor -- and the hidden states or None)."""
+        if self.vocab_ids is None:
+            out = self.model(input_ids=input_ids, cache=cache, use_cache=True,
+                             output_hidden_states=want_hidden, logits_to_keep=keep)
+            return out.logits[0].float(), out.hidden_states
+        out = self.model.get_decoder()(input_ids=input_ids, cache=cache, use_cache=True,
+                                       output_hidden_states=want_hidden)
+        last = out.last_hidden_state[0]
+        if isinstance(keep, torch.Tensor):
+            last = last[keep]
+        elif keep:
+            last = last[-keep:]
+        logits = torch.full((last.shape[0], self.vocab_size), float("-inf"), device=last.device)
+        logits[:, self.vocab_ids] = (last @ self._head_rows().T).float()
+        return logits, out.hidden_states
+
+    def _head_rows(self) -> torch.Tensor:
+        rows = getattr(self, "_head_rows_cache", None)
+        if rows is None:
+            rows = self.model.get_output_embeddings().weight[self.vocab_ids].detach().contiguous()
+            self._head_rows_cache = rows
+        return rows
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
 
     @property
     def identity_string(self) -> str:
@@ -345,7 +381,20 @@ def load_model(
         device=dev,
         dtype=dtype,
         spec=str(spec) if spec is not None else DEFAULT_TARGET,
+        vocab_ids=read_vocab_subset(Path(load_dir), dev),
     )
+
+
+
+def read_vocab_subset(model_dir: Path, device) -> torch.Tensor | None:
+    """The reduced vocabulary a model directory declares (``semspec_vocab.json``), if any."""
+    path = model_dir / VOCAB_SUBSET_FILE
+    if not path.is_file():
+        return None
+    ids = json.loads(path.read_text())["token_ids"]
+    if not ids or len(set(ids)) != len(ids):
+        raise ModelLoadError(f"{path}: token_ids must be a non-empty list of distinct ids")
+    return torch.tensor(sorted(ids), dtype=torch.long, device=device)
 
 
 def truncated_copy(loaded: LoadedModel, num_layers: int, identity_suffix: str | None = None) -> LoadedModel:

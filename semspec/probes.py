@@ -282,6 +282,11 @@ class ProbePair:
             draft=Probe.load(d / cls.DRAFT_FILE, draft_model, strict_identity),
         )
 
+    def step_rule(self) -> dict[str, Any]:
+        """The step delimiter / token cap the probes were calibrated with (may be empty)."""
+        collect = (self.target.training_summary or {}).get("collect") or {}
+        return {k: collect[k] for k in ("step_delimiter", "max_step_tokens") if collect.get(k) is not None}
+
     @classmethod
     def constant(cls, p_target: float, p_draft: float, target_hidden: int, draft_hidden: int,
                  layer: int = -1) -> "ProbePair":

@@ -138,7 +138,7 @@ class Sequence:
 
     def prefill(self) -> None:
         with self.timed("prefill"):
-            self.T.forward(keep_last=1)
+            self.T.forward(keep_for=[])
         self.phase = "think"
 
     def take_target_token(self, tok: int) -> bool:
@@ -277,8 +277,8 @@ class DraftingSequence(Sequence):
 
     def prefill(self) -> None:
         with self.timed("prefill"):
-            self.T.forward(keep_last=1)
-            self.D.forward(keep_last=1)
+            self.T.forward(keep_for=[])
+            self.D.forward(keep_for=[])
         self.phase = "think"
 
     def sync_draft(self, upto: int) -> int:
@@ -451,7 +451,7 @@ class SemSpecSequence(DraftingSequence):
         step, t_ids = drafted
         with self.timed("verify"):
             pre = len(self.T.ids)
-            out = self.T.forward(extra=t_ids, hidden_layer=self.t_layer)
+            out = self.T.forward(extra=t_ids, hidden_layer=self.t_layer, keep_for=[pre])
             skip = max(0, self.step_start - out.start)
             pooled_t = pool(out.hidden[skip:].unsqueeze(0))[0]
             p_t = self.probes.target.predict(pooled_t)
@@ -516,7 +516,7 @@ class StepJudgeSequence(DraftingSequence):
         step, t_ids = drafted
         with self.timed("judge"):
             pre = len(self.T.ids)
-            self.T.forward(extra=t_ids + self.suffix_ids)
+            self.T.forward(extra=t_ids + self.suffix_ids, keep_for=[pre, pre + len(t_ids)])
             digit_logits = self.T.next_logits[self.digit_ids]
             score = int(digit_logits.argmax())
             expected = float((torch.softmax(digit_logits, -1) * torch.arange(10, device=digit_logits.device)).sum())

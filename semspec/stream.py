@@ -18,11 +18,11 @@ from .models import LoadedModel
 
 @dataclass
 class ForwardOut:
-    # [n, V] float32 for the last n fed positions (all of them unless keep_last was given);
-    # the last row predicts the next token
+    # [n, V] float32, one row per entry of ``rows``; the last row predicts the next token
     logits: torch.Tensor
     hidden: torch.Tensor | None  # [n_fed, H] states of the requested layer, or None
     start: int  # absolute position of the first fed token
+    rows: list[int]  # fed-token offsets whose logits were computed (all unless keep_for)
 
 
 class Stream:
@@ -36,10 +36,8 @@ class Stream:
         self._tail_logits: torch.Tensor | None = None  # logits after ids[:cached]
         self.forward_passes = 0
         self.fed_tokens = 0
-        # the last pass, kept to restore logits on rollback
-        self._last_start = 0
-        self._last_logits: torch.Tensor | None = None
-        self._before_last: torch.Tensor | None = None
+        # position -> logits predicting it, from the last pass: restored on rollback
+        self._rollback_logits: dict[int, torch.Tensor | None] = {}
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -57,9 +55,12 @@ class Stream:
 
     @torch.inference_mode()
     def forward(self, extra: list[int] = (), hidden_layer: int | None = None,
-                keep_last: int | None = None) -> ForwardOut:
-        """Run pending tokens + ``extra`` (appended to ``ids``) in one pass. ``keep_last``
-        computes logits for the last positions only (a prefill needs one row)."""
+                keep_for: list[int] | None = None) -> ForwardOut:
+        """Run pending tokens + ``extra`` (appended to ``ids``) in one pass.
+
+        ``keep_for``: absolute positions whose predicting logits the caller will need (to
+        verify or to roll back to); the LM head then runs only for those rows and the last
+        one, which matters for a long pass through a large vocabulary. None keeps every row."""
         self.append(list(extra))
         feed = self.ids[self.cached:]
         if not feed:
@@ -69,23 +70,24 @@ class Stream:
         if max_ctx is not None and len(self.ids) > max_ctx:
             raise ContextOverflow(f"sequence of {len(self.ids)} tokens exceeds the model's context of {max_ctx}")
         x = torch.tensor([feed], dtype=torch.long, device=self.lm.device)
-        keep = 0 if keep_last is None or keep_last >= len(feed) else int(keep_last)
-        out = self.lm.model(
-            input_ids=x, cache=self.cache, use_cache=True, output_hidden_states=hidden_layer is not None,
-            logits_to_keep=keep,
-        )
+        if keep_for is None:
+            rows = list(range(len(feed)))
+            keep: int | torch.Tensor = 0
+        else:
+            # row r holds the logits predicting position start + r + 1
+            rows = sorted({p - 1 - start for p in keep_for if 0 <= p - 1 - start < len(feed)} | {len(feed) - 1})
+            keep = 1 if rows == [len(feed) - 1] else torch.tensor(rows, device=self.lm.device)
+        logits, states = self.lm.forward(x, self.cache, hidden_layer is not None, keep)
         self.forward_passes += 1
         self.fed_tokens += len(feed)
-        logits = out.logits[0].float()
-        hidden = None
-        if hidden_layer is not None:
-            hidden = out.hidden_states[hidden_layer][0].float()
-        self._before_last = self._tail_logits if keep == 0 else None
-        self._last_start = start + len(feed) - logits.shape[0]  # position of the first kept row
-        self._last_logits = logits
+        hidden = states[hidden_layer][0].float() if hidden_layer is not None else None
+        # logits predicting each covered position, to restore on rollback (the position the
+        # pass started at is predicted by the logits from before it)
+        self._rollback_logits = {start: self._tail_logits}
+        self._rollback_logits.update({start + r + 1: logits[i] for i, r in enumerate(rows)})
         self.cached = len(self.ids)
         self._tail_logits = logits[-1]
-        return ForwardOut(logits, hidden, start)
+        return ForwardOut(logits, hidden, start, rows)
 
     def logits(self) -> torch.Tensor:
         """Next-token logits after all ids, running a pass only if needed."""
@@ -98,14 +100,7 @@ class Stream:
 
     def logits_before(self, position: int) -> torch.Tensor | None:
         """Logits predicting ``ids[position]`` if the last pass (or the state before it) has them."""
-        if self._last_logits is None:
-            return None
-        row = position - 1 - self._last_start
-        if 0 <= row < self._last_logits.shape[0]:
-            return self._last_logits[row]
-        if row == -1:
-            return self._before_last
-        return None
+        return self._rollback_logits.get(position)
 
     def truncate(self, length: int) -> None:
         """Drop ``ids[length:]``, cropping the cache to match."""

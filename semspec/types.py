@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 METHODS = ("ar", "token_sd", "step_judge", "semspec")
+# Step rule when neither the caller nor the loaded probes say otherwise: reasoning models
+# separate steps with a blank line.
+DEFAULT_STEP_DELIMITER = "\n\n"
+DEFAULT_MAX_STEP_TOKENS = 64
 
 
 @dataclass
@@ -18,8 +22,10 @@ class GenerationConfig:
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
     seed: int = 0
-    step_delimiter: str = "\n\n"
-    max_step_tokens: int = 64
+    # None: the step rule the loaded probes were calibrated with (probes only judge steps
+    # cut the way they were trained on), else DEFAULT_STEP_DELIMITER / DEFAULT_MAX_STEP_TOKENS.
+    step_delimiter: str | None = None
+    max_step_tokens: int | None = None
     # semspec: hard floor; reject when p_T or p_T/p_D falls below it (0 disables).
     tau: float = 0.0
     # token_sd: tokens drafted per verification.

@@ -51,7 +51,7 @@ class BenchSettings:
     top_p: float = 0.95
     max_new_tokens: int = 256
     seed: int = 0
-    step_delimiter: str | None = None  # None: the engine's default (a blank line)
+    step_delimiter: str | None = None  # None: the engine's (the probes' calibration, else a blank line)
     max_step_tokens: int | None = None  # None: the engine's default
     draft_tokens: int | None = None
     judge_threshold: int | None = None

@@ -30,10 +30,9 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from semspec.calibration.store import CalibrationStore, PrefixRecord, prefix_key
-from semspec.types import GenerationConfig
+from semspec.types import DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER
 
 SOURCES = ("target", "draft")
-_ENGINE_DEFAULTS = GenerationConfig()
 
 
 @dataclass
@@ -45,8 +44,8 @@ class CollectConfig:
     draft_layer: int | None = None  # override for the draft
     pooling: str = "mean"
     # Steps must be cut as the engine cuts them when it decodes with these probes.
-    step_delimiter: str = _ENGINE_DEFAULTS.step_delimiter
-    max_step_tokens: int = _ENGINE_DEFAULTS.max_step_tokens
+    step_delimiter: str = DEFAULT_STEP_DELIMITER
+    max_step_tokens: int = DEFAULT_MAX_STEP_TOKENS
     max_trace_tokens: int = 320
     max_trace_steps: int = 12  # prefixes per question at most
     max_prefixes: int | None = None  # total cap for the run (complete prefixes count)

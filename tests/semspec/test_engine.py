@@ -303,3 +303,18 @@ def test_invariants_over_random_settings(draft_name, tiny_target, tiny_draft, ti
         assert [s.index for s in r.steps] == list(range(len(r.steps))), c
         assert r.counters.accepted_tokens <= r.counters.drafted_tokens, c
         assert r.counters.steps_accepted <= r.counters.steps_drafted, c
+
+
+def test_step_rule_comes_from_the_probes_unless_the_caller_sets_it(tiny_target, tiny_draft):
+    from semspec.types import DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER
+
+    plain = Engine(tiny_target).resolve(GenerationConfig(method="ar"))
+    assert (plain.step_delimiter, plain.max_step_tokens) == (DEFAULT_STEP_DELIMITER, DEFAULT_MAX_STEP_TOKENS)
+    probes = ProbePair.always_accept(64, 64)
+    probes.target.training_summary = {"collect": {"step_delimiter": "\n", "max_step_tokens": 5}}
+    engine = Engine(tiny_target, tiny_draft, probes)
+    got = engine.resolve(GenerationConfig(method="ar"))
+    assert (got.step_delimiter, got.max_step_tokens) == ("\n", 5)
+    assert engine.resolve(GenerationConfig(step_delimiter=" ")).step_delimiter == " "
+    result = engine.generate("Natalia sold clips.", GenerationConfig(method="semspec", max_new_tokens=30))
+    assert all(s.target_tokens <= 6 for s in result.steps)  # the cap of 5 (+ a bonus token)

@@ -48,3 +48,32 @@ def test_hidden_states_of_a_layer(tiny_target):
     with torch.no_grad():
         ref = m.model(torch.tensor([[5, 6, 7]]), output_hidden_states=True).hidden_states[1][0]
     torch.testing.assert_close(out.hidden, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_keep_for_computes_only_the_rows_needed_and_still_rolls_back(tiny_target):
+    m = tiny_target
+    prompt = list(range(5, 25))
+    s = Stream(m, prompt)
+    s.forward(keep_for=[])
+    s.append([50])  # pending bonus token
+    pre = len(s.ids)
+    out = s.forward(extra=[60, 61, 62], keep_for=[pre])
+    assert out.rows == [0, 3] and out.logits.shape[0] == 2
+    full = _fresh_logits(m, prompt + [50, 60, 61, 62])
+    torch.testing.assert_close(s.next_logits, full[-1], atol=1e-4, rtol=1e-4)
+    passes = s.forward_passes
+    s.truncate(pre)  # reject the step, keep the bonus: its logits came from the same pass
+    torch.testing.assert_close(s.logits(), full[-4], atol=1e-4, rtol=1e-4)
+    assert s.forward_passes == passes
+
+
+def test_reduced_vocabulary_restricts_predictions_to_its_tokens(tiny_target):
+    import dataclasses
+
+    allowed = torch.tensor([3, 7, 11, 40, 41])
+    sub = dataclasses.replace(tiny_target, vocab_ids=allowed)
+    prompt = list(range(5, 25))
+    out = Stream(sub, prompt).forward(extra=[30, 31], keep_for=[])
+    full = _fresh_logits(tiny_target, prompt + [30, 31])[-1]
+    assert torch.isinf(out.logits[-1]).sum() == full.shape[0] - len(allowed)
+    torch.testing.assert_close(out.logits[-1][allowed], full[allowed], atol=1e-4, rtol=1e-4)
