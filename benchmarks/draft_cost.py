@@ -45,10 +45,12 @@ def load_pair(target_spec: str, draft_spec: str | None, artifact: str | None):
         from semspec.draft import build_draft_model, load_artifact
         from semspec.draft.embedded import artifact_sha256
 
-        draft = LoadedModel(model=build_draft_model(target.model, load_artifact(artifact)),
+        art = load_artifact(artifact)
+        draft = LoadedModel(model=build_draft_model(target.model, art),
                             tokenizer=target.tokenizer,
                             identity=ModelIdentity(f"artifact:{artifact}", artifact_sha256(artifact)),
-                            device=target.device, dtype=target.dtype, spec=f"artifact:{artifact}")
+                            device=target.device, dtype=target.dtype, spec=f"artifact:{artifact}",
+                            vocab_ids=art.vocab_ids)
     else:
         draft = load_model(draft_spec, device="cpu", dtype=torch.float32)
     return target, draft
@@ -65,15 +67,27 @@ def questions(path: str, n: int) -> list[str]:
 
 
 @torch.inference_mode()
-def prefill(model, ids: list[int]):
-    out = model(torch.tensor([ids]), use_cache=True)
-    return out.past_key_values, int(out.logits[0, -1].argmax())
+def run(lm, ids: list[int], cache, last_only: bool = False) -> torch.Tensor:
+    """Logits [rows, V] of one pass of ``ids`` through a LoadedModel, as the engine runs it
+    (a reduced-vocabulary draft computes only its own rows of the LM head)."""
+    return lm.forward(torch.tensor([ids]), cache, False, 1 if last_only else 0)[0]
+
+
+def new_cache(lm):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=lm.model.config)
 
 
 @torch.inference_mode()
-def step(model, cache, tok: int):
-    out = model(torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
-    return int(out.logits[0, -1].argmax())
+def prefill(lm, ids: list[int]):
+    cache = new_cache(lm)
+    return cache, int(run(lm, ids, cache, last_only=True)[-1].argmax())
+
+
+@torch.inference_mode()
+def step(lm, cache, tok: int):
+    return int(run(lm, [tok], cache, last_only=True)[-1].argmax())
 
 
 @torch.inference_mode()
@@ -114,7 +128,9 @@ def speculate(target, draft, prompt: list[int], max_new: int, gamma: int, eos: s
     """Greedy token-level speculative decoding; returns tokens and raw counters."""
     t0 = time.perf_counter()
     tc, nxt = prefill(target, prompt)  # target cache covers the prompt; nxt is committed
-    dc, _ = prefill(draft, prompt[:-1]) if len(prompt) > 1 else (None, None)
+    dc = new_cache(draft)
+    if len(prompt) > 1:
+        run(draft, prompt[:-1], dc, last_only=True)
     d_len = len(prompt) - 1  # tokens in the draft cache
     seq = list(prompt) + [nxt]
     out = [nxt]
@@ -124,15 +140,13 @@ def speculate(target, draft, prompt: list[int], max_new: int, gamma: int, eos: s
         # Draft: feed what the draft cache lacks, then propose gamma tokens.
         g = min(gamma, max_new - len(out))
         feed = seq[d_len:]
-        logits = draft(torch.tensor([feed]), past_key_values=dc, use_cache=True).logits
+        proposal = [int(run(draft, feed, dc, last_only=True)[-1].argmax())]
         d_len += len(feed)
-        proposal = [int(logits[0, -1].argmax())]
         while len(proposal) < g:
-            logits = draft(torch.tensor([[proposal[-1]]]), past_key_values=dc, use_cache=True).logits
+            proposal.append(step(draft, dc, proposal[-1]))
             d_len += 1
-            proposal.append(int(logits[0, -1].argmax()))
         # Verify: the target scores [last committed token] + proposal in one pass.
-        vlog = target(torch.tensor([[seq[-1]] + proposal]), past_key_values=tc, use_cache=True).logits[0]
+        vlog = run(target, [seq[-1]] + proposal, tc)
         want = vlog.argmax(-1).tolist()  # want[i] = target's token after proposal[:i]
         n_ok = 0
         while n_ok < len(proposal) and proposal[n_ok] == want[n_ok]:
@@ -159,7 +173,7 @@ def speculate(target, draft, prompt: list[int], max_new: int, gamma: int, eos: s
 @torch.inference_mode()
 def draft_predictions(draft, prompt: list[int], continuation: list[int]) -> list[int]:
     """pred[i] = the draft's greedy token after prompt + continuation[:i] (one forward pass)."""
-    logits = draft(torch.tensor([prompt + continuation[:-1]])).logits[0]
+    logits = run(draft, prompt + continuation[:-1], new_cache(draft))
     return logits[len(prompt) - 1:].argmax(-1).tolist()
 
 
@@ -221,7 +235,7 @@ def main() -> None:
     from semspec.models import encode_prompt
 
     target, draft_lm = load_pair(args.target, args.draft, args.artifact)
-    draft, draft_name = draft_lm.model, str(draft_lm.identity)
+    draft, draft_name = draft_lm, str(draft_lm.identity)
     tok = target.tokenizer
     eos = target.eos_token_ids
     qs = questions(args.data, args.prompts)
@@ -232,7 +246,7 @@ def main() -> None:
     # 1. Cost: target and draft decode steps, alternately timed.
     pairs = []
     for p in prompts:
-        pairs += cost_pairs(target.model, draft, p, args.cost_tokens)
+        pairs += cost_pairs(target, draft, p, args.cost_tokens)
     print(f"cost: {len(pairs)} step pairs", flush=True)
 
     # 2. The target's greedy answers (batched), then the draft's predictions on them.
@@ -253,8 +267,8 @@ def main() -> None:
     #    its output and counters match the simulation.
     spec_rows = []
     for i, p in enumerate(prompts[: args.spec_prompts]):
-        ref, ar_s = greedy(target.model, p, args.max_new_tokens, eos)
-        sp = speculate(target.model, draft, p, args.max_new_tokens, args.gamma, eos)
+        ref, ar_s = greedy(target, p, args.max_new_tokens, eos)
+        sp = speculate(target, draft, p, args.max_new_tokens, args.gamma, eos)
         sp.update({"prompt": i, "ar_seconds": ar_s, "equal_to_ar": sp["tokens"] == ref,
                    "ar_tokens": len(ref), "matches_simulation": sp["accepted"] == sim_rows[i]["accepted"]})
         spec_rows.append(sp)
@@ -295,7 +309,7 @@ def main() -> None:
     res = {
         "environment": {"threads": torch.get_num_threads(), "torch": torch.__version__,
                         "cpu": platform.processor() or platform.machine(), "target": str(target.identity),
-                        "draft": draft_name, "draft_layers": int(draft.config.num_hidden_layers),
+                        "draft": draft_name, "draft_layers": draft.num_layers,
                         "prompts": args.prompts},
         "cost": {
             "target_ms_median": statistics.median(t_ms), "draft_ms_median": statistics.median(d_ms),

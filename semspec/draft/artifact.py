@@ -1,7 +1,8 @@
 """The draft artifact (trained weights + JSON metadata) and its materialisation.
 
 Artifact directory layout (no pickles anywhere):
-- ``draft.safetensors``: the adapter layers as ``layers.<j>.<param>`` and ``norm.weight``.
+- ``draft.safetensors``: the adapter layers as ``layers.<j>.<param>``, ``norm.weight`` and,
+  for a draft with a reduced vocabulary, the token ids it predicts as ``vocab_ids``.
 - ``draft.json``: format tag, architecture (frozen/adapter layer counts, hidden size, vocab),
   the target it was trained against (name, shapes, weight checksums) and a training summary.
 
@@ -23,9 +24,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from semspec.models import VOCAB_SUBSET_FILE
+
 FORMAT = "semspec-draft/1"
 WEIGHTS_FILE = "draft.safetensors"
 META_FILE = "draft.json"
+VOCAB_TENSOR = "vocab_ids"
 
 
 class DraftMismatchError(ValueError):
@@ -48,6 +52,11 @@ class DraftArtifact:
     @property
     def num_layers(self) -> int:
         return self.frozen_layers + self.adapter_layers
+
+    @property
+    def vocab_ids(self) -> torch.Tensor | None:
+        """The token ids a reduced-vocabulary draft predicts (None: all)."""
+        return self.tensors.get(VOCAB_TENSOR)
 
 
 def _decoder(model):
@@ -107,7 +116,8 @@ def check_compatible(target, artifact: DraftArtifact, rtol: float = 1e-2) -> Non
 def save_artifact(artifact: DraftArtifact, out_dir: str | os.PathLike, dtype=torch.float16) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in sorted(artifact.tensors.items())}
+    tensors = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+               for k, v in sorted(artifact.tensors.items())}
     meta = dict(artifact.meta)
     meta["format"] = FORMAT
     meta["weights_dtype"] = str(dtype).replace("torch.", "")
@@ -167,6 +177,8 @@ def build_draft_model(target, artifact: DraftArtifact, check: bool = True):
         for name, t in tdec.layers[i].state_dict().items():
             state[f"layers.{i}.{name}"] = t
     for key, t in artifact.tensors.items():
+        if key == VOCAB_TENSOR:
+            continue
         if key.startswith("layers."):
             _, j, rest = key.split(".", 2)
             state[f"layers.{k + int(j)}.{rest}"] = t
@@ -197,6 +209,8 @@ def materialize_draft(target, tokenizer, artifact_dir, out_dir, check: bool = Tr
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         shutil.copy(Path(artifact_dir) / META_FILE, tmp / "semspec_draft.json")
+        if art.vocab_ids is not None:
+            (tmp / VOCAB_SUBSET_FILE).write_text(json.dumps({"token_ids": art.vocab_ids.tolist()}))
         if (out / "semspec_draft.json").is_file():
             shutil.rmtree(tmp)  # another process finished first: same inputs, same result
         else:

@@ -29,6 +29,10 @@ class DraftTrainConfig:
     # Distillation targets: the teacher's top-k next-token logits at every response position.
     teacher_topk: int = 32
     temperature: float = 1.0
+    # Reduced vocabulary (FR-Spec): the draft predicts only the `draft_vocab` tokens the
+    # target uses most on the training text; its LM head shrinks accordingly, which matters
+    # once the draft has few layers (the full head costs as much as ~5 layers). 0: full.
+    draft_vocab: int = 8192
     # Optimisation.
     steps: int = 240
     batch_size: int = 8  # sequences per step

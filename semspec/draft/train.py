@@ -25,6 +25,7 @@ from torch import nn
 
 from semspec.draft.artifact import (
     FORMAT,
+    VOCAB_TENSOR,
     DraftArtifact,
     _decoder,
     target_checksums,
@@ -147,6 +148,18 @@ class DraftStack(nn.Module):
         return out
 
 
+def select_vocab(items: list[TeacherItem], size: int, always: list[int], vocab_size: int) -> torch.Tensor | None:
+    """The ``size`` tokens the teacher ranks first most often on the training text (ties: by
+    how often they reach its top-k), plus ``always`` (e.g. EOS); None for the full vocabulary."""
+    if size <= 0 or size >= vocab_size:
+        return None
+    top1 = torch.bincount(torch.cat([it.topk_ids[:, 0] for it in items]), minlength=vocab_size).double()
+    anyk = torch.bincount(torch.cat([it.topk_ids.reshape(-1) for it in items]), minlength=vocab_size).double()
+    score = top1 * (anyk.max() + 1) + anyk
+    score[torch.tensor(sorted(set(always)), dtype=torch.long)] = float("inf")
+    return torch.sort(score.topk(size).indices).values
+
+
 def _pad_hidden(items: list[TeacherItem], k: int) -> torch.Tensor:
     width = max(it.hidden[k].shape[0] for it in items)
     h = items[0].hidden[k].shape[1]
@@ -158,12 +171,15 @@ def _pad_hidden(items: list[TeacherItem], k: int) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(stack: DraftStack, head_weight: torch.Tensor, items: list[TeacherItem], k: int,
-             batch_size: int = 8) -> dict:
-    """Full-vocabulary top-1 agreement of the draft with the teacher (greedy acceptance proxy)
-    and the teacher's top-1 probability mass under the draft."""
+             vocab: torch.Tensor | None = None, batch_size: int = 8) -> dict:
+    """Top-1 agreement of the draft (over its own vocabulary) with the teacher's full-vocabulary
+    top-1 (a greedy acceptance proxy), the teacher's top-1 NLL under the draft, and how often
+    the teacher's top-1 lies in the draft's vocabulary."""
     stack.eval()
-    agree = total = 0
+    agree = total = covered = 0
     nll = 0.0
+    if vocab is not None:
+        head_weight = head_weight[vocab]
     for start in range(0, len(items), batch_size):
         chunk = items[start:start + batch_size]
         out = stack(_pad_hidden(chunk, k), select=[it.positions for it in chunk])
@@ -172,22 +188,36 @@ def evaluate(stack: DraftStack, head_weight: torch.Tensor, items: list[TeacherIt
             offsets.append(offsets[-1] + len(it.positions))
         for r, it in enumerate(chunk):
             logits = out[offsets[r]:offsets[r + 1]] @ head_weight.T
-            pred = logits.argmax(-1)
             want = it.topk_ids[:, 0]
+            pred = logits.argmax(-1)
+            if vocab is not None:
+                pred = vocab[pred]
+                col = torch.searchsorted(vocab, want).clamp_max(len(vocab) - 1)
+                inside = vocab[col] == want
+            else:
+                col, inside = want, torch.ones_like(want, dtype=torch.bool)
             agree += int((pred == want).sum())
             total += len(want)
-            nll += float(-logits.log_softmax(-1).gather(1, want[:, None]).sum())
+            covered += int(inside.sum())
+            logp = logits.log_softmax(-1).gather(1, col[:, None])[:, 0]
+            nll += float(-torch.where(inside, logp, torch.full_like(logp, -30.0)).sum())
     stack.train()
     return {"top1_agreement": agree / max(total, 1), "teacher_top1_nll": nll / max(total, 1),
-            "tokens": total}
+            "tokens": total, "teacher_top1_in_vocab": covered / max(total, 1)}
 
 
 def train_stack(stack: DraftStack, head_weight: torch.Tensor, train_items: list[TeacherItem],
                 eval_items: list[TeacherItem], k: int, cfg: DraftTrainConfig,
-                log: Log | None = None) -> dict:
+                log: Log | None = None, draft_vocab: torch.Tensor | None = None) -> dict:
+    """Train ``stack``; the loss runs over ``draft_vocab`` (the draft's own vocabulary) or,
+    for a full-vocabulary draft, over every token the teacher ever ranks in its top-k."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    vocab = torch.unique(torch.cat([it.topk_ids.reshape(-1) for it in train_items]))
-    remap = torch.full((head_weight.shape[0],), -1, dtype=torch.long)
+    if draft_vocab is None:
+        vocab = torch.unique(torch.cat([it.topk_ids.reshape(-1) for it in train_items]))
+    else:
+        vocab = draft_vocab
+    # teacher top-k entries outside the loss vocabulary map to a padding column at -inf
+    remap = torch.full((head_weight.shape[0],), len(vocab), dtype=torch.long)
     remap[vocab] = torch.arange(len(vocab))
     w_sub = head_weight[vocab].detach().float()
     params = [p for p in stack.parameters() if p.requires_grad]
@@ -200,7 +230,7 @@ def train_stack(stack: DraftStack, head_weight: torch.Tensor, train_items: list[
         return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
     history = []
-    before = evaluate(stack, head_weight, eval_items, k) if eval_items else None
+    before = evaluate(stack, head_weight, eval_items, k, draft_vocab) if eval_items else None
     if log and before:
         log(f"step 0: eval {before}")
     perm: list[int] = []
@@ -216,8 +246,10 @@ def train_stack(stack: DraftStack, head_weight: torch.Tensor, train_items: list[
         hs = stack(_pad_hidden(batch, k), select=[it.positions for it in batch])
         tids = remap[torch.cat([it.topk_ids for it in batch])]
         tlog = torch.cat([it.topk_logits for it in batch]) / cfg.temperature
-        p = tlog.softmax(-1)
+        # the teacher's distribution renormalised over the draft's vocabulary
+        p = tlog.masked_fill(tids == len(vocab), float("-inf")).softmax(-1).nan_to_num(0.0)
         logq = (hs @ w_sub.T / cfg.temperature).log_softmax(-1)
+        logq = torch.cat([logq, torch.zeros_like(logq[:, :1])], 1)  # padding column, p = 0 there
         loss = -(p * logq.gather(1, tids)).sum(-1).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -227,11 +259,11 @@ def train_stack(stack: DraftStack, head_weight: torch.Tensor, train_items: list[
             log(f"step {step + 1}/{cfg.steps} loss {loss.item():.4f} lr {lr_at(step):.2e} "
                 f"{time.perf_counter() - t0:.0f}s")
         if eval_items and cfg.eval_every and (step + 1) % cfg.eval_every == 0:
-            ev = evaluate(stack, head_weight, eval_items, k)
+            ev = evaluate(stack, head_weight, eval_items, k, draft_vocab)
             history.append({"step": step + 1, **ev})
             if log:
                 log(f"step {step + 1}: eval {ev}")
-    after = evaluate(stack, head_weight, eval_items, k) if eval_items else None
+    after = evaluate(stack, head_weight, eval_items, k, draft_vocab) if eval_items else None
     return {"eval_before": before, "eval_after": after, "eval_history": history,
             "train_seconds": time.perf_counter() - t0, "loss_vocab_size": int(len(vocab)),
             "final_loss": float(loss.item()) if cfg.steps else None}
@@ -364,7 +396,10 @@ def train_draft(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str | None 
 
     stack = DraftStack(target, k, init)
     head_weight = target.get_output_embeddings().weight.detach().float()
-    summary = train_stack(stack, head_weight, train_items, eval_items, k, cfg, log=log)
+    always = [t for t in (getattr(tokenizer, n, None) for n in ("eos_token_id", "pad_token_id", "bos_token_id"))
+              if t is not None]
+    vocab = select_vocab(train_items, cfg.draft_vocab, always, head_weight.shape[0])
+    summary = train_stack(stack, head_weight, train_items, eval_items, k, cfg, log=log, draft_vocab=vocab)
     summary.update({
         "data_seconds": t_data, "teacher_seconds": t_teacher,
         "total_seconds": time.perf_counter() - t_start,
@@ -379,6 +414,7 @@ def train_draft(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str | None 
         "adapter_layers": len(init),
         "adapter_init": init,
         "hidden_size": int(target.config.hidden_size),
+        "draft_vocab_size": int(len(vocab)) if vocab is not None else None,
         "target": {
             "name": target_name,
             "signature": target_signature(target),
@@ -387,4 +423,7 @@ def train_draft(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str | None 
         "config": cfg.to_dict(),
         "training": summary,
     }
-    return DraftArtifact(meta=meta, tensors=stack.export())
+    tensors = stack.export()
+    if vocab is not None:
+        tensors[VOCAB_TENSOR] = vocab.clone()
+    return DraftArtifact(meta=meta, tensors=tensors)

@@ -115,3 +115,29 @@ def test_two_adapter_layers(target, tokenizer, data_file, tmp_path):
         want = stack(item.hidden[1][None], select=[item.positions]) @ target.lm_head.weight.T
         got = draft(torch.tensor([seq.ids])).logits[0, item.positions]
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_reduced_vocabulary_draft(target, tokenizer, data_file, tmp_path):
+    from semspec.models import LoadedModel, ModelIdentity, read_vocab_subset
+
+    art = train_draft(target, tokenizer, tiny_cfg(data_file, draft_vocab=24))
+    vocab = art.vocab_ids
+    assert vocab is not None and len(vocab) == 24 and tokenizer.eos_token_id in vocab.tolist()
+    assert art.meta["draft_vocab_size"] == 24
+    ev = art.meta["training"]["eval_after"]
+    assert 0 < ev["teacher_top1_in_vocab"] <= 1 and ev["top1_agreement"] <= ev["teacher_top1_in_vocab"]
+    save_artifact(art, tmp_path / "art")
+    assert torch.equal(load_artifact(tmp_path / "art").vocab_ids, vocab)  # ids are not cast to fp16
+    out = materialize_draft(target, tokenizer, tmp_path / "art", tmp_path / "hf")
+    assert torch.equal(read_vocab_subset(out, "cpu"), vocab)
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    lm = LoadedModel(model=hf, tokenizer=tokenizer, identity=ModelIdentity("d", "0"), device=torch.device("cpu"),
+                     dtype=torch.float32, vocab_ids=read_vocab_subset(out, "cpu"))
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        full = hf(ids).logits[0]
+        got, _ = lm.forward(ids, None, False)
+    torch.testing.assert_close(got[:, vocab], full[:, vocab], atol=1e-5, rtol=1e-5)
+    outside = torch.ones(full.shape[1], dtype=torch.bool)
+    outside[vocab] = False
+    assert torch.isinf(got[:, outside]).all()
