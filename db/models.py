@@ -3,8 +3,9 @@
 
 Tables: jobs, items (unique per job by input id and by position), outputs (one per item:
 the unique key makes the commit of a result idempotent), step_log (one row per reasoning
-step, the fields of `semspec.types.StepRecord`) and item_stats (per-item throughput, the
-fields of `semspec.types.Counters` plus wall time).
+step, the fields of `semspec.types.StepRecord`), item_stats (per-item throughput, the
+fields of `semspec.types.Counters` plus wall time) and workers (one heartbeat row per
+process that runs tasks, so the items of a dead one can be re-enqueued: `worker.recovery`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class Item(Base):
         UniqueConstraint("job_id", "item_id", name="uq_items_job_item"),
         UniqueConstraint("job_id", "seq", name="uq_items_job_seq"),
         Index("ix_items_job_status", "job_id", "status"),
+        Index("ix_items_worker", "worker"),  # added in 0003: the reaper's look-up
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -84,6 +86,8 @@ class Item(Base):
     error: Mapped[str | None] = mapped_column(Text)
     # Normalised request: {"id": original id, "prompt" | "messages", "params": {...}, "meta": {...}}
     request: Mapped[dict] = mapped_column(JSON)
+    # The worker process (`Worker.name`) holding the item: running it, or (pending) holding
+    # it in the chunk it is working through. NULL once released back to the queue.
     worker: Mapped[str | None] = mapped_column(String(200))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -144,3 +148,14 @@ class ItemStats(Base):
     steps_accepted: Mapped[int] = mapped_column(Integer)
     n_steps: Mapped[int] = mapped_column(Integer)
     phase_seconds: Mapped[dict] = mapped_column(JSON)
+
+
+class Worker(Base):
+    """Liveness of one process that runs tasks ("node@host:pid", as stored in items.worker).
+    Times come from the database's clock, so workers' clocks need not agree."""
+
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -6,20 +6,25 @@ Delivery is at least once (DESIGN.md §6), so the item writes are idempotent:
 - `save_result` inserts the output keyed by the item (primary key), so a second delivery of a
   finished item cannot store a second output: it gets an IntegrityError and is dropped;
 - items already done are never claimed again.
+
+A whole worker lost (SIGKILL, preempted node) leaves its chunk unacknowledged until the
+broker's visibility timeout (hours). So each task marks the items of its chunk as held by
+its worker (`hold_items`), workers beat (`beat`), and `release_dead_workers` hands the items
+of a worker that stopped beating back to the queue, once, whoever else runs it concurrently.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Iterator
 
-from sqlalchemy import exists, func, insert, select, text, update
+from sqlalchemy import delete, exists, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from db.models import JOB_ACTIVE, Item, ItemStats, Job, Output, StepLog, utcnow
+from db.models import JOB_ACTIVE, Item, ItemStats, Job, Output, StepLog, Worker, utcnow
 
 # ---------------------------------------------------------------------------- submit
 
@@ -125,6 +130,28 @@ def mark_job_running(session: Session, job_id: str, identities: dict | None = No
             job.manifest = {**job.manifest, "identities": identities}
     if commit:
         session.commit()
+
+
+def hold_items(session: Session, job_id: str, seqs: list[int], worker: str) -> None:
+    """Mark the chunk's pending items as held by `worker`, so they are re-enqueued if it dies
+    before reaching them (the dead worker's chunk message only comes back after the
+    visibility timeout). Not committed: the caller's next commit (the first claim) carries it."""
+    session.execute(
+        update(Item)
+        .where(Item.job_id == job_id, Item.seq.in_(seqs), Item.status == "pending")
+        .values(worker=worker)
+    )
+
+
+def release_items(session: Session, job_id: str, seqs: list[int], worker: str) -> None:
+    """Drop `worker`'s hold on pending items it hands back to the queue itself (a chunk cut
+    short), so its later death does not re-enqueue them a second time. Not committed."""
+    session.execute(
+        update(Item)
+        .where(Item.job_id == job_id, Item.seq.in_(seqs), Item.status == "pending",
+               Item.worker == worker)
+        .values(worker=None)
+    )
 
 
 def claim_item(session: Session, job_id: str, seq: int, worker: str | None) -> Claim | None:
@@ -316,6 +343,52 @@ def finalize_job(session: Session, job_id: str) -> bool:
     )
     session.commit()
     return res.rowcount > 0
+
+
+# ---------------------------------------------------------------------------- worker liveness
+
+
+def beat(session: Session, worker: str) -> None:
+    """Worker `worker` is alive now, by the database's clock (one clock for every host)."""
+    now = func.now()
+    res = session.execute(update(Worker).where(Worker.name == worker).values(heartbeat_at=now))
+    if res.rowcount == 0:  # first beat, or the row was reaped while this process was stalled
+        session.execute(insert(Worker).values(name=worker, started_at=now, heartbeat_at=now))
+    session.commit()
+
+
+@dataclass
+class Released:
+    workers: list[str] = field(default_factory=list)  # dead workers, whose rows are deleted
+    items: dict[str, list[int]] = field(default_factory=dict)  # job id -> seqs, now pending
+
+
+def release_dead_workers(session: Session, dead_after_s: float) -> Released:
+    """Workers silent for `dead_after_s` are dead: their pending and running items become
+    pending and unheld (attempts are kept, so the attempt cap still counts deliveries), and
+    their rows are deleted. Not committed: the caller enqueues the items, then commits.
+
+    Exactly once under concurrent reapers: a dead worker's row is locked with SKIP LOCKED,
+    so a second reaper passes over it (and finds it deleted after the commit), and the item
+    update is conditional on the item still being held by that worker."""
+    cutoff = func.now() - timedelta(seconds=dead_after_s)
+    dead = list(session.scalars(
+        select(Worker.name).where(Worker.heartbeat_at < cutoff)
+        .order_by(Worker.name).with_for_update(skip_locked=True)
+    ))
+    released = Released(workers=dead)
+    if not dead:
+        return released
+    rows = session.execute(
+        update(Item)
+        .where(Item.worker.in_(dead), Item.status.in_(("pending", "running")))
+        .values(status="pending", worker=None)
+        .returning(Item.job_id, Item.seq)
+    ).all()
+    for job_id, seq in sorted(rows):
+        released.items.setdefault(job_id, []).append(seq)
+    session.execute(delete(Worker).where(Worker.name.in_(dead)))
+    return released
 
 
 # ---------------------------------------------------------------------------- user commands

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -54,10 +54,24 @@ class Settings(BaseSettings):
     chunk_size: int = 4  # items per Celery task; keeps a task well inside the visibility timeout
     visibility_timeout_s: int = 3 * 3600
     max_attempts: int = 3  # deliveries of one item (worker lost) before it is marked failed
+    # Fast recovery of a whole worker lost (SIGKILL, preempted node), whose chunk the broker
+    # would only hand out again after visibility_timeout_s: every process that runs tasks
+    # beats every heartbeat_interval_s; one silent for worker_dead_after_s is dead, and the
+    # next live worker (or `semjobs recover`) re-enqueues the items it held. Generous against
+    # stalls (a stalled worker taken for dead costs repeated work, never a second output).
+    heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    worker_dead_after_s: float = Field(default=45.0, gt=0)
 
     # Input limits and bulk-insert batch size for `submit`.
     max_line_bytes: int = 1_000_000
     insert_batch_size: int = 2000
+
+    @model_validator(mode="after")
+    def _dead_after_spans_beats(self) -> Settings:
+        # A worker must be able to miss a beat (a slow database round trip) and stay alive.
+        if self.worker_dead_after_s < 2 * self.heartbeat_interval_s:
+            raise ValueError("worker_dead_after_s must be at least 2 x heartbeat_interval_s")
+        return self
 
 
 settings = Settings()

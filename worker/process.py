@@ -76,10 +76,12 @@ def run_items(
             _identities_written.add(job_id)
         else:  # committed together with the first claim
             repo.mark_job_running(session, job_id, commit=not defer_commit)
+        repo.hold_items(session, job_id, seqs, worker)  # committed with the first claim
         for i, seq in enumerate(seqs):
             if i > 0 and ((deadline is not None and time.monotonic() > deadline)
                           or (should_stop is not None and should_stop())):
                 report.left = list(seqs[i:])
+                repo.release_items(session, job_id, report.left, worker)  # the caller requeues
                 break
             claim = repo.claim_item(session, job_id, seq, worker)
             if claim is None:

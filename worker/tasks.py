@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -13,6 +12,7 @@ from celery.utils.log import get_task_logger
 from sqlalchemy.exc import OperationalError
 
 from semjobs.settings import settings
+from worker import liveness
 from worker.celery import app
 from worker.engine import EngineLoadError
 from worker.process import run_items, worker_name
@@ -45,8 +45,9 @@ def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
     # Stop starting new items after half the visibility timeout: a task must end well
     # before Redis would hand its message to a second worker.
     deadline = time.monotonic() + settings.visibility_timeout_s / 2
-    hostname = f"{self.request.hostname}:{os.getpid()}" if self.request.hostname else worker_name()
-    report = run_items(job_id, seqs, worker=hostname, deadline=deadline,
+    # The name this process beats under, so a dead worker's items are found (worker.recovery).
+    name = liveness.name() or worker_name()
+    report = run_items(job_id, seqs, worker=name, deadline=deadline,
                        should_stop=lambda: _shutting_down)
     if report.left:
         queue = (self.request.delivery_info or {}).get("routing_key") or queue_name()

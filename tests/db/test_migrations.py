@@ -9,8 +9,8 @@ from sqlalchemy import create_engine, inspect, pool, text
 from db import migrate
 from db.models import Base
 
-TABLES = {"jobs", "items", "outputs", "step_log", "item_stats"}
-HEAD = "0002_step_log_engine_fields"
+TABLES = {"jobs", "items", "outputs", "step_log", "item_stats", "workers"}
+HEAD = "0003_worker_heartbeats"
 NEW_STEP_COLS = {"target_tokens", "draft_text", "judge_score"}
 
 
@@ -99,7 +99,7 @@ def test_0002_adds_and_drops_step_fields_keeping_rows(empty_url):
          "request) VALUES (1, 'j', 0, 1, 'i0', 'done', 1, '{}')")
     _sql(empty_url, STEP)
 
-    migrate.upgrade(empty_url, HEAD)
+    migrate.upgrade(empty_url, "0002_step_log_engine_fields")
     assert NEW_STEP_COLS <= _step_columns(empty_url)
     cols = "text, target_tokens, draft_text, judge_score"
     assert _sql(empty_url, f"SELECT {cols} FROM step_log") == [("step", None, None, None)]
@@ -110,5 +110,40 @@ def test_0002_adds_and_drops_step_fields_keeping_rows(empty_url):
     assert migrate.current(empty_url) == "0001_initial"
     assert not NEW_STEP_COLS & _step_columns(empty_url)
     assert _sql(empty_url, "SELECT text, seconds FROM step_log") == [("step", 0.5)]
+    migrate.upgrade(empty_url, HEAD)
+    assert _diff(empty_url) == []
+
+
+def _item_indexes(url):
+    engine = create_engine(url, poolclass=pool.NullPool)
+    try:
+        return {i["name"] for i in inspect(engine).get_indexes("items")}
+    finally:
+        engine.dispose()
+
+
+def test_0003_adds_and_drops_worker_heartbeats_keeping_items(empty_url):
+    """A database at 0002 with an item held by a worker: 0003 adds the workers table and the
+    items.worker index (heartbeats store and read back), downgrading to 0002 drops both and
+    keeps the item."""
+    migrate.upgrade(empty_url, "0002_step_log_engine_fields")
+    _sql(empty_url, "INSERT INTO jobs (id, status, method, input_format, queue, n_items, config, "
+         "manifest, created_at) VALUES ('j', 'running', 'ar', 'plain', 'q', 1, '{}', '{}', "
+         "CURRENT_TIMESTAMP)")
+    _sql(empty_url, "INSERT INTO items (id, job_id, seq, line, item_id, status, attempts, "
+         "request, worker) VALUES (1, 'j', 0, 1, 'i0', 'running', 1, '{}', 'w@h:1')")
+    assert "workers" not in _tables(empty_url)
+
+    migrate.upgrade(empty_url, HEAD)
+    assert "workers" in _tables(empty_url) and "ix_items_worker" in _item_indexes(empty_url)
+    _sql(empty_url, "INSERT INTO workers (name, started_at, heartbeat_at) "
+         "VALUES ('w@h:1', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)")
+    assert _sql(empty_url, "SELECT i.item_id FROM items i JOIN workers w ON w.name = i.worker"
+                ) == [("i0",)]
+
+    migrate.downgrade(empty_url, "0002_step_log_engine_fields")
+    assert "workers" not in _tables(empty_url)
+    assert "ix_items_worker" not in _item_indexes(empty_url)
+    assert _sql(empty_url, "SELECT item_id, worker FROM items") == [("i0", "w@h:1")]
     migrate.upgrade(empty_url, HEAD)
     assert _diff(empty_url) == []

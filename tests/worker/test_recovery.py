@@ -1,0 +1,196 @@
+"""The reaper (`worker.recovery.recover`) on real Postgres: the items a dead worker held are
+released and enqueued exactly once, however many reapers run at the same time; live
+workers' items are left alone; the attempt cap still counts; the late redelivery of the
+dead worker's chunk stores nothing twice."""
+
+import threading
+import time
+from contextlib import contextmanager
+
+import pytest
+from sqlalchemy import func, select, text
+
+from db import repo
+from db.models import Item, Output, Worker
+from db.session import session_factory
+from tests.worker.test_process import make_job
+from worker.process import run_items
+from worker.recovery import recover
+
+DEAD, LIVE = "dead@h:1", "live@h:2"
+
+
+def sql(url, statement, **params):
+    with session_factory(url)() as s:
+        s.execute(text(statement), params)
+        s.commit()
+
+
+def items(url, job_id):
+    with session_factory(url)() as s:
+        return {i.seq: i for i in s.scalars(select(Item).where(Item.job_id == job_id))}
+
+
+def worker_names(url):
+    with session_factory(url)() as s:
+        return set(s.scalars(select(Worker.name)))
+
+
+@pytest.fixture
+def crashed(pg_db, tmp_path):
+    """A job of 8 items: DEAD (silent for an hour) had finished 0, was running 1 and held 2, 3
+    in its chunk; LIVE is running 4 and holds 5; 6 and 7 wait in the queue, unheld."""
+    job_id = make_job(pg_db, tmp_path, n=8)
+    with session_factory(pg_db)() as s:
+        repo.beat(s, DEAD)
+        repo.beat(s, LIVE)
+    sql(pg_db, "UPDATE workers SET heartbeat_at = now() - interval '1 hour' WHERE name = :w", w=DEAD)
+    for seq, status, worker, attempts in [(0, "done", DEAD, 1), (1, "running", DEAD, 1),
+                                          (2, "pending", DEAD, 0), (3, "pending", DEAD, 0),
+                                          (4, "running", LIVE, 1), (5, "pending", LIVE, 0)]:
+        sql(pg_db, "UPDATE items SET status = :st, worker = :w, attempts = :a "
+            "WHERE job_id = :j AND seq = :seq", st=status, w=worker, a=attempts, j=job_id, seq=seq)
+    return job_id
+
+
+def recording_publisher(sent, delay_s=0.0):
+    """Stands in for `worker.tasks.publisher`: records (queue, job, seqs) per message."""
+    lock = threading.Lock()
+
+    @contextmanager
+    def publisher(queue):
+        def send(job_id, seqs):
+            time.sleep(delay_s)  # keeps the reaper's transaction open while others try
+            with lock:
+                sent.append((queue, job_id, list(seqs)))
+
+        yield send
+
+    return publisher
+
+
+def test_concurrent_reapers_enqueue_a_dead_workers_items_exactly_once(pg_db, crashed):
+    sent, results, errors = [], [], []
+    n = 6
+    barrier = threading.Barrier(n)
+    publisher = recording_publisher(sent, delay_s=0.3)
+
+    def reaper():
+        try:
+            barrier.wait()
+            results.append(recover(pg_db, publisher=publisher))
+        except Exception as e:  # noqa: BLE001  (re-raised below, in the test's thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=reaper) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    winners = [r for r in results if r.workers]
+    assert len(results) == n and len(winners) == 1
+    assert winners[0].workers == [DEAD] and winners[0].items == {crashed: [1, 2, 3]}
+    # chunk_size 4: one message with the three items, on the job's queue
+    assert sent == [("q", crashed, [1, 2, 3])]
+
+    rows = items(pg_db, crashed)
+    assert [(rows[s].status, rows[s].worker) for s in (1, 2, 3)] == [("pending", None)] * 3
+    assert rows[1].attempts == 1, "the dead worker's attempt still counts towards the cap"
+    assert (rows[0].status, rows[4].status, rows[4].worker) == ("done", "running", LIVE)
+    assert (rows[5].status, rows[5].worker) == ("pending", LIVE)
+    assert rows[6].worker is None and rows[7].worker is None
+    assert worker_names(pg_db) == {LIVE}
+    assert recover(pg_db, publisher=publisher).workers == []
+
+
+def test_a_reaper_skips_a_dead_worker_another_reaper_is_releasing(pg_db, crashed):
+    sent = []
+    with session_factory(pg_db)() as first:
+        held = repo.release_dead_workers(first, 60)  # row locks held, not committed yet
+        assert held.items == {crashed: [1, 2, 3]}
+        t0 = time.monotonic()
+        assert recover(pg_db, publisher=recording_publisher(sent)).workers == []
+        assert time.monotonic() - t0 < 5, "SKIP LOCKED: the second reaper must not wait"
+        first.commit()
+    assert recover(pg_db, publisher=recording_publisher(sent)).workers == []
+    assert sent == []
+
+
+def test_a_failed_publish_leaves_the_items_held_for_the_next_pass(pg_db, crashed):
+    @contextmanager
+    def broken(queue):
+        raise ConnectionError("broker down")
+        yield  # pragma: no cover
+
+    with pytest.raises(ConnectionError):
+        recover(pg_db, publisher=broken)
+    assert items(pg_db, crashed)[1].worker == DEAD and DEAD in worker_names(pg_db)
+    sent = []
+    assert recover(pg_db, publisher=recording_publisher(sent)).items == {crashed: [1, 2, 3]}
+    assert sent == [("q", crashed, [1, 2, 3])]
+
+
+def test_fresh_heartbeats_are_not_reaped(pg_db, crashed):
+    sql(pg_db, "UPDATE workers SET heartbeat_at = now() - interval '30 seconds'")
+    assert recover(pg_db, dead_after_s=45, publisher=recording_publisher([])).workers == []
+    assert recover(pg_db, dead_after_s=20, publisher=recording_publisher([])).workers == [DEAD,
+                                                                                           LIVE]
+
+
+def test_recovered_items_run_once_and_the_late_redelivery_stores_nothing(pg_db, crashed,
+                                                                          fake_engine):
+    recover(pg_db, publisher=recording_publisher([]))
+    rep = run_items(crashed, [1, 2, 3], url=pg_db, worker="survivor@h:3")
+    assert rep.done == 3
+    before = {s: (i.status, i.attempts, i.worker) for s, i in items(pg_db, crashed).items()}
+    assert before[1] == ("done", 2, "survivor@h:3") and before[2] == ("done", 1, "survivor@h:3")
+
+    # the dead worker's own chunk, redelivered by Redis after the visibility timeout
+    late = run_items(crashed, [0, 1, 2, 3], url=pg_db, worker="survivor@h:3")
+    assert (late.done, late.skipped, late.duplicates) == (0, 4, 0)
+    assert {s: (i.status, i.attempts, i.worker) for s, i in items(pg_db, crashed).items()} == before
+    with session_factory(pg_db)() as s:
+        n_out = s.scalar(select(func.count()).select_from(Output).where(Output.job_id == crashed))
+    assert n_out == 3  # one per recovered item (item 0's "done" is the fixture's, no output)
+
+
+def test_attempt_cap_counts_the_dead_workers_attempts(pg_db, crashed, fake_engine):
+    from semjobs.settings import settings
+
+    sql(pg_db, "UPDATE items SET attempts = :a WHERE job_id = :j AND seq = 1",
+        a=settings.max_attempts, j=crashed)
+    recover(pg_db, publisher=recording_publisher([]))
+    rep = run_items(crashed, [1], url=pg_db, worker="survivor@h:3")
+    assert rep.failed == 1
+    assert "gave up" in items(pg_db, crashed)[1].error
+
+
+def test_a_chunk_holds_its_items_and_drops_the_hold_on_what_it_hands_back(pg_db, tmp_path,
+                                                                           fake_engine):
+    job_id = make_job(pg_db, tmp_path, n=4)
+    seen = []
+
+    def stop_after_one():
+        seen.append({s: i.worker for s, i in items(pg_db, job_id).items()})
+        return True
+
+    rep = run_items(job_id, [0, 1, 2, 3], url=pg_db, worker="w@h:1", should_stop=stop_after_one)
+    assert rep.done == 1 and rep.left == [1, 2, 3]
+    assert seen[0] == {0: "w@h:1", 1: "w@h:1", 2: "w@h:1", 3: "w@h:1"}  # all held while running
+    rows = items(pg_db, job_id)
+    assert rows[0].worker == "w@h:1"
+    assert [rows[s].worker for s in (1, 2, 3)] == [None] * 3  # requeued by the task itself
+
+
+def test_beat_creates_then_refreshes_the_row_on_the_database_clock(pg_db):
+    with session_factory(pg_db)() as s:
+        repo.beat(s, "w@h:1")
+        first = s.get(Worker, "w@h:1")
+        started, beat = first.started_at, first.heartbeat_at
+        time.sleep(0.05)
+        repo.beat(s, "w@h:1")
+        s.expire_all()
+        again = s.get(Worker, "w@h:1")
+        assert again.started_at == started and again.heartbeat_at > beat
+        assert s.scalar(select(func.now() - Worker.heartbeat_at)).total_seconds() < 5

@@ -1,0 +1,85 @@
+"""Heartbeat and reaper thread of each process that runs tasks.
+
+One heartbeat row per process in Postgres (`db.models.Worker`), not a Redis key with a
+TTL: the reaper must decide "this worker is dead" and take its items in one transaction
+(row locks), the items that record their worker already live there, and the database's
+clock is the one clock every host shares.
+
+The process's name, "node@host:pid", is what its tasks store in items.worker. It is set
+where tasks run: in each prefork child (worker_process_init), in the solo pool's process
+(the same signal) and in the main process of the threads pool (worker_ready); never in a
+prefork parent, which runs no task and must not fork with threads running.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from celery.signals import worker_process_init, worker_ready
+from celery.utils.log import get_logger
+
+from db import repo
+from db.session import session_factory
+from semjobs.settings import settings
+
+log = get_logger(__name__)
+_name: str | None = None
+
+
+def name() -> str | None:
+    """This process's worker name, once it beats; None outside a worker."""
+    return _name
+
+
+def start(worker: str) -> None:
+    """Beat once now (so no item is claimed under a name without a row), then keep beating
+    and reaping from a daemon thread, which dies with the process."""
+    global _name
+    if _name is not None:
+        return
+    _name = worker
+    try:
+        with session_factory()() as session:
+            repo.beat(session, worker)
+    except Exception:  # database down: the thread keeps trying
+        log.exception("heartbeat of %s failed", worker)
+    threading.Thread(target=_run, name="semjobs-liveness", daemon=True).start()
+
+
+def tick() -> None:
+    """One beat, then one reaper pass over the other workers."""
+    from worker.recovery import recover
+
+    with session_factory()() as session:
+        repo.beat(session, _name)
+    released = recover()
+    if released.items:
+        log.warning("dead workers %s: re-enqueued their items %s",
+                    ", ".join(released.workers), released.items)
+    elif released.workers:
+        log.info("removed the heartbeats of stopped workers %s", ", ".join(released.workers))
+
+
+def _run() -> None:
+    while True:
+        try:
+            tick()
+        except Exception:  # a database or broker hiccup must not end the beats
+            log.exception("heartbeat/reaper of %s failed", _name)
+        time.sleep(settings.heartbeat_interval_s)
+
+
+@worker_process_init.connect
+def _on_process_init(sender=None, **_kwargs) -> None:
+    # sender is the node name ("w1@host"), the same as the task requests' hostname.
+    start(f"{sender}:{os.getpid()}")
+
+
+@worker_ready.connect
+def _on_ready(sender=None, **_kwargs) -> None:
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+
+    if not isinstance(sender.pool, PreforkPool):  # solo: already started; threads: start
+        start(f"{sender.hostname}:{os.getpid()}")

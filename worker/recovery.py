@@ -1,0 +1,44 @@
+"""The reaper: re-enqueue the items held by workers that stopped beating.
+
+A whole worker lost (SIGKILL, a preempted GPU node) cannot reject its task, so Redis hands
+its chunk out again only after the visibility timeout (hours). Instead every live worker
+runs `recover` on each heartbeat (`worker.liveness`), and operators can run it by hand
+(`semjobs recover`): the dead worker's items go back to pending and out as new tasks. The
+late redelivery of the original chunk then finds them done (or claims them like any
+redelivery): outputs stay one per item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from db import repo
+from db.session import session_factory
+from jobs.submit import chunks
+from semjobs.settings import settings
+
+Publisher = Callable[[str], AbstractContextManager[Callable[[str, list[int]], None]]]
+
+
+def recover(url: str | None = None, dead_after_s: float | None = None,
+            publisher: Publisher | None = None) -> repo.Released:
+    """Release the items of dead workers and enqueue them on their jobs' queues, in chunks.
+    The release commits only after the messages are published: if publishing fails, the
+    items stay held by the dead worker and the next run tries again."""
+    if publisher is None:
+        from worker.tasks import publisher
+    if dead_after_s is None:
+        dead_after_s = settings.worker_dead_after_s
+    with session_factory(url)() as session:
+        released = repo.release_dead_workers(session, dead_after_s)
+        by_queue: dict[str, list[str]] = {}
+        for job_id in released.items:
+            by_queue.setdefault(repo.get_job(session, job_id).queue, []).append(job_id)
+        for queue, job_ids in by_queue.items():
+            with publisher(queue) as send:
+                for job_id in job_ids:
+                    for chunk in chunks(released.items[job_id], settings.chunk_size):
+                        send(job_id, chunk)
+        session.commit()
+    return released
