@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
+from datetime import datetime, timezone
 
 import pytest
 from sqlalchemy import func, select
 
-from db.models import Item, Job, Output
+from db.models import Item, Job, Output, Worker
 from db.session import session_factory
 from tests.conftest import run_cli, wait_for
 
@@ -179,6 +181,65 @@ def test_sigkilled_worker_items_are_redone_never_duplicated(service_env, workers
     assert sorted(ids) == sorted(f"q{i}" for i in range(n))
 
 
+def test_killed_worker_items_are_redone_in_seconds_not_after_the_visibility_timeout(
+        service_env, workers, pg_db, tmp_path):
+    """A whole worker SIGKILLed (a preempted node): the next worker's reaper re-enqueues the
+    items it held once its heartbeat is SEMJOBS_WORKER_DEAD_AFTER_S old, long before Redis
+    hands its chunk out again; that late redelivery then skips every item."""
+    vt = 15
+    env = {**service_env, "SEMJOBS_VISIBILITY_TIMEOUT_S": str(vt), "FAKE_ENGINE_DELAY_S": "0.3",
+           "SEMJOBS_HEARTBEAT_INTERVAL_S": "0.5", "SEMJOBS_WORKER_DEAD_AFTER_S": "2"}
+    workers.env = env
+    n = 8
+    job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
+    victim = workers.start("victim")
+    t_start = time.monotonic()  # the victim receives its chunk after this: redelivery > +vt
+
+    def victim_mid_item():
+        with session_factory(pg_db)() as s:
+            running = s.scalars(select(Item).where(
+                Item.job_id == job_id, Item.status == "running", Item.attempts == 1,
+                Item.worker.like("victim@%"))).first()
+            done = s.scalar(select(func.count()).select_from(Item).where(
+                Item.job_id == job_id, Item.status == "done"))
+        return running if running and done >= 1 else None
+
+    killed = wait_for(victim_mid_item, 60, interval=0.05, what="victim busy on an item")
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    t_kill, killed_at = time.monotonic(), datetime.now(timezone.utc)
+    survivor = workers.start("survivor")
+    wait_completed(pg_db, job_id, workers, timeout=vt)
+    recovered_s = time.monotonic() - t_kill
+    assert time.monotonic() - t_start < vt, "completed by the redelivery, not by the reaper"
+    assert "re-enqueued their items" in workers.log(survivor)
+
+    def state():
+        with session_factory(pg_db)() as s:
+            items = {i.seq: (i.status, i.attempts, i.worker.split("@")[0])
+                     for i in s.scalars(select(Item).where(Item.job_id == job_id))}
+            n_out = s.scalar(select(func.count()).select_from(Output)
+                             .where(Output.job_id == job_id))
+        return items, n_out
+
+    items, n_out = state()
+    assert n_out == n and all(status == "done" for status, _, _ in items.values())
+    assert items[killed.seq] == ("done", 2, "survivor")
+    with session_factory(pg_db)() as s:
+        killed_done_at = s.get(Item, killed.id).finished_at
+    assert all(a == 1 for seq, (_, a, _) in items.items() if seq != killed.seq)
+
+    # Redis hands the victim's unacknowledged chunk out again after the visibility timeout:
+    # every item is done, so it is skipped whole, and nothing changes.
+    first = killed.seq - killed.seq % 4
+    late = f"chunk [{first}]: done=0 failed=0 skipped=4 duplicates=0"
+    wait_for(lambda: late in workers.log(survivor), 2 * vt, what="the late redelivery")
+    assert state() == (items, n_out)
+    print(f"\njob completed {recovered_s:.1f}s after the kill, the killed item redone "
+          f"{(killed_done_at - killed_at).total_seconds():.1f}s after it "
+          f"(visibility timeout {vt}s)")
+
+
 def test_cancel_stops_a_running_job(service_env, workers, pg_db, tmp_path):
     n = 40
     job_id = submit(service_env, write_input(tmp_path / "in.jsonl", n))
@@ -244,9 +305,12 @@ def test_killed_prefork_child_chunk_is_requeued_at_once(service_env, workers, pg
     with session_factory(pg_db)() as s:
         killed = s.scalars(select(Item).where(Item.job_id == job_id, Item.seq == item.seq)).one()
         n_out = s.scalar(select(func.count()).select_from(Output).where(Output.job_id == job_id))
+        beating = set(s.scalars(select(Worker.name)))
     assert n_out == n
     assert killed.status == "done" and killed.attempts == 2
     assert int(killed.worker.rsplit(":", 1)[1]) != child_pid
+    # each child beats under the name its tasks store, so a dead child's items can be found
+    assert {item.worker, killed.worker} <= beating
 
 
 def test_worker_threads_option_reaches_torch(service_env, workers, tmp_path):

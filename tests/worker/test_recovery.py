@@ -194,3 +194,30 @@ def test_beat_creates_then_refreshes_the_row_on_the_database_clock(pg_db):
         again = s.get(Worker, "w@h:1")
         assert again.started_at == started and again.heartbeat_at > beat
         assert s.scalar(select(func.now() - Worker.heartbeat_at)).total_seconds() < 5
+
+
+def test_semjobs_recover_publishes_to_the_jobs_queue(service_env, pg_db, redis_url, queue,
+                                                      tmp_path):
+    """The operator's command, against real Postgres and Redis."""
+    import base64
+    import json
+
+    import redis
+
+    from tests.conftest import run_cli
+    from tests.worker.test_celery_e2e import submit, write_input
+
+    job_id = submit(service_env, write_input(tmp_path / "in.jsonl", 8))  # 2 chunk messages
+    assert "no worker silent" in run_cli(["recover"], service_env).stdout
+    with session_factory(pg_db)() as s:
+        repo.beat(s, DEAD)
+    sql(pg_db, "UPDATE workers SET heartbeat_at = now() - interval '1 hour'")
+    sql(pg_db, "UPDATE items SET status = 'running', worker = :w, attempts = 1 "
+        "WHERE job_id = :j AND seq = 5", w=DEAD, j=job_id)
+    sql(pg_db, "UPDATE items SET worker = :w WHERE job_id = :j AND seq IN (6, 7)", w=DEAD, j=job_id)
+
+    out = run_cli(["recover"], service_env).stdout
+    assert f"dead workers: {DEAD}" in out and f"job {job_id}: re-enqueued 3 items" in out
+    messages = redis.Redis.from_url(redis_url).lrange(queue, 0, -1)
+    args = [json.loads(base64.b64decode(json.loads(m)["body"]))[0] for m in messages]
+    assert sorted(args) == [[job_id, [0, 1, 2, 3]], [job_id, [4, 5, 6, 7]], [job_id, [5, 6, 7]]]
