@@ -83,6 +83,12 @@ def build_results(br, engine=None, command: str | None = None, env: dict | None 
             "runs": {label: recs[i] for label, recs in br.runs.items() if recs[i] is not None},
         })
     s = asdict(br.settings)
+    if engine is not None:  # record the step rule the methods ran with, not "default"
+        from semspec.types import GenerationConfig
+
+        rule = engine.resolve(GenerationConfig(step_delimiter=s["step_delimiter"],
+                                               max_step_tokens=s["max_step_tokens"]))
+        s["step_delimiter"], s["max_step_tokens"] = rule.step_delimiter, rule.max_step_tokens
     env = dict(env if env is not None else environment(engine))
     if getattr(br, "git_commit", None):
         env["git_commit"] = br.git_commit  # the code that ran, not the code at report time
@@ -126,7 +132,8 @@ def markdown(res: dict[str, Any], plots: dict[str, str] | None = None) -> str:
         "",
         f"- Command: `{res.get('command') or 'semjobs bench'}`",
         f"- Prompts: {len(res['prompts'])} from `{s['prompts']}` (offset {s['offset']}); "
-        f"temperature {s['temperature']}, top-p {s['top_p']}, max new tokens {s['max_new_tokens']}, seed {s['seed']}",
+        f"temperature {s['temperature']}, top-p {s['top_p']}, max new tokens {s['max_new_tokens']}, seed {s['seed']}; "
+        f"steps end at {s['step_delimiter']!r} or {s['max_step_tokens']} tokens",
         f"- Machine: {env.get('cpu')} ({env.get('cpu_count')} CPUs, {env.get('torch_threads')} torch threads, "
         f"1-min load average {_f((res.get('loadavg', {}).get('start') or [None])[0])} at start, "
         f"{_f((res.get('loadavg', {}).get('end') or [None])[0])} at end); torch {env['versions'].get('torch')}, "

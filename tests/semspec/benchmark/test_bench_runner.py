@@ -83,11 +83,14 @@ def test_report_files_and_required_keys(tiny_target, tiny_draft, prompts_file, t
 
 
 def test_methods_without_their_models_are_skipped(tiny_target, prompts_file, tmp_path):
-    br = run_bench(Engine(tiny_target), settings(prompts_file, limit=1, methods=("ar", "token_sd", "semspec")))
+    engine = Engine(tiny_target)
+    br = run_bench(engine, settings(prompts_file, limit=1, methods=("ar", "token_sd", "semspec"), max_step_tokens=None))
     assert set(br.runs) == {"ar"} and set(br.skipped) == {"token_sd", "semspec"}
-    res = write_report(br, tmp_path)
+    res = write_report(br, tmp_path, engine)
     assert res["methods"]["semspec"]["skipped"] == "no draft model loaded"
     assert res["goal"]["evaluated"] is False
+    # the step rule is recorded as run: the engine's default here, no probes to take it from
+    assert (res["settings"]["step_delimiter"], res["settings"]["max_step_tokens"]) == ("\n\n", 64)
 
 
 def test_pareto_front():
