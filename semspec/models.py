@@ -240,9 +240,21 @@ class LoadedModel:
             last = last[keep]
         elif keep:
             last = last[-keep:]
-        logits = torch.full((last.shape[0], self.vocab_size), float("-inf"), device=last.device)
-        logits[:, self.vocab_ids] = (last @ self._head_rows().T).float()
-        return logits, out.hidden_states
+        return self._reduced_head(last), out.hidden_states
+
+    def next_token_logits(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
+        """A batched pass of ``input_ids`` [B, n] with ``cache``: float32 logits [B, V] after
+        each row's last token (a reduced vocabulary as in ``forward``)."""
+        if self.vocab_ids is None:
+            out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+            return out.logits[:, -1].float()
+        out = self.model.get_decoder()(input_ids=input_ids, cache=cache, use_cache=True)
+        return self._reduced_head(out.last_hidden_state[:, -1])
+
+    def _reduced_head(self, states: torch.Tensor) -> torch.Tensor:
+        logits = torch.full((states.shape[0], self.vocab_size), float("-inf"), device=states.device)
+        logits[:, self.vocab_ids] = (states @ self._head_rows().T).float()
+        return logits
 
     def _head_rows(self) -> torch.Tensor:
         rows = getattr(self, "_head_rows_cache", None)

@@ -91,8 +91,8 @@ def sample_steps(
     detector = StepDetector(delimiter, detect_think_end(tok), max_step_tokens)
     eos = loaded.eos_token_ids
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=torch.tensor([list(prefix_ids)], device=dev), cache=cache, use_cache=True)
-    logits = out.logits[:, -1].float().repeat(n, 1)
+    # next_token_logits: a reduced-vocabulary draft samples here as it does in the engine
+    logits = loaded.next_token_logits(torch.tensor([list(prefix_ids)], device=dev), cache).repeat(n, 1)
     if n > 1:
         cache.batch_repeat_interleave(n)
     toks: list[list[int]] = [[] for _ in range(n)]
@@ -126,8 +126,7 @@ def sample_steps(
             feed.append(t if ends[i] is None else pad)
         if all(e is not None for e in ends):
             break
-        out = model(input_ids=torch.tensor(feed, device=dev).unsqueeze(1), cache=cache, use_cache=True)
-        logits = out.logits[:, -1].float()
+        logits = loaded.next_token_logits(torch.tensor(feed, device=dev).unsqueeze(1), cache)
     return [SampledStep(t, s, e or "cap") for t, s, e in zip(toks, texts, ends)]
 
 

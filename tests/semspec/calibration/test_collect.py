@@ -41,6 +41,18 @@ def test_sample_steps_batch_matches_engine_step_rule(pair):
     assert greedy[0].tokens == greedy[1].tokens == greedy[2].tokens == single[0].tokens
 
 
+def test_a_reduced_vocabulary_draft_samples_only_its_tokens(pair):
+    import dataclasses
+
+    _, draft = pair
+    allowed = torch.arange(0, draft.vocab_size, 3)
+    reduced = dataclasses.replace(draft, vocab_ids=allowed)
+    ids = encode_prompt(draft.tokenizer, "How many clips did Natalia sell?")
+    steps = sample_steps(reduced, ids, 4, 1.0, 1.0, "\n\n", 10, torch.Generator().manual_seed(0))
+    drawn = {t for s in steps for t in s.tokens}
+    assert drawn and drawn <= set(allowed.tolist())
+
+
 def test_generate_trace_respects_caps(pair):
     target, _ = pair
     cfg = CollectConfig(max_step_tokens=8, max_trace_tokens=60, max_trace_steps=3)
