@@ -32,6 +32,8 @@ def draft() -> None:
 @click.option("--gen-prompts", default=_D.gen_prompts, show_default=True, type=int, help="Questions answered greedily by the target.")
 @click.option("--ref-prompts", default=_D.ref_prompts, show_default=True, type=int, help="Questions used with their reference solutions.")
 @click.option("--max-new-tokens", default=_D.max_new_tokens, show_default=True, type=int)
+@click.option("--draft-vocab", default=_D.draft_vocab, show_default=True, type=int,
+              help="Tokens the draft predicts (the target's most used); 0 = the full vocabulary.")
 @click.option("--steps", default=_D.steps, show_default=True, type=int)
 @click.option("--batch-size", default=_D.batch_size, show_default=True, type=int)
 @click.option("--lr", default=_D.lr, show_default=True, type=float)
@@ -40,7 +42,7 @@ def draft() -> None:
               help="Where the target's generated answers are cached ('' disables).")
 @click.option("--data-only", is_flag=True, help="Only generate (and cache) the training answers.")
 def train(out_dir, seed, frozen_layers, adapter_layers, adapter_init, target_spec, data, holdout, gen_prompts,
-          ref_prompts, max_new_tokens, steps, batch_size, lr, threads, cache_dir, data_only) -> None:
+          ref_prompts, max_new_tokens, draft_vocab, steps, batch_size, lr, threads, cache_dir, data_only) -> None:
     """Distil a draft (the target's first K layers + trained adapter layers) and write its artifact."""
     import torch
 
@@ -53,7 +55,7 @@ def train(out_dir, seed, frozen_layers, adapter_layers, adapter_init, target_spe
         seed=seed, frozen_layers=frozen_layers, adapter_layers=adapter_layers,
         adapter_init=[int(x) for x in adapter_init.split(",")] if adapter_init else None,
         data=data, holdout=holdout, gen_prompts=gen_prompts, ref_prompts=ref_prompts,
-        max_new_tokens=max_new_tokens, steps=steps, batch_size=batch_size, lr=lr, threads=threads,
+        max_new_tokens=max_new_tokens, draft_vocab=draft_vocab, steps=steps, batch_size=batch_size, lr=lr, threads=threads,
     )
     t0 = time.perf_counter()
 

@@ -13,16 +13,16 @@ class DraftTrainConfig:
     # Architecture: the target's first `frozen_layers` layers are shared (frozen); then
     # `adapter_layers` trained layers, initialised from the target layers in `adapter_init`
     # (default: the target's last layers, which already map into the LM head's space).
-    frozen_layers: int = 6
+    frozen_layers: int = 3
     adapter_layers: int = 1
     adapter_init: list[int] | None = None  # target layer indices; None -> the last ones
     # Data: GSM8K-style JSONL ({"question", "answer"}); the first `holdout` lines are the
     # benchmark slice and are never trained on.
     data: str = str(GSM8K_TEST)
     holdout: int = 100
-    gen_prompts: int = 96  # questions the target answers greedily (on-policy text)
-    ref_prompts: int = 128  # further questions teacher-forced on their reference solutions
-    max_new_tokens: int = 160
+    gen_prompts: int = 384  # questions the target answers greedily (on-policy text)
+    ref_prompts: int = 384  # further questions teacher-forced on their reference solutions
+    max_new_tokens: int = 192
     gen_batch_size: int = 32
     teacher_batch_size: int = 8
     eval_fraction: float = 0.125  # of the generated sequences, held out for evaluation
@@ -34,12 +34,12 @@ class DraftTrainConfig:
     # once the draft has few layers (the full head costs as much as ~5 layers). 0: full.
     draft_vocab: int = 8192
     # Optimisation.
-    steps: int = 240
+    steps: int = 1000
     batch_size: int = 8  # sequences per step
     lr: float = 1.5e-3
     weight_decay: float = 0.0
     warmup_steps: int = 10
-    threads: int = 2
+    threads: int = 1
     eval_every: int = 0
     extra: dict = field(default_factory=dict)
 
