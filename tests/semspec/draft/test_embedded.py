@@ -14,6 +14,7 @@ def test_committed_artifact_shapes_and_size():
     assert (sig["hidden_size"], sig["num_hidden_layers"], sig["vocab_size"]) == (576, 30, 49152)
     assert 1 <= art.frozen_layers and art.adapter_layers >= 1
     assert art.num_layers <= 10  # the cost budget: at most a third of the target's 30 layers
+    assert art.vocab_ids is not None and art.meta["draft_vocab_size"] == len(art.vocab_ids) <= 16384
     assert art.tensors["norm.weight"].shape == (576,)
     for j in range(art.adapter_layers):
         assert art.tensors[f"layers.{j}.self_attn.q_proj.weight"].shape == (576, 576)
@@ -43,3 +44,8 @@ def test_embedded_draft_loads_like_any_model():
     with torch.no_grad():
         logits = draft.model(ids).logits
     assert torch.isfinite(logits).all()
+    # the reduced vocabulary travels with the materialised directory
+    assert art.vocab_ids is not None and torch.equal(draft.vocab_ids, art.vocab_ids)
+    reduced, _ = draft.forward(ids, None, False, keep=1)
+    assert int(torch.isfinite(reduced).sum()) == len(art.vocab_ids)
+    assert int(reduced.argmax()) in set(art.vocab_ids.tolist())
