@@ -192,7 +192,7 @@ def evaluate(stack: DraftStack, head_weight: torch.Tensor, items: list[TeacherIt
             pred = logits.argmax(-1)
             if vocab is not None:
                 pred = vocab[pred]
-                col = torch.searchsorted(vocab, want).clamp_max(len(vocab) - 1)
+                col = torch.searchsorted(vocab, want.contiguous()).clamp_max(len(vocab) - 1)
                 inside = vocab[col] == want
             else:
                 col, inside = want, torch.ones_like(want, dtype=torch.bool)
