@@ -55,7 +55,8 @@ def train(out_dir, seed, frozen_layers, adapter_layers, adapter_init, target_spe
         seed=seed, frozen_layers=frozen_layers, adapter_layers=adapter_layers,
         adapter_init=[int(x) for x in adapter_init.split(",")] if adapter_init else None,
         data=data, holdout=holdout, gen_prompts=gen_prompts, ref_prompts=ref_prompts,
-        max_new_tokens=max_new_tokens, draft_vocab=draft_vocab, steps=steps, batch_size=batch_size, lr=lr, threads=threads,
+        max_new_tokens=max_new_tokens, draft_vocab=draft_vocab, steps=steps, batch_size=batch_size, lr=lr,
+        threads=threads,
     )
     t0 = time.perf_counter()
 
