@@ -143,6 +143,18 @@ def test_two_workers_process_every_item_exactly_once(service_env, workers, pg_db
     assert sorted(ids) == sorted(f"q{i}" for i in range(n)) and len(ids) == len(set(ids))
 
 
+def victim_mid_item(pg_db, job_id, min_done):
+    """The items the "victim" worker is decoding for the first time, once at least
+    ``min_done`` items of the job are done (so it is mid-job); else None."""
+    with session_factory(pg_db)() as s:
+        running = s.scalars(select(Item).where(
+            Item.job_id == job_id, Item.status == "running", Item.attempts == 1,
+            Item.worker.like("victim@%"))).all()
+        done = s.scalar(select(func.count()).select_from(Item).where(
+            Item.job_id == job_id, Item.status == "done"))
+    return running if running and done >= min_done else None
+
+
 def test_sigkilled_worker_items_are_redone_never_duplicated(service_env, workers, pg_db,
                                                               tmp_path):
     # A short visibility timeout, the same for every process, so Redis hands the dead
@@ -153,16 +165,8 @@ def test_sigkilled_worker_items_are_redone_never_duplicated(service_env, workers
     job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
     victim = workers.start("victim")
 
-    def victim_mid_item():
-        with session_factory(pg_db)() as s:
-            running = s.scalars(select(Item).where(
-                Item.job_id == job_id, Item.status == "running",
-                Item.worker.like("victim@%"))).all()
-            done = s.scalar(select(func.count()).select_from(Item).where(
-                Item.job_id == job_id, Item.status == "done"))
-        return running if running and done >= 2 else None
-
-    running = wait_for(victim_mid_item, 60, interval=0.05, what="victim busy on an item")
+    running = wait_for(lambda: victim_mid_item(pg_db, job_id, min_done=2), 60, interval=0.05,
+                       what="victim busy on an item")
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
     killed_item = running[0].item_id
@@ -195,16 +199,8 @@ def test_killed_worker_items_are_redone_in_seconds_not_after_the_visibility_time
     victim = workers.start("victim")
     t_start = time.monotonic()  # the victim receives its chunk after this: redelivery > +vt
 
-    def victim_mid_item():
-        with session_factory(pg_db)() as s:
-            running = s.scalars(select(Item).where(
-                Item.job_id == job_id, Item.status == "running", Item.attempts == 1,
-                Item.worker.like("victim@%"))).first()
-            done = s.scalar(select(func.count()).select_from(Item).where(
-                Item.job_id == job_id, Item.status == "done"))
-        return running if running and done >= 1 else None
-
-    killed = wait_for(victim_mid_item, 60, interval=0.05, what="victim busy on an item")
+    killed = wait_for(lambda: victim_mid_item(pg_db, job_id, min_done=1), 60, interval=0.05,
+                      what="victim busy on an item")[0]
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
     t_kill, killed_at = time.monotonic(), datetime.now(timezone.utc)
