@@ -229,32 +229,29 @@ class LoadedModel:
         """One pass of ``input_ids`` [1, n] through the model with ``cache``: (logits
         [rows, V] float32 for the last ``keep`` positions -- all when 0, the given row indices
         when a tensor -- and the hidden states or None)."""
-        if self.vocab_ids is None:
-            out = self.model(input_ids=input_ids, cache=cache, use_cache=True,
-                             output_hidden_states=want_hidden, logits_to_keep=keep)
-            return out.logits[0].float(), out.hidden_states
-        out = self.model.get_decoder()(input_ids=input_ids, cache=cache, use_cache=True,
-                                       output_hidden_states=want_hidden)
-        last = out.last_hidden_state[0]
-        if isinstance(keep, torch.Tensor):
-            last = last[keep]
-        elif keep:
-            last = last[-keep:]
-        return self._reduced_head(last), out.hidden_states
+        logits, hidden = self._run(input_ids, cache, want_hidden, keep)
+        return logits[0], hidden
 
     def next_token_logits(self, input_ids: torch.Tensor, cache) -> torch.Tensor:
         """A batched pass of ``input_ids`` [B, n] with ``cache``: float32 logits [B, V] after
         each row's last token (a reduced vocabulary as in ``forward``)."""
-        if self.vocab_ids is None:
-            out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
-            return out.logits[:, -1].float()
-        out = self.model.get_decoder()(input_ids=input_ids, cache=cache, use_cache=True)
-        return self._reduced_head(out.last_hidden_state[:, -1])
+        return self._run(input_ids, cache, False, 1)[0][:, -1]
 
-    def _reduced_head(self, states: torch.Tensor) -> torch.Tensor:
-        logits = torch.full((states.shape[0], self.vocab_size), float("-inf"), device=states.device)
-        logits[:, self.vocab_ids] = (states @ self._head_rows().T).float()
-        return logits
+    def _run(self, input_ids, cache, want_hidden: bool, keep: int | torch.Tensor):
+        if self.vocab_ids is None:
+            out = self.model(input_ids=input_ids, cache=cache, use_cache=True,
+                             output_hidden_states=want_hidden, logits_to_keep=keep)
+            return out.logits.float(), out.hidden_states
+        out = self.model.get_decoder()(input_ids=input_ids, cache=cache, use_cache=True,
+                                       output_hidden_states=want_hidden)
+        last = out.last_hidden_state
+        if isinstance(keep, torch.Tensor):
+            last = last[:, keep]
+        elif keep:
+            last = last[:, -keep:]
+        logits = torch.full((*last.shape[:-1], self.vocab_size), float("-inf"), device=last.device)
+        logits[..., self.vocab_ids] = (last @ self._head_rows().T).float()
+        return logits, out.hidden_states
 
     def _head_rows(self) -> torch.Tensor:
         rows = getattr(self, "_head_rows_cache", None)
