@@ -119,6 +119,16 @@ def train(data_dir, out_dir, holdout, seed, lr):
         click.echo(line(f"{role} probe, all steps", s["held_out"]))
         for sampler, m in s.get("held_out_by_sampler", {}).items():
             click.echo("  " + line(f"steps sampled by {sampler}:", m))
+    rule = report.get("acceptance_rule_held_out")
+    if rule:
+        click.echo(f"acceptance rule on {rule['n_draft_steps']} held-out draft steps (target-meaning frequency: "
+                   f"all draft steps {fmt(rule['draft_target_frequency'])}, "
+                   f"target's own steps {fmt(rule['target_own_frequency'])}):")
+        for row in rule["by_tau"]:
+            p, o = row["probes"], row["oracle"]
+            click.echo(f"  tau {row['tau']:.2f}: probes accept {fmt(p['acceptance'])}, kept frequency "
+                       f"{fmt(p['kept_target_frequency'])}; labels (oracle) accept {fmt(o['acceptance'])}, "
+                       f"kept frequency {fmt(o['kept_target_frequency'])}")
     click.echo(f"probes, report.json and calibration.png in {out_dir}")
 
 

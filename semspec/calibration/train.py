@@ -10,7 +10,8 @@ by question over the training questions; the chosen configuration is retrained o
 training questions, its output is rescaled (sigmoid(a*z+b), fitted on the out-of-fold
 predictions and folded into the last layer, since small data makes the MLP overconfident),
 and it is evaluated once on the held-out questions. Reported per probe: MSE, R², Spearman, AUROC for
-"label >= 0.5", the constant predictor's MSE, sizes; plus a calibration plot (PNG).
+"label >= 0.5", the constant predictor's MSE, sizes; plus a calibration plot (PNG) and, for
+the pair, how the acceptance rule does on the draft's held-out steps (`rule_eval.py`).
 The probes are saved in the engine's format (`semspec.probes`) with that summary inside.
 """
 
@@ -26,6 +27,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from semspec.calibration.rule_eval import evaluate_rule
 from semspec.calibration.store import CalibrationStore, atomic_write_json
 
 ROLES = ("target", "draft")
@@ -263,6 +265,15 @@ def calibration_plot(results: dict[str, dict], path: Path, bins: int = 10) -> Pa
     return path
 
 
+def _rows_aligned(data: dict[str, RoleData], roles: Sequence[str]) -> bool:
+    """Both probes were fitted on the same sampled steps in the same order (every prefix
+    stores both models' features), so their held-out rows can be paired step by step."""
+    if set(roles) != set(ROLES):
+        return False
+    t, d = data["target"], data["draft"]
+    return t.prefixes == d.prefixes and t.sources == d.sources and t.sources is not None
+
+
 def train_probes(
     root: str | Path,
     out: str | Path,
@@ -347,6 +358,12 @@ def train_probes(
         probes[role] = probe
         results[role] = {"pred": pred.tolist(), "labels": d.labels[te].tolist(), "metrics": metrics}
         report["probes"][role] = summary
+    if _rows_aligned(data, roles):
+        src = [s for s, q in zip(data["target"].sources, data["target"].questions) if q in test_q]
+        report["acceptance_rule_held_out"] = evaluate_rule(
+            results["target"]["labels"], results["draft"]["labels"],
+            results["target"]["pred"], results["draft"]["pred"], src,
+        )
     out.mkdir(parents=True, exist_ok=True)
     if "target" in probes and "draft" in probes:
         ProbePair(target=probes["target"], draft=probes["draft"]).save(out)

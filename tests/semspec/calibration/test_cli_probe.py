@@ -34,6 +34,7 @@ def test_probe_collect_label_train_end_to_end(tmp_path):
     res = runner.invoke(main, ["probe", "train", str(cal), "--out", str(out), "--holdout", "0.25"])
     assert res.exit_code == 0, res.output
     assert "target" in res.output and "Spearman" in res.output
+    assert "acceptance rule on" in res.output and "oracle" in res.output
     pair = ProbePair.load(out)
     assert (pair.target.hidden_size, pair.draft.hidden_size) == (64, 32)
     assert (out / "calibration.png").exists() and (out / "report.json").exists()

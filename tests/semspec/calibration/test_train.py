@@ -76,6 +76,10 @@ def test_train_probes_on_synthetic_data(tmp_path):
         assert held["spearman"] > 0.7
         assert held["mse"] < held["constant_mse"]
     assert set(report["probes"]["target"]["held_out_by_sampler"]) == {"target", "draft"}
+    rule = report["acceptance_rule_held_out"]
+    assert rule["n_draft_steps"] == 3 * 3 * 8  # held-out questions x prefixes x draft samples
+    for row in rule["by_tau"]:
+        assert 0.0 <= row["probes"]["acceptance"] <= 1.0 and 0.0 <= row["oracle"]["acceptance"] <= 1.0
     # Held-out questions are whole questions.
     assert report["questions"] == {"train": 9, "held_out": 3}
     pair = ProbePair.load(tmp_path / "probes")
