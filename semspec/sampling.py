@@ -39,6 +39,11 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token id from a 1-D distribution."""
     if probs.max() >= 1.0:
         return int(probs.argmax())
+    # multinomial walks the whole vector (~1.4 ms over a 49k vocabulary on this CPU, a tenth
+    # of a small draft's step); a nucleus leaves a few dozen non-zero entries: draw among them.
+    support = probs.nonzero().squeeze(1)
+    if support.numel() * 4 < probs.numel():
+        return int(support[torch.multinomial(probs[support], 1, generator=generator)[0]])
     return int(torch.multinomial(probs, 1, generator=generator)[0])
 
 
