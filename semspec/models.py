@@ -26,6 +26,7 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -249,9 +250,23 @@ class LoadedModel:
             last = last[:, keep]
         elif keep:
             last = last[:, -keep:]
-        logits = torch.full((*last.shape[:-1], self.vocab_size), float("-inf"), device=last.device)
-        logits[..., self.vocab_ids] = (last @ self._head_rows().T).float()
-        return logits, out.hidden_states
+        return reduced_head_logits(last, self._head_rows(), self.vocab_ids, self.vocab_size).float(), \
+            out.hidden_states
+
+    @contextmanager
+    def reduced_head(self):
+        """The transformers model with its LM head swapped, for this block, for one over the
+        reduced vocabulary only -- for callers that run the model themselves (transformers'
+        assisted generation); a no-op for a full-vocabulary model."""
+        if self.vocab_ids is None:
+            yield self.model
+            return
+        full = self.model.get_output_embeddings()
+        self.model.set_output_embeddings(_ReducedHead(self._head_rows(), self.vocab_ids, self.vocab_size))
+        try:
+            yield self.model
+        finally:
+            self.model.set_output_embeddings(full)
 
     def _head_rows(self) -> torch.Tensor:
         rows = getattr(self, "_head_rows_cache", None)
@@ -297,6 +312,22 @@ class LoadedModel:
         if self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
         return ids
+
+
+def reduced_head_logits(hidden: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, vocab_size: int):
+    """Logits over the whole vocabulary from the LM head rows of ``ids`` only: -inf elsewhere."""
+    logits = hidden.new_full((*hidden.shape[:-1], vocab_size), float("-inf"))
+    logits[..., ids] = hidden @ rows.T
+    return logits
+
+
+class _ReducedHead(torch.nn.Module):
+    def __init__(self, rows: torch.Tensor, ids: torch.Tensor, vocab_size: int):
+        super().__init__()
+        self.rows, self.ids, self.vocab_size = rows, ids, vocab_size
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return reduced_head_logits(hidden, self.rows, self.ids, self.vocab_size)
 
 
 def pick_device(device: str | torch.device = "auto") -> tuple[torch.device, torch.dtype]:

@@ -9,8 +9,9 @@ Timing: wall-clock around the whole call (prompt encoding, decoding and detokeni
 after one short untimed warm-up call per method. Quality passes (the target's log-likelihood
 of every output) run after all timed runs and are not timed.
 
-``hf_assisted`` is transformers' ``generate(assistant_model=draft)`` with the same target, draft,
-sampling settings, EOS tokens and token limit; its forward passes are counted with forward
+``hf_assisted`` is transformers' ``generate(assistant_model=draft)`` with the same target, draft
+(a reduced-vocabulary draft runs its reduced LM head there too), sampling settings, EOS tokens
+and token limit; its forward passes are counted with forward
 hooks, and the assistant's generation settings are restored before every call (transformers
 otherwise carries its adaptive number of assistant tokens over from call to call).
 """
@@ -21,6 +22,7 @@ import copy
 import json
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -246,7 +248,8 @@ class HFGenerate:
             t0 = time.perf_counter()
             ids = torch.tensor([encode_prompt(tok, prompt["prompt"])], device=tgt.device)
             torch.manual_seed(cfg.seed)
-            with torch.inference_mode():
+            # the assistant runs its reduced LM head, as it does in the engine
+            with torch.inference_mode(), self.draft.reduced_head() if self.draft is not None else nullcontext():
                 out = tgt.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
             new = out[0, ids.shape[1]:].tolist()
             finish = "length"

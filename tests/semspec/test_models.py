@@ -98,3 +98,24 @@ def test_register_embedded(tiny_dirs, tiny_cache):
     finally:
         EMBEDDED_MODELS.pop("tiny-test")
         EMBEDDED_MODELS.pop("tiny-test0")
+
+
+def test_reduced_head_swaps_the_lm_head_for_the_block_only(tiny_target):
+    import dataclasses
+
+    allowed = torch.tensor([3, 7, 11, 40, 41])
+    sub = dataclasses.replace(tiny_target, vocab_ids=allowed)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        full = tiny_target.model(ids).logits[0, -1]
+        with sub.reduced_head() as model:
+            reduced = model(ids).logits[0, -1]
+        after = tiny_target.model(ids).logits[0, -1]
+    assert int(torch.isfinite(reduced).sum()) == len(allowed)
+    torch.testing.assert_close(reduced[allowed], full[allowed], atol=1e-5, rtol=1e-5)
+    # the same logits as the engine's own path, and the full head is back afterwards
+    engine_logits, _ = sub.forward(ids, None, False, keep=1)
+    torch.testing.assert_close(engine_logits[-1], reduced, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(after, full)
+    with tiny_target.reduced_head() as model:  # a full-vocabulary model is left alone
+        assert model.get_output_embeddings() is tiny_target.model.get_output_embeddings()

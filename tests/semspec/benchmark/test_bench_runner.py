@@ -62,6 +62,25 @@ def test_greedy_lossless_methods_reproduce_ar(greedy_reject_run):
     assert all(r.get("target_mean_loglik") is not None for r in br.runs["ar"])
 
 
+def test_hf_assisted_runs_the_drafts_reduced_head_and_stays_exact(tiny_target, tiny_draft, prompts_file):
+    import dataclasses
+
+    import torch
+
+    reduced = dataclasses.replace(tiny_draft, vocab_ids=torch.arange(0, tiny_draft.vocab_size, 3))
+    head = tiny_draft.model.get_output_embeddings()
+    seen = []
+    hook = tiny_draft.model.register_forward_hook(
+        lambda mod, args, out: seen.append(int(torch.isfinite(out.logits[0, -1]).sum())))
+    try:
+        br = run_bench(Engine(tiny_target, reduced), settings(prompts_file, methods=("ar", "hf_assisted")))
+    finally:
+        hook.remove()
+    assert [r["text"] for r in br.runs["hf_assisted"]] == [r["text"] for r in br.runs["ar"]]
+    assert seen and set(seen) == {len(reduced.vocab_ids)}  # every assistant pass: reduced rows only
+    assert tiny_draft.model.get_output_embeddings() is head
+
+
 def test_report_files_and_required_keys(tiny_target, tiny_draft, prompts_file, tmp_path):
     engine = Engine(tiny_target, tiny_draft, ProbePair.constant(0.7, 0.9, 64, 64))
     br = run_bench(engine, settings(prompts_file, temperature=0.8, taus=(0.0, 0.9), loglik=False))
