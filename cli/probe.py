@@ -74,6 +74,21 @@ def collect(target, draft, prompts_file, out_dir, samples, skip_lines, limit_pro
 
 
 @probe.command()
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+def merge(out_dir, sources):
+    """Merge calibration directories collected in parallel (same settings, e.g. one per
+    machine on its own --skip-lines/--limit-prompts slice) into OUT_DIR; label it afterwards."""
+    from semspec.calibration.store import merge_stores
+
+    try:
+        stats = merge_stores(out_dir, list(sources))
+    except (ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e))
+    click.echo(json.dumps(stats, indent=1))
+
+
+@probe.command()
 @click.argument("data_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--judge", "judge_kind", type=click.Choice(["embed", "nli"]), default="embed", show_default=True,
               help="embed: all-MiniLM-L6-v2 cosine + numeric rule; nli: bidirectional entailment.")

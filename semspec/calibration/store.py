@@ -170,3 +170,50 @@ class CalibrationStore:
         if not path.exists():
             raise FileNotFoundError(f"{self.root} has no {LABELS}; run `semjobs probe label {self.root}` first")
         return json.loads(path.read_text())
+
+
+# Settings that must agree for collections to be merged: the samples would not be comparable
+# otherwise (the seed may differ: shards are disjoint samples of the same process).
+MERGE_KEYS = ("target", "draft", "models", "layer", "pooling", "samples", "temperature", "top_p",
+              "step_delimiter", "max_step_tokens", "max_trace_tokens", "trace_temperature")
+
+
+def merge_stores(out: str | os.PathLike, sources: list[str | os.PathLike]) -> dict:
+    """Merge calibration directories collected in parallel (say, one per machine, each on its
+    own slice of the prompts) into OUT. Settings must agree; a prefix or trace present in two
+    sources must be identical. Labels are not merged: label OUT afterwards. Re-running with
+    more sources adds what is new."""
+    if not sources:
+        raise ValueError("nothing to merge")
+    stores = [CalibrationStore(s) for s in sources]
+    metas = [s.meta() for s in stores]
+    for store, meta in zip(stores[1:], metas[1:]):
+        diff = {k: (metas[0].get(k), meta.get(k)) for k in MERGE_KEYS if metas[0].get(k) != meta.get(k)}
+        if diff:
+            raise ValueError(f"{store.root} was collected with other settings than {stores[0].root}: {diff}")
+    dest = CalibrationStore(out)
+    dest.init({**metas[0], "prompts": sum(int(m.get("prompts") or 0) for m in metas),
+               "merged_from": [str(s.root) for s in stores]})
+    traces = dest.load_traces()
+    added = {"traces": 0, "prefixes": 0}
+    for store in stores:
+        for qid, steps in store.load_traces().items():
+            if qid in traces:
+                if traces[qid] != steps:
+                    raise ValueError(f"question {qid}: {store.root} holds another trace than {dest.root}")
+                continue
+            dest.append_trace(qid, steps)
+            traces[qid] = steps
+            added["traces"] += 1
+        for key in store.keys():
+            row = (store.prefix_dir / f"{key}.json").read_bytes()
+            if dest.has_prefix(key):
+                if (dest.prefix_dir / f"{key}.json").read_bytes() != row:
+                    raise ValueError(f"prefix {key}: {store.root} holds other samples than {dest.root}")
+                continue
+            # tensors first, the .json last: the prefix counts as complete only then
+            _atomic_write_bytes(dest.prefix_dir / f"{key}.safetensors",
+                                (store.prefix_dir / f"{key}.safetensors").read_bytes())
+            _atomic_write_bytes(dest.prefix_dir / f"{key}.json", row)
+            added["prefixes"] += 1
+    return {"questions": len(traces), "prefixes": len(dest.keys()), "added": added}

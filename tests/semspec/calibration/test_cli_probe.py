@@ -16,14 +16,19 @@ def test_probe_collect_label_train_end_to_end(tmp_path):
         for i in range(4)
     ))
     runner = CliRunner()
+    # two shards collected apart (as on two machines), then merged
+    for shard, skip in (("s0", "0"), ("s1", "2")):
+        res = runner.invoke(main, [
+            "probe", "collect", "--target", str(t), "--draft", str(d), "--prompts", str(prompts),
+            "--out", str(tmp_path / shard), "--samples", "3", "--max-trace-steps", "2", "--max-step-tokens", "6",
+            "--max-trace-tokens", "12", "--device", "cpu", "--skip-lines", skip, "--limit-prompts", "2",
+        ])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout[res.stdout.index("{"):])["prefixes_total"] >= 2
     cal = tmp_path / "cal"
-    res = runner.invoke(main, [
-        "probe", "collect", "--target", str(t), "--draft", str(d), "--prompts", str(prompts),
-        "--out", str(cal), "--samples", "3", "--max-trace-steps", "2", "--max-step-tokens", "6",
-        "--max-trace-tokens", "12", "--device", "cpu",
-    ])
+    res = runner.invoke(main, ["probe", "merge", str(cal), str(tmp_path / "s0"), str(tmp_path / "s1")])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout[res.stdout.index("{"):])["prefixes_total"] >= 4
+    assert json.loads(res.output)["questions"] == 4
 
     res = runner.invoke(main, ["probe", "label", str(cal)])
     assert res.exit_code == 0, res.output
