@@ -319,3 +319,17 @@ def test_worker_threads_option_reaches_torch(service_env, workers, tmp_path):
     wait_completed(url, job_id, workers)
     with session_factory(url)() as s:
         assert s.get(Job, job_id).manifest["identities"]["torch_threads"] == str(n)
+
+
+def test_threads_pool_worker_beats_and_records_its_name(service_env, workers, pg_db, tmp_path):
+    """The threads pool runs tasks in the main process: its heartbeat starts at worker_ready
+    and its items carry that process's name, so the reaper can tell it is alive."""
+    proc = workers.start("tp", "--pool", "threads", "--concurrency", "2", env={"FAKE_ENGINE_DELAY_S": "0.05"})
+    name_prefix = "tp@"
+    job_id = submit(service_env, write_input(tmp_path / "in.jsonl", 12))
+    wait_completed(pg_db, job_id, workers)
+    with session_factory(pg_db)() as s:
+        item_workers = set(s.scalars(select(Item.worker).where(Item.job_id == job_id)))
+        beating = set(s.scalars(select(Worker.name).where(Worker.name.like(f"{name_prefix}%"))))
+    assert item_workers == {f"{next(iter(item_workers)).split(':')[0]}:{proc.pid}"}, item_workers
+    assert item_workers <= beating, (item_workers, beating)
