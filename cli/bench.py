@@ -14,13 +14,21 @@ from semspec.assets import GSM8K_TEST
 DEFAULT_PROMPTS = str(GSM8K_TEST)  # the GSM8K test split shipped with the engine
 
 
-def _floats(value: str | None) -> tuple[float, ...] | None:
+def _numbers(value: str | None, kind=float) -> tuple | None:
     if value is None or not value.strip():
         return None
     try:
-        return tuple(float(x) for x in value.split(",") if x.strip())
+        return tuple(kind(x) for x in value.split(",") if x.strip())
     except ValueError as e:
-        raise click.BadParameter(f"expected comma-separated numbers, got {value!r}") from e
+        raise click.BadParameter(f"expected comma-separated {kind.__name__}s, got {value!r}") from e
+
+
+def _floats(value: str | None) -> tuple[float, ...] | None:
+    return _numbers(value, float)
+
+
+def _ints(value: str | None) -> tuple[int, ...] | None:
+    return _numbers(value, int)
 
 
 def _unescape(value: str | None) -> str | None:
@@ -48,6 +56,9 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--max-new-tokens", default=256, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int, help="Prompt i uses seed+i, for every method.")
 @click.option("--taus", default=None, help="semspec thresholds, e.g. 0,0.3 (default: the engine's default only).")
+@click.option("--attempts", default=None,
+              help="semspec drafts tried per step before the target writes it, e.g. 1,3; crossed with --taus "
+                   "(default: the engine's, 1).")
 @click.option("--target", default=None, help="Target model spec (default: the embedded SmolLM2).")
 @click.option("--draft", default=None,
               help="Draft model spec (default: the embedded draft when shipped); 'first:K' = the target's first K layers.")
@@ -65,7 +76,8 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up call per method.")
 @click.option("--no-loglik", is_flag=True, help="Skip the target log-likelihood pass over the outputs.")
 @click.option("-q", "--quiet", is_flag=True, help="No per-run progress lines.")
-def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, target, draft,
+def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts, target,
+          draft,
           probes, step_delimiter, max_step_tokens, draft_tokens, judge_threshold, threads, device, cache_dir,
           no_warmup, no_loglik, quiet) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
@@ -82,7 +94,8 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     settings = BenchSettings(
         prompts=prompts, limit=limit, offset=offset,
         methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
-        taus=_floats(taus), temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
+        taus=_floats(taus), attempts=_ints(attempts),
+        temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
         step_delimiter=_unescape(step_delimiter), max_step_tokens=max_step_tokens, draft_tokens=draft_tokens,
         judge_threshold=judge_threshold,
         warmup=not no_warmup, loglik=not no_loglik,
@@ -96,7 +109,7 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     from semspec.benchmark.runner import plan_runs, run_bench
 
     try:
-        plan_runs(settings.methods, settings.taus, settings.temperature)
+        plan_runs(settings.methods, settings.taus, settings.temperature, attempts=settings.attempts)
         prompt_list = load_prompts(prompts, limit, offset)
     except ValueError as e:
         raise click.UsageError(str(e)) from e

@@ -68,6 +68,8 @@ class Sequence:
             )
         if config.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
+        if config.draft_attempts < 1:
+            raise ValueError("draft_attempts must be at least 1")
         self.prompt_len = len(prompt)
         self.T = Stream(tgt, prompt)
         self.budget = config.max_new_tokens if max_ctx is None else min(config.max_new_tokens, max_ctx - len(prompt))
@@ -316,6 +318,10 @@ class DraftingSequence(Sequence):
         cfg = self.cfg
         d_step_start = self.sync_draft(self.step_start)
         self.sync_draft(len(self.T.ids))
+        if self.D.next_logits is None and not self.D.pending:
+            # another attempt at the same step: the draft's cache holds the step's prefix, but
+            # its states and next-token logits went with the rejected attempt: run it again
+            self.D.refeed_from(min(d_step_start, len(self.D.ids) - 1))
         prefix_text = self.decode_t(self.T.ids[self.step_start:])
         n_prefix = len(self.T.ids) - self.step_start
         rows: list[torch.Tensor] = []
@@ -364,41 +370,46 @@ class DraftingSequence(Sequence):
             ids = self.T.lm.tokenizer(step.text, add_special_tokens=False)["input_ids"]
         return ids[: max(0, self.remaining())]
 
-    def draft_for_target(self, hidden_layer: int | None = None) -> tuple[DraftedStep, list[int]] | None:
+    def draft_for_target(self, hidden_layer: int | None = None,
+                         thrown: int = 0) -> tuple[DraftedStep, list[int]] | None:
         """Draft one step and tokenize it for the target. None when the target has written
-        the step itself instead: the draft wants to stop, or nothing of its step fits."""
+        the step itself instead: the draft wants to stop, or nothing of its step fits.
+        ``thrown``: drafted tokens of earlier, rejected attempts at this step."""
         with self.timed("draft"):
             step = self.draft_step(hidden_layer=hidden_layer)
-        if not step.tokens:
+        if step.tokens:
+            self.counters.steps_drafted += 1
+            self.counters.drafted_tokens += len(step.tokens)
+            t_ids = self.target_tokens_for(step)
+            if t_ids:
+                return step, t_ids
+        if thrown:
+            self.target_write_step("rejected", drafted=thrown)
+        else:
             self.target_write_step("target_only")
-            return None
-        self.counters.steps_drafted += 1
-        self.counters.drafted_tokens += len(step.tokens)
-        t_ids = self.target_tokens_for(step)
-        if not t_ids:
-            self.target_write_step("target_only")
-            return None
-        return step, t_ids
+        return None
 
-    def settle(self, step: DraftedStep, t_ids: list[int], pre: int, accepted: bool, record: dict) -> None:
+    def settle(self, step: DraftedStep, t_ids: list[int], pre: int, accepted: bool, record: dict,
+               thrown: int = 0) -> None:
         """Keep a verified drafted step, or drop it (the target's cache back to ``pre``
-        tokens) and let the target write the step itself."""
+        tokens) and let the target write the step itself. ``thrown``: drafted tokens of
+        earlier attempts at this step, already thrown away."""
         if accepted:
-            self.after_accept(step, t_ids, **record)
+            self.after_accept(step, t_ids, thrown=thrown, **record)
             return
         self.T.truncate(pre)
         self.target_write_step("rejected", draft_text=step.text, **record)
         # the drafted tokens were thrown away: record them on the target-written step
         if self.steps:
-            self.steps[-1].drafted_tokens = len(step.tokens)
+            self.steps[-1].drafted_tokens = len(step.tokens) + thrown
 
-    def after_accept(self, step: DraftedStep, t_ids: list[int], **record) -> None:
+    def after_accept(self, step: DraftedStep, t_ids: list[int], thrown: int = 0, **record) -> None:
         """Keep an accepted drafted step, then draw the bonus token from the same pass."""
         self.mark_draft_accepted(step.text)
         c = self.counters
         c.steps_accepted += 1
         c.accepted_tokens += len(step.tokens)
-        self.close_step("draft", "accepted", drafted=len(step.tokens), accepted=len(step.tokens), **record)
+        self.close_step("draft", "accepted", drafted=len(step.tokens) + thrown, accepted=len(step.tokens), **record)
         if step.end == "think_end":
             self.phase = "answer"
         if self.remaining() <= 0:
@@ -444,11 +455,27 @@ class SemSpecSequence(DraftingSequence):
         self.d_layer = self.probes.draft.resolved_layer(self.draft.num_layers)
 
     def speculate_step(self) -> None:
+        thrown = 0
+        # a greedy draft would draft the very same step again: one attempt
+        attempts = self.cfg.draft_attempts if self.cfg.temperature > 0 else 1
+        for attempt in range(1, attempts + 1):
+            drafted = self.draft_for_target(hidden_layer=self.d_layer, thrown=thrown)
+            if drafted is None:  # the target wrote the step
+                return
+            step, t_ids = drafted
+            pre = len(self.T.ids)
+            accepted, record = self.verify_meaning(step, t_ids)
+            if accepted or attempt == attempts:
+                self.settle(step, t_ids, pre, accepted, record, thrown=thrown)
+                return
+            # another draft of the same step: the target's cache back to before this one
+            # (the draft re-syncs onto the target when it drafts)
+            self.T.truncate(pre)
+            thrown += len(step.tokens)
+
+    def verify_meaning(self, step: DraftedStep, t_ids: list[int]) -> tuple[bool, dict]:
+        """One target pass over the drafted step; the probes' acceptance decision."""
         cfg = self.cfg
-        drafted = self.draft_for_target(hidden_layer=self.d_layer)
-        if drafted is None:
-            return
-        step, t_ids = drafted
         with self.timed("verify"):
             pre = len(self.T.ids)
             out = self.T.forward(extra=t_ids, hidden_layer=self.t_layer, keep_for=[pre])
@@ -461,8 +488,7 @@ class SemSpecSequence(DraftingSequence):
             if cfg.tau > 0 and (p_t < cfg.tau or ratio < cfg.tau):
                 accept_prob = 0.0
             accepted = accept_prob >= 1.0 or uniform(self.coin) < accept_prob
-        record = {"p_target": p_t, "p_draft": p_d, "accept_prob": accept_prob}
-        self.settle(step, t_ids, pre, accepted, record)
+        return accepted, {"p_target": p_t, "p_draft": p_d, "accept_prob": accept_prob}
 
 
 JUDGE_QUESTION = (

@@ -116,6 +116,13 @@ class Stream:
         self._crop_cache(length)
         self._tail_logits = restored
 
+    def refeed_from(self, position: int) -> None:
+        """Drop the cache from ``position`` on, keeping the ids: the next pass runs them
+        again (to get back states or logits that were not kept)."""
+        if not 0 <= position <= self.cached:
+            raise ValueError(f"cannot re-feed from {position}: {self.cached} tokens are cached")
+        self._crop_cache(position)
+
     def _crop_cache(self, length: int) -> None:
         n = self.cached - length
         if n > 0:

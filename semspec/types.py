@@ -28,6 +28,10 @@ class GenerationConfig:
     max_step_tokens: int | None = None
     # semspec: hard floor; reject when p_T or p_T/p_D falls below it (0 disables).
     tau: float = 0.0
+    # semspec: drafted steps tried per step before the target writes it. 1 is the paper's
+    # rule; each retry keeps a step the probes accept instead of the target's own, trading
+    # target-likeness for speed (docs/benchmarks.md measures both).
+    draft_attempts: int = 1
     # token_sd: tokens drafted per verification.
     draft_tokens: int = 4
     # step_judge: accept a drafted step when the target's 0-9 score is at least this.

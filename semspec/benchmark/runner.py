@@ -49,6 +49,7 @@ class BenchSettings:
     offset: int = 0
     methods: tuple[str, ...] = DEFAULT_METHODS
     taus: tuple[float, ...] | None = None  # None: semspec at its default setting only
+    attempts: tuple[int, ...] | None = None  # semspec draft attempts per step; None: the default only
     temperature: float = 0.6
     top_p: float = 0.95
     max_new_tokens: int = 256
@@ -66,6 +67,7 @@ class MethodRun:
     label: str  # key in results: "ar", "ar_2", "semspec", "semspec@tau=0.3", ...
     method: str  # an engine method or "hf_assisted"
     tau: float | None = None
+    attempts: int | None = None
     seed_offset: int = 0
     default_setting: bool = True
 
@@ -73,6 +75,8 @@ class MethodRun:
         d = {"method": self.method, "default_setting": self.default_setting}
         if self.tau is not None:
             d["tau"] = self.tau
+        if self.attempts is not None:
+            d["draft_attempts"] = self.attempts
         return d
 
 
@@ -106,13 +110,15 @@ def load_prompts(path: str | os.PathLike = DEFAULT_PROMPTS, limit: int | None = 
 
 
 def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
-              default_tau: float | None = None) -> list[MethodRun]:
+              default_tau: float | None = None, attempts=None) -> list[MethodRun]:
     """The labelled runs: ``ar`` always (speed-ups are against it), ``ar_2`` when sampling,
-    ``semspec`` once per tau (the engine's default tau is labelled plain ``semspec``)."""
+    ``semspec`` once per (tau, draft attempts) pair (the engine's defaults are labelled plain
+    ``semspec``, others e.g. ``semspec@tau=0.1`` or ``semspec@tau=0,attempts=3``)."""
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(ALL_METHODS)}")
     default_tau = GenerationConfig().tau if default_tau is None else default_tau
+    default_attempts = GenerationConfig().draft_attempts
     runs = [MethodRun("ar", "ar")]
     if temperature > 0:
         runs.append(MethodRun("ar_2", "ar", seed_offset=AR2_SEED_OFFSET))
@@ -121,10 +127,14 @@ def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
             continue
         if m == "semspec":
             for tau in (taus if taus else [default_tau]):
-                tau = float(tau)
-                is_default = abs(tau - default_tau) < 1e-12
-                runs.append(MethodRun("semspec" if is_default else f"semspec@tau={tau:g}", "semspec",
-                                      tau=tau, default_setting=is_default))
+                for k in (attempts if attempts else [default_attempts]):
+                    tau, k = float(tau), int(k)
+                    if k < 1:
+                        raise ValueError(f"draft attempts must be at least 1, not {k}")
+                    odd = ([f"tau={tau:g}"] if abs(tau - default_tau) >= 1e-12 else []) + \
+                        ([f"attempts={k}"] if k != default_attempts else [])
+                    runs.append(MethodRun("semspec@" + ",".join(odd) if odd else "semspec", "semspec",
+                                          tau=tau, attempts=k, default_setting=not odd))
         else:
             runs.append(MethodRun(m, m))
     return runs
@@ -140,6 +150,8 @@ def config_for(run: MethodRun, s: BenchSettings, prompt_index: int, max_new_toke
     )
     if run.tau is not None:
         kw["tau"] = run.tau
+    if run.attempts is not None:
+        kw["draft_attempts"] = run.attempts
     for name in ("step_delimiter", "max_step_tokens", "draft_tokens", "judge_threshold"):
         if getattr(s, name) is not None:
             kw[name] = getattr(s, name)
@@ -321,7 +333,7 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
     prompts that every method finished (``interrupted`` is set)."""
     say = progress or (lambda _m: None)
     prompts = prompts if prompts is not None else load_prompts(settings.prompts, settings.limit, settings.offset)
-    plan = plan_runs(settings.methods, settings.taus, settings.temperature)
+    plan = plan_runs(settings.methods, settings.taus, settings.temperature, attempts=settings.attempts)
     from .report import git_commit
 
     br = BenchRun(settings, prompts, plan, started_at=time.time(), git_commit=git_commit())

@@ -122,6 +122,37 @@ def test_same_seed_same_output(accept_engine, tiny_target, tiny_draft):
     assert {s.decision for s in r.steps} == {"accepted", "rejected"}  # p = 0.5 mixes both
 
 
+def test_semspec_draft_attempts_retry_rejected_steps(tiny_target, tiny_draft, reject_engine, ar_result):
+    half = Engine(tiny_target, tiny_draft, ProbePair.constant(0.5, 1.0, 64, 64))  # accept with p = 0.5
+    shares = {}
+    for attempts in (1, 4):
+        kept = total = drafted = 0
+        for seed in range(3):
+            r = half.generate(PROMPT, cfg("semspec", temperature=0.9, seed=seed, max_new_tokens=60,
+                                          draft_attempts=attempts))
+            spec = [s for s in r.steps if s.decision in ("accepted", "rejected")]
+            kept += sum(s.decision == "accepted" for s in spec)
+            total += len(spec)
+            drafted += r.counters.steps_drafted
+            # the step log counts every attempt's drafted tokens, the counters every attempt
+            assert sum(s.drafted_tokens for s in r.steps) == r.counters.drafted_tokens
+        shares[attempts] = kept / total
+        if attempts == 4:
+            assert drafted > total  # some steps took more than one draft
+    # P(a step ends up drafted) is 1 - 0.5^K: about 0.5 with one attempt, 0.94 with four
+    assert shares[4] > shares[1] + 0.2, shares
+    # every attempt rejected: the target still writes each step, as without retries
+    r = reject_engine.generate(PROMPT, cfg("semspec", temperature=0.9, seed=1, draft_attempts=3))
+    assert r.counters.steps_accepted == 0 and all(s.author == "target" for s in r.steps)
+    assert r.counters.steps_drafted > len([s for s in r.steps if s.decision == "rejected"])
+    # greedy: another attempt would draft the same step, so there is one
+    g = reject_engine.generate(PROMPT, cfg("semspec", draft_attempts=3))
+    assert g.text == ar_result.text
+    assert g.counters.steps_drafted == len([s for s in g.steps if s.decision == "rejected"])
+    with pytest.raises(ValueError, match="draft_attempts"):
+        half.generate(PROMPT, cfg("semspec", draft_attempts=0))
+
+
 def test_max_new_tokens_and_step_cap(accept_engine, reject_engine):
     for engine in (accept_engine, reject_engine):
         for method in ("ar", "token_sd", "step_judge", "semspec"):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
 from semspec.stream import Stream
@@ -77,3 +78,18 @@ def test_reduced_vocabulary_restricts_predictions_to_its_tokens(tiny_target):
     full = _fresh_logits(tiny_target, prompt + [30, 31])[-1]
     assert torch.isinf(out.logits[-1]).sum() == full.shape[0] - len(allowed)
     torch.testing.assert_close(out.logits[-1][allowed], full[allowed], atol=1e-4, rtol=1e-4)
+
+
+def test_refeed_from_recomputes_states_and_logits(tiny_target):
+    m = tiny_target
+    prompt = list(range(5, 25))
+    s = Stream(m, prompt)
+    first = s.forward(extra=[30, 31], hidden_layer=1)
+    s.refeed_from(len(prompt))  # the last two tokens run again on the next pass
+    assert s.next_logits is None and s.pending == [30, 31] and s.ids == prompt + [30, 31]
+    again = s.forward(hidden_layer=1)
+    assert again.start == len(prompt)
+    torch.testing.assert_close(again.hidden, first.hidden[-2:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s.next_logits, first.logits[-1], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        s.refeed_from(len(s.ids) + 1)

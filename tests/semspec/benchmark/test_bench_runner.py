@@ -127,15 +127,19 @@ def test_cli_bench(tiny_dirs, prompts_file, tmp_path):
         "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--probes", "accept",
         "--max-new-tokens", "12", "--temperature", "0", "--out", str(out), "--cache-dir", str(tmp_path / "c"),
         "--threads", "1", "--no-loglik", "-q", "--step-delimiter", "\\n", "--max-step-tokens", "6",
+        "--attempts", "1,2",
     ])
     assert r.exit_code == 0, r.output
     doc = json.loads((out / "results.json").read_text())
     assert doc["methods"]["semspec"]["step_acceptance_rate"] == 1.0
     assert doc["settings"]["step_delimiter"] == "\n" and doc["settings"]["max_step_tokens"] == 6
-    assert (out / "runs.jsonl").read_text().count("\n") == 3
+    assert doc["methods"]["semspec@attempts=2"]["draft_attempts"] == 2
+    assert (out / "runs.jsonl").read_text().count("\n") == 4
     assert "semspec" in r.output
     bad = CliRunner().invoke(main, ["bench", "--prompts", str(prompts_file), "--methods", "beam", "--out", str(out)])
     assert bad.exit_code != 0 and "unknown method" in bad.output
+    bad = CliRunner().invoke(main, ["bench", "--prompts", str(prompts_file), "--attempts", "1,x", "--out", str(out)])
+    assert bad.exit_code != 0 and "comma-separated ints" in bad.output
 
 
 def test_interrupted_run_keeps_the_finished_prompts(tiny_target, tiny_draft, prompts_file, tmp_path, monkeypatch):
