@@ -134,6 +134,9 @@ def train(data_dir, out_dir, holdout, seed, lr):
         click.echo(line(f"{role} probe, all steps", s["held_out"]))
         for sampler, m in s.get("held_out_by_sampler", {}).items():
             click.echo("  " + line(f"steps sampled by {sampler}:", m))
+    ov = report["meaning_overlap"]
+    click.echo(f"meaning overlap over {ov['prefixes']} prefixes, {ov['half_sample_size']} samples a side: draft-target "
+               f"{fmt(ov['draft_target'])}, target-target {fmt(ov['target_self'])} (relative {fmt(ov['relative'])})")
     rule = report.get("acceptance_rule_held_out")
     if rule:
         click.echo(f"acceptance rule on {rule['n_draft_steps']} held-out draft steps (target-meaning frequency: "

@@ -11,7 +11,8 @@ training questions, its output is rescaled (sigmoid(a*z+b), fitted on the out-of
 predictions and folded into the last layer, since small data makes the MLP overconfident),
 and it is evaluated once on the held-out questions. Reported per probe: MSE, R², Spearman, AUROC for
 "label >= 0.5", the constant predictor's MSE, sizes; plus a calibration plot (PNG) and, for
-the pair, how the acceptance rule does on the draft's held-out steps (`rule_eval.py`).
+the pair, how the acceptance rule does on the draft's held-out steps (`rule_eval.py`), and
+how much the two models' step meanings overlap at all (`overlap.py`).
 The probes are saved in the engine's format (`semspec.probes`) with that summary inside.
 """
 
@@ -27,6 +28,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from semspec.calibration.overlap import meaning_overlap
 from semspec.calibration.rule_eval import evaluate_rule
 from semspec.calibration.store import CalibrationStore, atomic_write_json
 
@@ -293,7 +295,8 @@ def train_probes(
     root, out = Path(root), Path(out)
     store = CalibrationStore(root)
     meta = store.meta()
-    judge = store.read_labels().get("judge", {})
+    labelled = store.read_labels()
+    judge = labelled.get("judge", {})
     data = load_role_data(root)
     roles = [r for r in roles if r in data]
     all_questions = sorted({q for r in roles for q in data[r].questions})
@@ -358,6 +361,10 @@ def train_probes(
         probes[role] = probe
         results[role] = {"pred": pred.tolist(), "labels": d.labels[te].tolist(), "metrics": metrics}
         report["probes"][role] = summary
+    report["meaning_overlap"] = meaning_overlap(
+        (labels["clusters"], store.read_prefix(key, with_features=False).sources)
+        for key, labels in sorted(labelled["prefixes"].items())
+    )
     if _rows_aligned(data, roles):
         src = [s for s, q in zip(data["target"].sources, data["target"].questions) if q in test_q]
         report["acceptance_rule_held_out"] = evaluate_rule(

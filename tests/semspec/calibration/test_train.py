@@ -76,6 +76,7 @@ def test_train_probes_on_synthetic_data(tmp_path):
         assert held["spearman"] > 0.7
         assert held["mse"] < held["constant_mse"]
     assert set(report["probes"]["target"]["held_out_by_sampler"]) == {"target", "draft"}
+    assert report["meaning_overlap"]["prefixes"] == 12 * 3  # every prefix, no model involved
     rule = report["acceptance_rule_held_out"]
     assert rule["n_draft_steps"] == 3 * 3 * 8  # held-out questions x prefixes x draft samples
     for row in rule["by_tau"]:
