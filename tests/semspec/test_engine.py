@@ -218,6 +218,12 @@ def test_different_tokenizer_draft(tiny_target, tiny_other, ar_result):
         assert r.counters.generated_tokens <= 40
         assert r.counters.steps_accepted > 0 and r.counters.draft_forward_passes > 0, method
         assert "draft" in r.models
+    # retries mirror the text again: half the attempts rejected, every step still written once
+    half = Engine(tiny_target, tiny_other, ProbePair.constant(0.5, 1.0, 64, 64))
+    r = half.generate(PROMPT, cfg("semspec", temperature=0.9, seed=2, draft_attempts=3))
+    assert r.counters.generated_tokens == 40 and r.counters.steps_drafted > len(r.steps) / 2
+    assert "".join(s.text for s in r.steps) == half.target.tokenizer.decode(
+        half.target.tokenizer(r.text, add_special_tokens=False)["input_ids"])
 
 
 def test_delimiter_ends_steps(tiny_target):
