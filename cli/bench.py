@@ -76,10 +76,9 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up call per method.")
 @click.option("--no-loglik", is_flag=True, help="Skip the target log-likelihood pass over the outputs.")
 @click.option("-q", "--quiet", is_flag=True, help="No per-run progress lines.")
-def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts, target,
-          draft,
-          probes, step_delimiter, max_step_tokens, draft_tokens, judge_threshold, threads, device, cache_dir,
-          no_warmup, no_loglik, quiet) -> None:
+def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
+          target, draft, probes, step_delimiter, max_step_tokens, draft_tokens, judge_threshold, threads, device,
+          cache_dir, no_warmup, no_loglik, quiet) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
 
     Ctrl-C or SIGTERM during the runs stops them and still writes the report, over the

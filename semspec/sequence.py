@@ -464,7 +464,7 @@ class SemSpecSequence(DraftingSequence):
                 return
             step, t_ids = drafted
             pre = len(self.T.ids)
-            accepted, record = self.verify_meaning(step, t_ids)
+            accepted, record = self.verify_meaning(step, t_ids, pre)
             if accepted or attempt == attempts:
                 self.settle(step, t_ids, pre, accepted, record, thrown=thrown)
                 return
@@ -473,11 +473,11 @@ class SemSpecSequence(DraftingSequence):
             self.T.truncate(pre)
             thrown += len(step.tokens)
 
-    def verify_meaning(self, step: DraftedStep, t_ids: list[int]) -> tuple[bool, dict]:
-        """One target pass over the drafted step; the probes' acceptance decision."""
+    def verify_meaning(self, step: DraftedStep, t_ids: list[int], pre: int) -> tuple[bool, dict]:
+        """One target pass over the drafted step (appended after ``pre`` tokens); the probes'
+        acceptance decision."""
         cfg = self.cfg
         with self.timed("verify"):
-            pre = len(self.T.ids)
             out = self.T.forward(extra=t_ids, hidden_layer=self.t_layer, keep_for=[pre])
             skip = max(0, self.step_start - out.start)
             pooled_t = pool(out.hidden[skip:].unsqueeze(0))[0]

@@ -361,9 +361,13 @@ def train_probes(
         probes[role] = probe
         results[role] = {"pred": pred.tolist(), "labels": d.labels[te].tolist(), "metrics": metrics}
         report["probes"][role] = summary
+    # who sampled each step, per prefix: from the rows already loaded, not the files again
+    rows = data[roles[0]]
+    sources: dict[str, list[str]] = {}
+    for key, src in zip(rows.prefixes, rows.sources):
+        sources.setdefault(key, []).append(src)
     report["meaning_overlap"] = meaning_overlap(
-        (labels["clusters"], store.read_prefix(key, with_features=False).sources)
-        for key, labels in sorted(labelled["prefixes"].items())
+        (labelled["prefixes"][key]["clusters"], src) for key, src in sorted(sources.items())
     )
     if _rows_aligned(data, roles):
         src = [s for s, q in zip(data["target"].sources, data["target"].questions) if q in test_q]
