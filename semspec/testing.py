@@ -1,7 +1,7 @@
 """Tiny randomly initialised models and tokenizers for fast tests (no files needed).
 
-``tiny_model_dir(path, ...)`` writes a complete Hugging Face directory (Llama config, random
-weights, a small byte-level BPE tokenizer trained on a fixed text, a chat template) that
+``tiny_model_dir(path, ...)`` writes a complete Hugging Face directory (Llama, Qwen2 or Qwen3
+config, random weights, a small byte-level BPE tokenizer trained on a fixed text, a chat template) that
 :func:`semspec.models.load_model` loads like any real model.
 """
 
@@ -54,10 +54,20 @@ def tiny_tokenizer(vocab_size: int = 320, seed_text: str = ""):
     return fast
 
 
-def tiny_model(tokenizer, num_layers: int = 2, hidden_size: int = 64, seed: int = 0, max_positions: int = 512):
-    from transformers import LlamaConfig, LlamaForCausalLM
+# The decoder layouts the engine serves (semspec.runner), by transformers model type.
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
-    cfg = LlamaConfig(
+
+def tiny_model(tokenizer, num_layers: int = 2, hidden_size: int = 64, seed: int = 0, max_positions: int = 512,
+               arch: str = "llama"):
+    import transformers
+
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    }[arch]
+    cfg = config_cls(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
@@ -71,7 +81,7 @@ def tiny_model(tokenizer, num_layers: int = 2, hidden_size: int = 64, seed: int 
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
+    model = model_cls(cfg)
     # Random init gives near-uniform logits; a larger untied head sharpens them (so greedy
     # and sampled decoding differ) without making the model repeat its input token.
     with torch.no_grad():
@@ -81,10 +91,10 @@ def tiny_model(tokenizer, num_layers: int = 2, hidden_size: int = 64, seed: int 
 
 
 def tiny_model_dir(path, num_layers: int = 2, hidden_size: int = 64, seed: int = 0, vocab_size: int = 320,
-                   seed_text: str = "", max_positions: int = 512) -> Path:
+                   seed_text: str = "", max_positions: int = 512, arch: str = "llama") -> Path:
     path = Path(path)
     tok = tiny_tokenizer(vocab_size, seed_text)
-    model = tiny_model(tok, num_layers, hidden_size, seed, max_positions)
+    model = tiny_model(tok, num_layers, hidden_size, seed, max_positions, arch)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
