@@ -76,13 +76,22 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed warm-up call per method.")
 @click.option("--no-loglik", is_flag=True, help="Skip the target log-likelihood pass over the outputs.")
 @click.option("-q", "--quiet", is_flag=True, help="No per-run progress lines.")
+@click.option("--batch-size", "batch_sizes", default=None,
+              help="Throughput by batch size instead, e.g. 1,4,8,16,32: every method (hf_assisted "
+                   "excepted, hf_generate added) over all prompts at each size (results.json "
+                   "by_batch_size).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+              help="With --batch-size: the models' number type (auto: the fastest for each size).")
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
           target, draft, probes, step_delimiter, max_step_tokens, draft_tokens, judge_threshold, threads, device,
-          cache_dir, no_warmup, no_loglik, quiet) -> None:
+          cache_dir, no_warmup, no_loglik, quiet, batch_sizes, dtype) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
 
     Ctrl-C or SIGTERM during the runs stops them and still writes the report, over the
-    prompts that every method finished."""
+    prompts that every method finished.
+
+    Examples: semjobs bench --limit 10 --out out/bench;
+    semjobs bench --batch-size 1,8,32 --temperature 0 --limit 32 --threads 1 --out out/batch"""
     import torch
 
     from semspec.benchmark.report import write_report
@@ -105,6 +114,8 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
         if not quiet:
             click.echo(f"[{time.perf_counter() - t0:7.1f}s] {msg}", err=True)
 
+    if batch_sizes:
+        return _sweep(settings, _ints(batch_sizes), dtype, device, target, draft, probes, cache_dir, out_dir, say)
     from semspec.benchmark.runner import plan_runs, run_bench
 
     try:
@@ -140,3 +151,38 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     sa = res["ar_self_agreement"]
     click.echo(f"ar_self_agreement: {'-' if sa is None else f'{sa:.2f}'}")
     click.echo(f"wrote {out / 'results.json'}, {out / 'results.md'} and plots")
+
+
+def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_dir, out_dir, say) -> None:
+    import json
+
+    from semspec.benchmark.runner import load_engine, load_prompts
+    from semspec.benchmark.throughput import BATCH_METHODS, SweepSettings, markdown, run_sweep
+
+    methods = [m for m in settings.methods if m in BATCH_METHODS] + ["hf_generate"]
+    sweep = SweepSettings(batch_sizes=tuple(batch_sizes), methods=tuple(dict.fromkeys(methods)),
+                          temperature=settings.temperature, top_p=settings.top_p,
+                          max_new_tokens=settings.max_new_tokens, seed=settings.seed, dtype=dtype, device=device)
+    try:
+        prompt_list = load_prompts(settings.prompts, settings.limit, settings.offset)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+
+    def load(dt):
+        say(f"loading the models in {str(dt).removeprefix('torch.')}")
+        return load_engine(target, draft, probes, device=device, cache_dir=cache_dir, dtype=dt)
+
+    result = run_sweep(load, prompt_list, sweep, progress=say)
+    command = "semjobs bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 \
+        and sys.argv[1] == "bench" else None
+    import torch
+
+    result = {"command": command, "settings": {**sweep.__dict__, "prompts": settings.prompts, "limit": settings.limit,
+                                               "offset": settings.offset, "torch_threads": torch.get_num_threads()},
+              **result}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    (out / "results.md").write_text((f"`{command}`\n\n" if command else "") + markdown(result))
+    click.echo(markdown(result))
+    click.echo(f"wrote {out / 'results.json'} and {out / 'results.md'}")

@@ -213,10 +213,14 @@ def retry(job, include_pending, db_url) -> None:
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Continue an unfinished job of the same file and settings in this "
               "database (after a crash or Ctrl-C) instead of starting a new one.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Items decoded at once (default: SEMJOBS_BATCH_SIZE).")
 def run(file, output, errors, method, max_new_tokens, temperature, seed, name, db_url,
-        steps, resume) -> None:
+        steps, resume, batch_size) -> None:
     """Embedded mode: no servers; process FILE in this process into a SQLite file, then
-    export. Same tables, same per-item code as the workers."""
+    export. Same tables, same per-item code as the workers.
+
+    Example: semjobs run examples/prompts.jsonl -o out/results.jsonl --batch-size 16"""
     from db import migrate
     from jobs.export import export_job
     from jobs.schema import validate_file
@@ -226,6 +230,8 @@ def run(file, output, errors, method, max_new_tokens, temperature, seed, name, d
     from worker.process import run_items
 
     url = db_url or settings.embedded_database_url
+    if batch_size is not None:
+        settings.batch_size = batch_size
     config = _config(method, max_new_tokens, temperature, seed)
     migrate.upgrade(url)
     validation = validate_file(file, settings.max_line_bytes)

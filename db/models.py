@@ -26,6 +26,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from semspec.types import COUNT_FIELDS
+
 # Job lifecycle: pending (rows stored, not yet enqueued) -> queued -> running ->
 # completed (every item reached a final state; counts say how many failed) | cancelled.
 JOB_STATUSES = ("pending", "queued", "running", "completed", "cancelled")
@@ -130,7 +132,12 @@ class StepLog(Base):
     judge_score: Mapped[int | None] = mapped_column(Integer)  # step_judge: target's 0-9 score
 
 
-class ItemStats(Base):
+# One integer column per engine counter (semspec.types.COUNT_FIELDS), declared from that
+# list so the table cannot drift from the dataclass; the migrations spell each one out.
+_CounterColumns = type("_CounterColumns", (), {name: mapped_column(Integer, nullable=False) for name in COUNT_FIELDS})
+
+
+class ItemStats(_CounterColumns, Base):
     __tablename__ = "item_stats"
 
     item_pk: Mapped[int] = mapped_column(
@@ -138,14 +145,6 @@ class ItemStats(Base):
     )
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     wall_seconds: Mapped[float] = mapped_column(Float)
-    prompt_tokens: Mapped[int] = mapped_column(Integer)
-    generated_tokens: Mapped[int] = mapped_column(Integer)
-    target_forward_passes: Mapped[int] = mapped_column(Integer)
-    draft_forward_passes: Mapped[int] = mapped_column(Integer)
-    drafted_tokens: Mapped[int] = mapped_column(Integer)
-    accepted_tokens: Mapped[int] = mapped_column(Integer)
-    steps_drafted: Mapped[int] = mapped_column(Integer)
-    steps_accepted: Mapped[int] = mapped_column(Integer)
     n_steps: Mapped[int] = mapped_column(Integer)
     phase_seconds: Mapped[dict] = mapped_column(JSON)
 

@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from db.models import JOB_ACTIVE, Item, ItemStats, Job, Output, StepLog, Worker, utcnow
+from semspec.types import COUNT_FIELDS
 
 # ---------------------------------------------------------------------------- submit
 
@@ -209,14 +210,12 @@ def fail_item(session: Session, pk: int, error: str) -> None:
     session.commit()
 
 
-def save_result(session: Session, job_id: str, pk: int, result: Any, commit: bool = True) -> bool:
-    """Store a GenerationResult for item `pk` in one transaction. False when another delivery
-    already stored one (the output's primary key is the item). With commit=False the caller
-    commits (the worker lets the next claim's commit carry it: one round trip less)."""
+def save_result(session: Session, job_id: str, pk: int, result: Any) -> bool:
+    """Store a GenerationResult for item `pk` in one transaction, committed. False when
+    another delivery already stored one (the output's primary key is the item)."""
     conn = session.connection()
     if conn.dialect.name == "postgresql":
-        return _save_result_pg(session, conn, job_id, pk, result, commit)
-    c = result.counters
+        return _save_result_pg(session, conn, job_id, pk, result)
     try:
         conn.execute(
             insert(Output).values(
@@ -230,24 +229,13 @@ def save_result(session: Session, job_id: str, pk: int, result: Any, commit: boo
                 insert(StepLog),
                 [{"item_pk": pk, "job_id": job_id, **step_row(s)} for s in result.steps],
             )
-        conn.execute(
-            insert(ItemStats).values(
-                item_pk=pk, job_id=job_id, wall_seconds=result.wall_seconds,
-                prompt_tokens=c.prompt_tokens, generated_tokens=c.generated_tokens,
-                target_forward_passes=c.target_forward_passes,
-                draft_forward_passes=c.draft_forward_passes,
-                drafted_tokens=c.drafted_tokens, accepted_tokens=c.accepted_tokens,
-                steps_drafted=c.steps_drafted, steps_accepted=c.steps_accepted,
-                n_steps=len(result.steps), phase_seconds=dict(c.phase_seconds),
-            )
-        )
+        conn.execute(insert(ItemStats).values(item_pk=pk, job_id=job_id, **stat_values(result)))
         conn.execute(
             update(Item)
             .where(Item.id == pk)
             .values(status="done", error=None, finished_at=utcnow())
         )
-        if commit:
-            session.commit()
+        session.commit()
         return True
     except IntegrityError:
         session.rollback()
@@ -271,9 +259,17 @@ def step_row(s: Any) -> dict[str, Any]:
     return {col: getattr(s, "index" if col == "step_index" else col) for col in STEP_TYPES}
 
 
-STAT_COLS = ("wall_seconds, prompt_tokens, generated_tokens, target_forward_passes, "
-             "draft_forward_passes, drafted_tokens, accepted_tokens, steps_drafted, "
-             "steps_accepted, n_steps, phase_seconds")
+# item_stats columns besides the keys: every engine counter (semspec.types.COUNT_FIELDS)
+# between the item's wall time and its step count and phase times.
+STAT_SUMS = ("wall_seconds", *COUNT_FIELDS, "n_steps")  # the columns a job's figures add up
+STAT_COLS = (*STAT_SUMS, "phase_seconds")
+
+
+def stat_values(result: Any) -> dict[str, Any]:
+    """A GenerationResult's item_stats row (without item_pk and job_id)."""
+    c = result.counters
+    return {"wall_seconds": result.wall_seconds, **{k: getattr(c, k) for k in COUNT_FIELDS},
+            "n_steps": len(result.steps), "phase_seconds": dict(c.phase_seconds)}
 # The Postgres path of save_result: output, step log, stats and the item's status in ONE
 # statement (one round trip). ON CONFLICT DO NOTHING on the output makes a second delivery a
 # no-op: the other inserts and the update only run when the output row was inserted.
@@ -289,10 +285,8 @@ WITH o AS (
     FROM json_to_recordset(CAST(:steps AS json)) AS x({STEP_FIELDS})
     WHERE EXISTS (SELECT 1 FROM o)
 ), st AS (
-    INSERT INTO item_stats (item_pk, job_id, {STAT_COLS})
-    SELECT :pk, :job_id, :wall_seconds, :prompt_tokens, :generated_tokens,
-           :target_forward_passes, :draft_forward_passes, :drafted_tokens, :accepted_tokens,
-           :steps_drafted, :steps_accepted, :n_steps, CAST(:phase_seconds AS json)
+    INSERT INTO item_stats (item_pk, job_id, {", ".join(STAT_COLS)})
+    SELECT :pk, :job_id, {", ".join(f":{k}" for k in STAT_SUMS)}, CAST(:phase_seconds AS json)
     WHERE EXISTS (SELECT 1 FROM o)
 )
 UPDATE items SET status = 'done', error = NULL, finished_at = :now
@@ -300,23 +294,16 @@ WHERE id = :pk AND EXISTS (SELECT 1 FROM o)
 """)
 
 
-def _save_result_pg(session: Session, conn, job_id: str, pk: int, result: Any,
-                    commit: bool) -> bool:
-    c = result.counters
+def _save_result_pg(session: Session, conn, job_id: str, pk: int, result: Any) -> bool:
     steps = [step_row(s) for s in result.steps]
+    stats = stat_values(result)
+    stats["phase_seconds"] = json.dumps(stats["phase_seconds"])
     res = conn.execute(_SAVE_PG, {
         "pk": pk, "job_id": job_id, "text": result.text, "final_answer": result.final_answer,
         "finish_reason": result.finish_reason, "models": json.dumps(dict(result.models or {})),
-        "now": utcnow(), "steps": json.dumps(steps),
-        "wall_seconds": result.wall_seconds, "prompt_tokens": c.prompt_tokens,
-        "generated_tokens": c.generated_tokens, "target_forward_passes": c.target_forward_passes,
-        "draft_forward_passes": c.draft_forward_passes, "drafted_tokens": c.drafted_tokens,
-        "accepted_tokens": c.accepted_tokens, "steps_drafted": c.steps_drafted,
-        "steps_accepted": c.steps_accepted, "n_steps": len(result.steps),
-        "phase_seconds": json.dumps(dict(c.phase_seconds)),
+        "now": utcnow(), "steps": json.dumps(steps), **stats,
     })
-    if commit:
-        session.commit()
+    session.commit()
     return res.rowcount == 1
 
 
@@ -439,13 +426,6 @@ def counts(session: Session, job_id: str) -> dict[str, int]:
     ):
         out[status] = n
     return out
-
-
-STAT_SUMS = (
-    "wall_seconds", "prompt_tokens", "generated_tokens", "target_forward_passes",
-    "draft_forward_passes", "drafted_tokens", "accepted_tokens", "steps_drafted",
-    "steps_accepted", "n_steps",
-)
 
 
 def stat_sums(session: Session, job_id: str) -> dict[str, float]:

@@ -8,6 +8,7 @@ service passes plain values into the engine.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -27,16 +28,23 @@ class Settings(BaseSettings):
     target_model: str | None = None
     draft_model: str | None = None
     probes_dir: str | None = None
-    device: str = "auto"  # "auto" picks CUDA (bfloat16) when present, else CPU float32
+    device: str = "auto"  # "auto" picks CUDA when present, else the CPU
+    # Number type of the models: "auto" is bfloat16 on CUDA, and on a CPU with bfloat16
+    # instructions (AMX, AVX512-BF16) once batch_size reaches 4; float32 otherwise
+    # (semspec.models.pick_dtype). "float32" / "bfloat16" force one.
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # Items one engine process decodes at once (continuous batching, shared by every chunk
+    # the process holds). 16 measured best on a 2-core CPU (docs/batching.md).
+    batch_size: int = Field(default=16, ge=1)
     # torch CPU threads per engine process (torch.set_num_threads before the engine loads);
     # None keeps torch's default, one per core. On a busy or shared CPU fewer is faster: on
     # a loaded 2-core box 2 threads ran ~7x slower than 1. Workers x threads <= free cores.
     threads: int | None = Field(default=None, ge=1)
 
     # The engine the worker and `semjobs run` call, as "module:attribute[.attribute]". It is
-    # called once per process as factory(target=, draft=, probes=, device=, cache_dir=) and
-    # must return an object with .generate(prompt_or_messages, GenerationConfig) and
-    # .identities. Tests and the overhead benchmark point it at an instant fake engine.
+    # called once per process as factory(target=, draft=, probes=, device=, cache_dir=,
+    # dtype=, batch_size=) and must return an object with .identities and
+    # .generate_many(requests, batch_size=) (semspec.engine.Engine's). Tests and the overhead benchmark point it at an instant fake engine.
     engine_factory: str = "semspec.engine:Engine.load"
 
     # Job defaults (each can be overridden per job on the command line, per item in the input).

@@ -3,6 +3,11 @@
     engine = Engine.load()                      # embedded SmolLM2 (+ embedded draft/probes if shipped)
     engine = Engine.load(target, draft, probes)  # model specs (see semspec.models), probe dir
     result = engine.generate("What is 2+2?", GenerationConfig(method="ar"))
+    for done in engine.generate_many(prompts, GenerationConfig(), batch_size=16):
+        done.key, done.result, done.error         # in the order the prompts finish
+
+``generate`` is ``generate_many`` over one prompt: one code path, continuous batching
+(``semspec.scheduler``) over the batched runner (``semspec.runner``).
 
 No I/O happens here beyond model loading: no database, no queue, no printing.
 """
@@ -12,13 +17,16 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Iterable, Iterator
 
-from .models import DEFAULT_TARGET, LoadedModel, load_model
+from .models import DEFAULT_TARGET, LoadedModel, load_model, pick_dtype
 from .probes import ProbePair, embedded_probes_available, resolve_probes
+from .scheduler import DEFAULT_MAX_PREFILL_TOKENS, Runners, Scheduler
 from .sequence import METHOD_CLASSES, MethodUnavailable, PromptError, Sequence
-from .types import DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, GenerationConfig, GenerationResult
+from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Finished, GenerationConfig,
+                    GenerationResult, Request)
 
-__all__ = ["Engine", "MethodUnavailable", "PromptError"]
+__all__ = ["Engine", "Finished", "MethodUnavailable", "PromptError", "Request"]
 
 
 EMBEDDED_DRAFT = "embedded:smollm2-135m-draft"
@@ -64,21 +72,26 @@ class Engine:
         probes: str | None = None,
         device: str = "auto",
         cache_dir: str | os.PathLike | None = None,
+        dtype: str = "auto",
+        batch_size: int = 1,
     ) -> "Engine":
         """Load from specs. ``cache_dir`` is the service's cache root; converted models go
-        to ``cache_dir/models`` (default ``~/.cache/semjobs/models``).
+        to ``cache_dir/models`` (default ``~/.cache/semjobs/models``). ``dtype`` "auto"
+        picks the number type that measures fastest for ``batch_size`` sequences in flight
+        (``semspec.models.pick_dtype``); "float32" / "bfloat16" force one.
 
         Defaults: ``target=None`` is the embedded SmolLM2. With the embedded target,
         ``draft=None`` loads the embedded draft and ``probes=None`` the embedded probes when
         they are shipped (else none). ``draft="none"`` / ``probes="none"`` load none."""
         model_cache = Path(cache_dir).expanduser() / "models" if cache_dir is not None else None
-        t = load_model(target, device=device, cache_dir=model_cache)
+        dt = pick_dtype(device, batch_size, dtype)
+        t = load_model(target, device=device, cache_dir=model_cache, dtype=dt)
         embedded_target = target in (None, DEFAULT_TARGET)
         if draft is None and embedded_target and embedded_draft_available():
             draft = EMBEDDED_DRAFT
         if draft in (None, "", "none"):
             draft = None
-        d = load_model(draft, device=device, cache_dir=model_cache) if draft else None
+        d = load_model(draft, device=device, cache_dir=model_cache, dtype=dt) if draft else None
         if probes is None and d is not None and draft == EMBEDDED_DRAFT and embedded_target \
                 and embedded_probes_available():
             probes = "embedded:smollm2-135m"
@@ -98,11 +111,11 @@ class Engine:
             ids.update(self.probes.identities())
         return ids
 
-    def new_sequence(self, messages: list[dict] | str, config: GenerationConfig) -> Sequence:
-        """The decoding state of one prompt; drive it with ``advance()`` until ``done``."""
+    def new_sequence(self, messages: list[dict] | str, config: GenerationConfig, runners: Runners) -> Sequence:
+        """The decoding state of one prompt on ``runners``' models (the scheduler drives it)."""
         if config.method not in METHODS:
             raise ValueError(f"unknown method {config.method!r}; one of {', '.join(METHODS)}")
-        return METHOD_CLASSES[config.method](self, messages, self.resolve(config))
+        return METHOD_CLASSES[config.method](self, messages, self.resolve(config), runners)
 
     def resolve(self, config: GenerationConfig) -> GenerationConfig:
         """``config`` with its unset step rule filled in: the probes' calibration, else the
@@ -113,5 +126,26 @@ class Engine:
         unset = {k: v for k, v in rule.items() if getattr(config, k) is None}
         return dataclasses.replace(config, **unset) if unset else config
 
+    def generate_many(self, prompts: Iterable, config: GenerationConfig | None = None, batch_size: int = 8,
+                      max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS) -> Iterator[Finished]:
+        """Decode up to ``batch_size`` prompts at once, yielding a :class:`Finished` (key,
+        result or error) as each one ends. ``prompts``: texts, message lists or
+        :class:`Request` (with a config and key of its own); read lazily, one as each slot
+        frees. A prompt that fails (bad input, context overflow) fails alone."""
+        default = config or GenerationConfig()
+
+        def requests():
+            for i, p in enumerate(prompts):
+                if p is None or (isinstance(p, Request) and p.key is not None):
+                    yield p  # None: a live source has nothing ready yet (Scheduler.run)
+                else:
+                    yield Request(p.prompt, p.config, i) if isinstance(p, Request) else Request(p, key=i)
+
+        yield from Scheduler(self, batch_size, max_prefill_tokens).run(requests(), default)
+
     def generate(self, messages: list[dict] | str, config: GenerationConfig | None = None) -> GenerationResult:
-        return self.new_sequence(messages, config or GenerationConfig()).run()
+        """One prompt: ``generate_many`` with a batch of one; errors are raised."""
+        (done,) = self.generate_many([messages], config, batch_size=1)
+        if done.error is not None:
+            raise done.error
+        return done.result

@@ -1,10 +1,12 @@
 """Per-sequence decoding state and the small step functions that drive it.
 
 Each method is a :class:`Sequence` subclass holding everything one prompt needs (token
-streams with their KV caches, phase, counters, step records, random generators).
-``advance()`` does one unit of work (a prefill, one reasoning step, one speculation round)
-and returns; ``done`` says when the sequence has finished. ``run()`` just loops, but a
-scheduler can interleave many sequences' ``advance()`` calls instead.
+streams on runner slots, phase, counters, step records, random generators). Its
+``program()`` is a generator, the method's state machine: it never runs a model, it yields
+the forward passes it needs (:class:`semspec.stream.PassRequest`) and is sent their results.
+The scheduler (``semspec.scheduler``) collects the requests of every active sequence and
+runs each model once per tick over all of them, so a method reads as straight-line code
+(``out = yield from self.T.forward(...)``) while many sequences share every pass.
 
 Conventions:
 - Budget and ``Counters.generated_tokens`` count target-tokenizer tokens; the EOS token that
@@ -13,22 +15,26 @@ Conventions:
   that were kept. Bonus tokens (sampled by the target from a verification pass) are not
   counted as accepted; ``target_forward_passes`` counts every target pass, prefill included.
 - A step's ``text`` is the target's text for it (a bonus token starts the next step).
+- ``Counters.phase_seconds`` books the wall time of every batched pass a sequence took part
+  in under the phase it asked for (a shared pass counts in full for each participant).
 """
 
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Generator
 
 import torch
 
 from .models import encode_prompt
 from .probes import pool
 from .sampling import make_generator, probs_from_logits, sample, sample_logits, uniform
-from .steps import StepDetector, detect_think_end, extract_answer
-from .stream import Stream
+from .steps import IncrementalText, StepDetector, detect_think_end, extract_answer
+from .stream import PassRequest, PassResult, Sample, Stream
 from .types import Counters, GenerationConfig, GenerationResult, StepRecord
+
+Program = Generator[PassRequest, PassResult, None]
 
 
 class PromptError(ValueError):
@@ -50,7 +56,7 @@ def _common_prefix(a: list, b: list) -> int:
 class Sequence:
     method = "ar"
 
-    def __init__(self, engine, messages, config: GenerationConfig):
+    def __init__(self, engine, messages, config: GenerationConfig, runners):
         self.engine = engine
         self.cfg = config
         self.t0 = time.perf_counter()
@@ -71,7 +77,7 @@ class Sequence:
         if config.draft_attempts < 1:
             raise ValueError("draft_attempts must be at least 1")
         self.prompt_len = len(prompt)
-        self.T = Stream(tgt, prompt)
+        self.T = Stream(runners.target, prompt)
         self.budget = config.max_new_tokens if max_ctx is None else min(config.max_new_tokens, max_ctx - len(prompt))
         te = config.think_end
         self.think_end = detect_think_end(tgt.tokenizer) if te == "auto" else (te or None)
@@ -82,12 +88,17 @@ class Sequence:
         self.finish_reason: str | None = None
         self.eos = tgt.eos_token_ids
         self.rng = make_generator(config.seed, tgt.device)
+        self.target_sample = Sample(config.temperature, config.top_p, self.rng)
         self.coin = make_generator(config.seed + 1_000_003, "cpu")
         self.step_start = self.prompt_len  # absolute position in T where the open step began
         self._step_t0 = time.perf_counter()
-        self._scan = self.prompt_len  # token_sd/ar step segmentation: next position to scan
+        self._scan_text: IncrementalText | None = None  # token_sd: the open step's text so far
         self._step_drafted = 0
         self._step_accepted = 0
+
+    @property
+    def streams(self) -> list[Stream]:
+        return [self.T]
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -102,14 +113,6 @@ class Sequence:
 
     def decode_t(self, ids) -> str:
         return self.T.lm.tokenizer.decode(list(ids), skip_special_tokens=False)
-
-    @contextmanager
-    def timed(self, phase: str):
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.counters.add_time(phase, time.perf_counter() - t)
 
     def finish(self, reason: str) -> None:
         if self.phase != "done":
@@ -134,13 +137,12 @@ class Sequence:
         )
         self.steps.append(rec)
         self.step_start = end
-        self._scan = end
+        self._scan_text = None
         self._step_t0 = time.perf_counter()
         return rec
 
-    def prefill(self) -> None:
-        with self.timed("prefill"):
-            self.T.forward(keep_for=[])
+    def prefill(self) -> Program:
+        yield from self.T.forward(keep_for=[], phase="prefill")
         self.phase = "think"
 
     def take_target_token(self, tok: int) -> bool:
@@ -151,66 +153,66 @@ class Sequence:
         self.T.append([tok])
         return True
 
-    def target_write_step(self, decision: str, **extra) -> StepRecord | None:
+    def open_step_text(self) -> IncrementalText:
+        return IncrementalText(self.T.lm.tokenizer, self.T.ids[self.step_start:])
+
+    def target_write_step(self, decision: str, **extra) -> Program:
         """The target writes the open step itself, token by token, until the step ends."""
-        cfg = self.cfg
-        with self.timed("target_write"):
-            n = len(self.T.ids) - self.step_start
-            prev_text = self.decode_t(self.T.ids[self.step_start:])
-            end = None
-            while True:
-                if self.remaining() <= 0:
-                    self.finish("length")
-                    break
-                tok = sample_logits(self.T.logits(), cfg.temperature, cfg.top_p, self.rng)
-                if not self.take_target_token(tok):
-                    break
-                n += 1
-                text = self.decode_t(self.T.ids[self.step_start:])
-                end = self.detector.ended(text, n, len(prev_text))
-                prev_text = text
-                if end is not None:
-                    break
+        text = self.open_step_text()
+        n = len(self.T.ids) - self.step_start
+        end = None
+        while True:
+            if self.remaining() <= 0:
+                self.finish("length")
+                break
+            tok = yield from self.T.next_token(self.target_sample, phase="target_write")
+            if not self.take_target_token(tok):
+                break
+            n += 1
+            prev_len = len(text.text)
+            text.push(tok)
+            end = self.detector.ended(text.text, n, prev_len)
+            if end is not None:
+                break
         if end is not None and end.reason == "think_end":
             self.phase = "answer"
-        return self.close_step("target", decision, **extra)
+        self.close_step("target", decision, **extra)
 
     def scan_steps(self, author: str, decision: str, final: bool = False) -> None:
-        """Close steps over tokens already in T (used by ar and token_sd)."""
+        """Close steps over tokens already in T (token_sd writes several tokens per round)."""
         ids = self.T.ids
-        while self._scan < len(ids):
-            prev = self.decode_t(ids[self.step_start:self._scan])
-            self._scan += 1
-            text = self.decode_t(ids[self.step_start:self._scan])
-            end = self.detector.ended(text, self._scan - self.step_start, len(prev))
+        if self._scan_text is None:
+            self._scan_text = IncrementalText(self.T.lm.tokenizer)
+        scan = self._scan_text
+        while self.step_start + len(scan.ids) < len(ids):
+            prev_len = len(scan.text)
+            scan.push(ids[self.step_start + len(scan.ids)])
+            end = self.detector.ended(scan.text, len(scan.ids), prev_len)
             if end is not None:
-                self.close_step(author, decision, self._step_drafted, self._step_accepted, end=self._scan)
+                self.close_step(author, decision, self._step_drafted, self._step_accepted,
+                                end=self.step_start + len(scan.ids))
                 self._step_drafted = self._step_accepted = 0
-                if end.reason == "think_end":
-                    self.phase = "answer" if self.phase != "done" else "done"
+                if end.reason == "think_end" and self.phase != "done":
+                    self.phase = "answer"
+                scan = self._scan_text = IncrementalText(self.T.lm.tokenizer)
         if final and len(ids) > self.step_start:
             self.close_step(author, decision, self._step_drafted, self._step_accepted)
 
     # ------------------------------------------------------------------ driving
-    def advance(self) -> None:
-        """One unit of work; when it finishes the sequence, close the step left open."""
-        if self.done:
-            return
-        self._advance()
-        if self.done:
-            self.close_open_step()
+    def program(self) -> Program:
+        """The whole decode of this prompt, as the passes it asks for."""
+        yield from self.prefill()
+        while not self.done:
+            yield from self.advance()
+        self.close_open_step()
 
-    def _advance(self) -> None:
+    def advance(self) -> Program:
+        """One unit of work: a reasoning step, or one speculation round."""
         raise NotImplementedError
 
     def close_open_step(self) -> None:
         if len(self.T.ids) > self.step_start:  # e.g. a bonus token drawn at the very end
             self.close_step("target", "target_only")
-
-    def run(self) -> GenerationResult:
-        while not self.done:
-            self.advance()
-        return self.result()
 
     def result(self) -> GenerationResult:
         c = self.counters
@@ -235,10 +237,8 @@ class ARSequence(Sequence):
 
     method = "ar"
 
-    def _advance(self) -> None:
-        if self.phase == "prefill":
-            return self.prefill()
-        self.target_write_step("target_only")
+    def advance(self) -> Program:
+        yield from self.target_write_step("target_only")
 
 
 @dataclass
@@ -253,8 +253,8 @@ class DraftingSequence(Sequence):
     """Shared by the methods that use a draft: a second stream mirrored onto the target's
     accepted text, in token ids (same tokenizer) or in text (different tokenizers)."""
 
-    def __init__(self, engine, messages, config):
-        super().__init__(engine, messages, config)
+    def __init__(self, engine, messages, config, runners):
+        super().__init__(engine, messages, config, runners)
         if engine.draft is None:
             raise MethodUnavailable(f"method {self.method!r} needs a draft model; none was loaded")
         self.draft = engine.draft
@@ -266,21 +266,22 @@ class DraftingSequence(Sequence):
             dmax = self.draft.max_context
             if dmax is not None and len(d_prompt) >= dmax:
                 raise PromptError(f"prompt of {len(d_prompt)} tokens does not fit the draft's context of {dmax}")
-        self.D = Stream(self.draft, d_prompt)
+        self.D = Stream(runners.draft, d_prompt)
         self.d_eos = self.draft.eos_token_ids
         self.rng_d = make_generator(config.seed + 7, self.draft.device)
+        self.draft_sample = Sample(config.temperature, config.top_p, self.rng_d)
         # text mirror (different tokenizers): chars of target output represented in D, and
         # checkpoints (chars, draft length) to roll back to
         self.d_text = ""
         self.d_marks: list[tuple[int, int]] = [(0, len(d_prompt))]
 
-    def decode_d(self, ids) -> str:
-        return self.draft.tokenizer.decode(list(ids), skip_special_tokens=False)
+    @property
+    def streams(self) -> list[Stream]:
+        return [self.T, self.D]
 
-    def prefill(self) -> None:
-        with self.timed("prefill"):
-            self.T.forward(keep_for=[])
-            self.D.forward(keep_for=[])
+    def prefill(self) -> Program:
+        yield from self.T.forward(keep_for=[], phase="prefill")
+        yield from self.D.forward(keep_for=[], phase="prefill")
         self.phase = "think"
 
     def sync_draft(self, upto: int) -> int:
@@ -312,9 +313,9 @@ class DraftingSequence(Sequence):
             self.d_text += step_text
             self.d_marks.append((len(self.d_text), len(self.D.ids)))
 
-    def draft_step(self, hidden_layer: int | None = None) -> DraftedStep:
+    def draft_step(self, tap: bool = False) -> Generator[PassRequest, PassResult, DraftedStep]:
         """The draft samples the rest of the open step (its prefix, e.g. a bonus token, is
-        already in T). With ``hidden_layer`` it also returns its pooled states over the step."""
+        already in T). With ``tap`` it also returns its pooled states over the step."""
         cfg = self.cfg
         d_step_start = self.sync_draft(self.step_start)
         self.sync_draft(len(self.T.ids))
@@ -322,8 +323,8 @@ class DraftingSequence(Sequence):
             # another attempt at the same step: the draft's cache holds the step's prefix, but
             # its states and next-token logits went with the rejected attempt: run it again
             self.D.refeed_from(min(d_step_start, len(self.D.ids) - 1))
-        prefix_text = self.decode_t(self.T.ids[self.step_start:])
         n_prefix = len(self.T.ids) - self.step_start
+        text = IncrementalText(self.draft.tokenizer, prefix=self.decode_t(self.T.ids[self.step_start:]))
         rows: list[torch.Tensor] = []
 
         def collect(out):
@@ -331,37 +332,37 @@ class DraftingSequence(Sequence):
                 skip = max(0, d_step_start - out.start)
                 rows.append(out.hidden[skip:])
 
-        toks: list[int] = []
         end = "cap"
-        prev_len = len(prefix_text)
         while True:
-            if n_prefix + len(toks) >= cfg.max_step_tokens:
+            if n_prefix + len(text.ids) >= cfg.max_step_tokens:
                 end = "cap"
                 break
-            if len(toks) >= self.remaining():
+            if len(text.ids) >= self.remaining():
                 end = "length"
                 break
             if self.D.next_logits is None:
-                collect(self.D.forward(hidden_layer=hidden_layer))
-            lg = self.D.next_logits
-            tok = sample_logits(lg, cfg.temperature, cfg.top_p, self.rng_d)
+                out = yield from self.D.forward(hidden=tap, keep_for=[], phase="draft", sample=self.draft_sample)
+                collect(out)
+                tok = out.token
+            else:  # logits kept from an earlier pass (after a rollback)
+                tok = sample_logits(self.D.next_logits, cfg.temperature, cfg.top_p, self.rng_d)
             if tok in self.d_eos:
                 end = "eos"
                 break
             self.D.append([tok])
-            toks.append(tok)
-            text = prefix_text + self.decode_d(toks)
-            e = self.detector.ended(text, n_prefix + len(toks), prev_len)
-            prev_len = len(text)
+            prev_len = len(text.text)
+            text.push(tok)
+            e = self.detector.ended(text.text, n_prefix + len(text.ids), prev_len)
             if e is not None:
                 end = e.reason
                 break
+        toks = list(text.ids)
         pooled = None
-        if hidden_layer is not None and toks:
-            if self.D.pending:
-                collect(self.D.forward(hidden_layer=hidden_layer))  # the last token's states too
+        if tap and toks:
+            if self.D.pending:  # the last token's states too
+                collect((yield from self.D.forward(hidden=True, keep_for=[], phase="draft")))
             pooled = pool(torch.cat(rows, 0).unsqueeze(0))[0]
-        return DraftedStep(toks, self.decode_d(toks), end, pooled)
+        return DraftedStep(toks, self.draft.tokenizer.decode(toks, skip_special_tokens=False), end, pooled)
 
     def target_tokens_for(self, step: DraftedStep) -> list[int]:
         if self.same_tok:
@@ -370,13 +371,12 @@ class DraftingSequence(Sequence):
             ids = self.T.lm.tokenizer(step.text, add_special_tokens=False)["input_ids"]
         return ids[: max(0, self.remaining())]
 
-    def draft_for_target(self, hidden_layer: int | None = None,
-                         thrown: int = 0) -> tuple[DraftedStep, list[int]] | None:
+    def draft_for_target(self, tap: bool = False, thrown: int = 0
+                         ) -> Generator[PassRequest, PassResult, tuple[DraftedStep, list[int]] | None]:
         """Draft one step and tokenize it for the target. None when the target has written
         the step itself instead: the draft wants to stop, or nothing of its step fits.
         ``thrown``: drafted tokens of earlier, rejected attempts at this step."""
-        with self.timed("draft"):
-            step = self.draft_step(hidden_layer=hidden_layer)
+        step = yield from self.draft_step(tap=tap)
         if step.tokens:
             self.counters.steps_drafted += 1
             self.counters.drafted_tokens += len(step.tokens)
@@ -384,13 +384,13 @@ class DraftingSequence(Sequence):
             if t_ids:
                 return step, t_ids
         if thrown:
-            self.target_write_step("rejected", drafted=thrown)
+            yield from self.target_write_step("rejected", drafted=thrown)
         else:
-            self.target_write_step("target_only")
+            yield from self.target_write_step("target_only")
         return None
 
     def settle(self, step: DraftedStep, t_ids: list[int], pre: int, accepted: bool, record: dict,
-               thrown: int = 0) -> None:
+               thrown: int = 0) -> Program:
         """Keep a verified drafted step, or drop it (the target's cache back to ``pre``
         tokens) and let the target write the step itself. ``thrown``: drafted tokens of
         earlier attempts at this step, already thrown away."""
@@ -398,7 +398,7 @@ class DraftingSequence(Sequence):
             self.after_accept(step, t_ids, thrown=thrown, **record)
             return
         self.T.truncate(pre)
-        self.target_write_step("rejected", draft_text=step.text, **record)
+        yield from self.target_write_step("rejected", draft_text=step.text, **record)
         # the drafted tokens were thrown away: record them on the target-written step
         if self.steps:
             self.steps[-1].drafted_tokens = len(step.tokens) + thrown
@@ -419,15 +419,13 @@ class DraftingSequence(Sequence):
         if lg is not None:
             self.take_target_token(sample_logits(lg, self.cfg.temperature, self.cfg.top_p, self.rng))
 
-    def _advance(self) -> None:
-        if self.phase == "prefill":
-            return self.prefill()
+    def advance(self) -> Program:
         if self.remaining() <= 0:
             return self.finish("length")
         if self.phase == "answer" or self.draft_out_of_room():
-            self.target_write_step("target_only")
+            yield from self.target_write_step("target_only")
             return
-        self.speculate_step()
+        yield from self.speculate_step()
 
     def draft_out_of_room(self, extra: int = 0) -> bool:
         """True when drafting one more step could overflow either model's context
@@ -437,7 +435,7 @@ class DraftingSequence(Sequence):
         d_len = len(self.D.ids) + (len(self.T.ids) - self.step_start) + room
         return (dmax is not None and d_len > dmax) or (tmax is not None and len(self.T.ids) + room + extra > tmax)
 
-    def speculate_step(self) -> None:
+    def speculate_step(self) -> Program:
         raise NotImplementedError
 
 
@@ -446,48 +444,46 @@ class SemSpecSequence(DraftingSequence):
 
     method = "semspec"
 
-    def __init__(self, engine, messages, config):
-        super().__init__(engine, messages, config)
+    def __init__(self, engine, messages, config, runners):
+        super().__init__(engine, messages, config, runners)
         if engine.probes is None:
             raise MethodUnavailable("method 'semspec' needs probes; none were loaded")
         self.probes = engine.probes
-        self.t_layer = self.probes.target.resolved_layer(engine.target.num_layers)
-        self.d_layer = self.probes.draft.resolved_layer(self.draft.num_layers)
 
-    def speculate_step(self) -> None:
+    def speculate_step(self) -> Program:
         thrown = 0
         # a greedy draft would draft the very same step again: one attempt
         attempts = self.cfg.draft_attempts if self.cfg.temperature > 0 else 1
         for attempt in range(1, attempts + 1):
-            drafted = self.draft_for_target(hidden_layer=self.d_layer, thrown=thrown)
+            drafted = yield from self.draft_for_target(tap=True, thrown=thrown)
             if drafted is None:  # the target wrote the step
                 return
             step, t_ids = drafted
             pre = len(self.T.ids)
-            accepted, record = self.verify_meaning(step, t_ids, pre)
+            accepted, record = yield from self.verify_meaning(step, t_ids, pre)
             if accepted or attempt == attempts:
-                self.settle(step, t_ids, pre, accepted, record, thrown=thrown)
+                yield from self.settle(step, t_ids, pre, accepted, record, thrown=thrown)
                 return
             # another draft of the same step: the target's cache back to before this one
             # (the draft re-syncs onto the target when it drafts)
             self.T.truncate(pre)
             thrown += len(step.tokens)
 
-    def verify_meaning(self, step: DraftedStep, t_ids: list[int], pre: int) -> tuple[bool, dict]:
+    def verify_meaning(self, step: DraftedStep, t_ids: list[int], pre: int
+                       ) -> Generator[PassRequest, PassResult, tuple[bool, dict]]:
         """One target pass over the drafted step (appended after ``pre`` tokens); the probes'
         acceptance decision."""
         cfg = self.cfg
-        with self.timed("verify"):
-            out = self.T.forward(extra=t_ids, hidden_layer=self.t_layer, keep_for=[pre])
-            skip = max(0, self.step_start - out.start)
-            pooled_t = pool(out.hidden[skip:].unsqueeze(0))[0]
-            p_t = self.probes.target.predict(pooled_t)
-            p_d = self.probes.draft.predict(step.pooled)
-            ratio = p_t / max(p_d, 1e-6)
-            accept_prob = min(1.0, ratio)
-            if cfg.tau > 0 and (p_t < cfg.tau or ratio < cfg.tau):
-                accept_prob = 0.0
-            accepted = accept_prob >= 1.0 or uniform(self.coin) < accept_prob
+        out = yield from self.T.forward(extra=t_ids, hidden=True, keep_for=[pre], phase="verify")
+        skip = max(0, self.step_start - out.start)
+        pooled_t = pool(out.hidden[skip:].unsqueeze(0))[0]
+        p_t = self.probes.target.predict(pooled_t)
+        p_d = self.probes.draft.predict(step.pooled)
+        ratio = p_t / max(p_d, 1e-6)
+        accept_prob = min(1.0, ratio)
+        if cfg.tau > 0 and (p_t < cfg.tau or ratio < cfg.tau):
+            accept_prob = 0.0
+        accepted = accept_prob >= 1.0 or uniform(self.coin) < accept_prob
         return accepted, {"p_target": p_t, "p_draft": p_d, "accept_prob": accept_prob}
 
 
@@ -519,8 +515,8 @@ class StepJudgeSequence(DraftingSequence):
 
     method = "step_judge"
 
-    def __init__(self, engine, messages, config):
-        super().__init__(engine, messages, config)
+    def __init__(self, engine, messages, config, runners):
+        super().__init__(engine, messages, config, runners)
         tok = engine.target.tokenizer
         self.suffix_ids = tok(judge_suffix(tok), add_special_tokens=False)["input_ids"]
         digits = []
@@ -534,23 +530,22 @@ class StepJudgeSequence(DraftingSequence):
     def draft_out_of_room(self, extra: int = 0) -> bool:
         return super().draft_out_of_room(extra + len(self.suffix_ids))
 
-    def speculate_step(self) -> None:
+    def speculate_step(self) -> Program:
         cfg = self.cfg
-        drafted = self.draft_for_target()
+        drafted = yield from self.draft_for_target()
         if drafted is None:
             return
         step, t_ids = drafted
-        with self.timed("judge"):
-            pre = len(self.T.ids)
-            self.T.forward(extra=t_ids + self.suffix_ids, keep_for=[pre, pre + len(t_ids)])
-            digit_logits = self.T.next_logits[self.digit_ids]
-            score = int(digit_logits.argmax())
-            expected = float((torch.softmax(digit_logits, -1) * torch.arange(10, device=digit_logits.device)).sum())
-            self.T.truncate(pre + len(t_ids))  # drop the judging question, keep the step
+        pre = len(self.T.ids)
+        yield from self.T.forward(extra=t_ids + self.suffix_ids, keep_for=[pre, pre + len(t_ids)], phase="judge")
+        digit_logits = self.T.next_logits[self.digit_ids]
+        score = int(digit_logits.argmax())
+        expected = float((torch.softmax(digit_logits, -1) * torch.arange(10, device=digit_logits.device)).sum())
+        self.T.truncate(pre + len(t_ids))  # drop the judging question, keep the step
         accepted = score >= cfg.judge_threshold
         # p_target: the expected score over the ten digits, scaled to [0, 1] (for the logs)
         record = {"judge_score": score, "p_target": expected / 9.0, "accept_prob": 1.0 if accepted else 0.0}
-        self.settle(step, t_ids, pre, accepted, record)
+        yield from self.settle(step, t_ids, pre, accepted, record)
 
 
 class TokenSDSequence(DraftingSequence):
@@ -559,22 +554,20 @@ class TokenSDSequence(DraftingSequence):
 
     method = "token_sd"
 
-    def __init__(self, engine, messages, config):
+    def __init__(self, engine, messages, config, runners):
         if engine.draft is not None and not engine.same_tokenizer:
             raise MethodUnavailable(
                 "token_sd needs a draft with the target's tokenizer; this pair has different "
                 "tokenizers (use semspec or step_judge, which pass steps as text)"
             )
-        super().__init__(engine, messages, config)
+        super().__init__(engine, messages, config, runners)
         if config.draft_tokens < 1:
             raise ValueError("draft_tokens must be at least 1")
 
     def close_open_step(self) -> None:
         self.scan_steps("target", "token_verified", final=True)
 
-    def _advance(self) -> None:
-        if self.phase == "prefill":
-            return self.prefill()
+    def advance(self) -> Program:
         cfg, c = self.cfg, self.counters
         rem = self.remaining()
         if rem <= 0:
@@ -582,53 +575,51 @@ class TokenSDSequence(DraftingSequence):
         k = min(cfg.draft_tokens, rem - 1)
         greedy = cfg.temperature <= 0
         drafted: list[int] = []
-        qs: list[torch.Tensor] = []
-        with self.timed("draft"):
-            if k > 0:
-                self.sync_draft(len(self.T.ids))
-                for _ in range(k):
-                    lg = self.D.logits()
-                    q = None if greedy else probs_from_logits(lg, cfg.temperature, cfg.top_p)
-                    x = int(lg.argmax()) if greedy else sample(q, self.rng_d)
-                    drafted.append(x)
-                    qs.append(q)
-                    self.D.append([x])
-                    if x in self.eos:
-                        break
-        with self.timed("verify"):
-            pre = len(self.T.ids)
-            if drafted:
-                self.T.forward(extra=drafted)
-                last = None
-            else:
-                last = self.T.logits()
-            n_acc = 0
-            new = None
-            for i, x in enumerate(drafted):
-                lg = self.T.logits_before(pre + i)
-                if greedy:
-                    ok = int(lg.argmax()) == x
-                else:
-                    p = probs_from_logits(lg, cfg.temperature, cfg.top_p)
-                    q = qs[i]
-                    qx = float(q[x]) if x < q.shape[0] else 0.0
-                    px = float(p[x]) if x < p.shape[0] else 0.0
-                    ok = qx > 0 and uniform(self.coin) < min(1.0, px / qx)
-                if not ok:
-                    if greedy:
-                        new = int(lg.argmax())
-                    else:
-                        qq = torch.zeros_like(p)
-                        n = min(p.shape[0], q.shape[0])
-                        qq[:n] = q[:n].to(p.device)
-                        resid = (p - qq).clamp_min(0)
-                        new = sample(resid / resid.sum() if resid.sum() > 0 else p, self.rng)
+        qs: list[torch.Tensor | None] = []
+        if k > 0:
+            self.sync_draft(len(self.T.ids))
+            for _ in range(k):
+                lg = yield from self.D.logits(phase="draft")
+                q = None if greedy else probs_from_logits(lg, cfg.temperature, cfg.top_p)
+                x = int(lg.argmax()) if greedy else sample(q, self.rng_d)
+                drafted.append(x)
+                qs.append(q)
+                self.D.append([x])
+                if x in self.eos:
                     break
-                n_acc += 1
-            if new is None:
-                lg = self.T.logits_before(pre + n_acc) if last is None else last
-                new = sample_logits(lg, cfg.temperature, cfg.top_p, self.rng)
-            self.T.truncate(pre + n_acc)
+        pre = len(self.T.ids)
+        if drafted:
+            yield from self.T.forward(extra=drafted, phase="verify")
+            last = None
+        else:
+            last = yield from self.T.logits(phase="verify")
+        n_acc = 0
+        new = None
+        for i, x in enumerate(drafted):
+            lg = self.T.logits_before(pre + i)
+            if greedy:
+                ok = int(lg.argmax()) == x
+            else:
+                p = probs_from_logits(lg, cfg.temperature, cfg.top_p)
+                q = qs[i]
+                qx = float(q[x]) if x < q.shape[0] else 0.0
+                px = float(p[x]) if x < p.shape[0] else 0.0
+                ok = qx > 0 and uniform(self.coin) < min(1.0, px / qx)
+            if not ok:
+                if greedy:
+                    new = int(lg.argmax())
+                else:
+                    qq = torch.zeros_like(p)
+                    n = min(p.shape[0], q.shape[0])
+                    qq[:n] = q[:n].to(p.device)
+                    resid = (p - qq).clamp_min(0)
+                    new = sample(resid / resid.sum() if resid.sum() > 0 else p, self.rng)
+                break
+            n_acc += 1
+        if new is None:
+            lg = self.T.logits_before(pre + n_acc) if last is None else last
+            new = sample_logits(lg, cfg.temperature, cfg.top_p, self.rng)
+        self.T.truncate(pre + n_acc)
         c.drafted_tokens += len(drafted)
         self._step_drafted += len(drafted)
         # an accepted EOS ends the sequence there

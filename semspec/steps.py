@@ -49,6 +49,41 @@ class StepDetector:
         return None
 
 
+class IncrementalText:
+    """The text of a growing run of token ids, decoded a few tokens at a time instead of all
+    of them at every token. ``prefix`` is text that precedes the ids (e.g. the target's
+    words that open a step the draft continues).
+
+    Each new token is decoded together with the few before it and only the difference is
+    appended. When the new token changes how its neighbours read (the second half of a
+    multi-byte character turns a U+FFFD into the character), the text is decoded whole
+    again, so ``text`` is always what a whole decode gives."""
+
+    CONTEXT = 4
+
+    def __init__(self, tokenizer, ids=(), prefix: str = ""):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = [int(t) for t in ids]
+        self.prefix = prefix
+        self.text = prefix + self._decode(self.ids)
+
+    def _decode(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False) if ids else ""
+
+    def push(self, token: int) -> str:
+        """Append one token; returns the text it added."""
+        ctx = max(0, len(self.ids) - self.CONTEXT)
+        before = self._decode(self.ids[ctx:])
+        self.ids.append(int(token))
+        after = self._decode(self.ids[ctx:])
+        if not after.startswith(before):  # the new token re-reads its neighbours: decode it all
+            old, self.text = self.text, self.prefix + self._decode(self.ids)
+            return self.text[len(old):] if self.text.startswith(old) else ""
+        new = after[len(before):]
+        self.text += new
+        return new
+
+
 def split_steps(text: str, delimiter: str = "\n\n") -> list[str]:
     """Cut a reasoning trace into steps, each keeping its trailing delimiter, so that
     ``"".join(split_steps(t)) == t``. Leading blank text joins the first step."""

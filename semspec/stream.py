@@ -1,37 +1,71 @@
-"""One model's incremental view of one sequence: token ids + KV cache + next-token logits.
+"""One model's view of one sequence: token ids, a runner slot holding their KV cache, and the
+next-token logits.
 
-Invariant: ``cache`` holds keys/values for ``ids[:cached]``; ``ids[cached:]`` are *pending*
-tokens (appended but not yet run), fed with the next forward pass. ``next_logits`` are the
-logits after ``ids[:cached]`` and are only valid when nothing is pending. Rolling back
-(``truncate``) crops the cache (``DynamicCache.crop``) and restores the logits from the last
-pass when it covered that position, so a rejection never costs an extra pass.
+Invariant: the slot caches ``ids[:cached]``; ``ids[cached:]`` are *pending* tokens (appended
+but not yet run), fed with the next pass. ``next_logits`` are the logits after
+``ids[:cached]`` and are only valid when nothing is pending. Rolling back (``truncate``) sets
+the slot's length and restores the logits from the last pass when it covered that position,
+so a rejection never costs an extra pass.
+
+A stream never runs the model itself. ``forward`` is a generator: it yields one
+:class:`PassRequest` and is sent back the :class:`PassResult` of the batched pass the
+scheduler ran it in (``out = yield from stream.forward(...)``), so a method written as a
+generator over its streams reads like straight-line code while every sequence's requests
+share one pass per model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generator
 
 import torch
 
-from .models import LoadedModel
+from .runner import Feed, ModelRunner
+
+
+@dataclass
+class Sample:
+    """Draw the next token from the pass's last row: greedy when ``temperature`` is 0."""
+
+    temperature: float
+    top_p: float
+    generator: torch.Generator | None
+
+
+@dataclass
+class PassRequest:
+    stream: "Stream"
+    feed: Feed
+    phase: str  # where the pass's time is booked in Counters.phase_seconds
+    sample: Sample | None = None
+
+
+@dataclass
+class PassResult:
+    logits: torch.Tensor | None  # [len(feed.logit_rows), V] float32
+    hidden: torch.Tensor | None  # [n_fed, H] float32 tapped states
+    token: int | None = None  # the drawn token, when the request asked for one
 
 
 @dataclass
 class ForwardOut:
-    # [n, V] float32, one row per entry of ``rows``; the last row predicts the next token
-    logits: torch.Tensor
-    hidden: torch.Tensor | None  # [n_fed, H] states of the requested layer, or None
+    logits: torch.Tensor | None  # one row per entry of ``rows``; the last row predicts the next token
+    hidden: torch.Tensor | None  # [n_fed, H] states of the runner's tap layer, or None
     start: int  # absolute position of the first fed token
-    rows: list[int]  # fed-token offsets whose logits were computed (all unless keep_for)
+    rows: list[int]  # fed-token offsets whose logits were computed
+    token: int | None = None
+
+
+Pass = Generator[PassRequest, PassResult, ForwardOut]
 
 
 class Stream:
-    def __init__(self, lm: LoadedModel, ids: list[int]):
-        from transformers import DynamicCache
-
-        self.lm = lm
+    def __init__(self, runner: ModelRunner, ids: list[int]):
+        self.runner = runner
+        self.lm = runner.lm
         self.ids: list[int] = list(ids)
-        self.cache = DynamicCache(config=lm.model.config)
+        self.slot: int | None = None  # given by the scheduler when the sequence is admitted
         self.cached = 0
         self._tail_logits: torch.Tensor | None = None  # logits after ids[:cached]
         self.forward_passes = 0
@@ -50,60 +84,67 @@ class Stream:
     def next_logits(self) -> torch.Tensor | None:
         return self._tail_logits if self.cached == len(self.ids) else None
 
-    def append(self, tokens: list[int]) -> None:
+    def append(self, tokens) -> None:
         self.ids.extend(int(t) for t in tokens)
 
-    @torch.inference_mode()
-    def forward(self, extra: list[int] = (), hidden_layer: int | None = None,
-                keep_for: list[int] | None = None) -> ForwardOut:
+    def forward(self, extra=(), hidden: bool = False, keep_for: list[int] | None = None,
+                phase: str = "target_write", sample: Sample | None = None) -> Pass:
         """Run pending tokens + ``extra`` (appended to ``ids``) in one pass.
 
         ``keep_for``: absolute positions whose predicting logits the caller will need (to
-        verify or to roll back to); the LM head then runs only for those rows and the last
-        one, which matters for a long pass through a large vocabulary. None keeps every row."""
-        self.append(list(extra))
+        verify or to roll back to); the LM head runs only for those rows and the last one.
+        None keeps every row. ``hidden``: return the tap layer's states of the fed tokens.
+        ``sample``: also draw the next token from the last row (batched with the pass's
+        other draws)."""
+        self.append(extra)
         feed = self.ids[self.cached:]
         if not feed:
             raise RuntimeError("nothing to feed")
         start = self.cached
-        max_ctx = self.lm.max_context
-        if max_ctx is not None and len(self.ids) > max_ctx:
-            raise ContextOverflow(f"sequence of {len(self.ids)} tokens exceeds the model's context of {max_ctx}")
-        x = torch.tensor([feed], dtype=torch.long, device=self.lm.device)
         if keep_for is None:
             rows = list(range(len(feed)))
-            keep: int | torch.Tensor = 0
         else:
             # row r holds the logits predicting position start + r + 1
             rows = sorted({p - 1 - start for p in keep_for if 0 <= p - 1 - start < len(feed)} | {len(feed) - 1})
-            keep = 1 if rows == [len(feed) - 1] else torch.tensor(rows, device=self.lm.device)
-        logits, states = self.lm.forward(x, self.cache, hidden_layer is not None, keep)
+        res = yield PassRequest(self, Feed(self.slot, list(feed), rows, tap=hidden), phase, sample)
         self.forward_passes += 1
         self.fed_tokens += len(feed)
-        hidden = states[hidden_layer][0].float() if hidden_layer is not None else None
+        logits = res.logits
         # logits predicting each covered position, to restore on rollback (the position the
         # pass started at is predicted by the logits from before it)
         self._rollback_logits = {start: self._tail_logits}
         self._rollback_logits.update({start + r + 1: logits[i] for i, r in enumerate(rows)})
         self.cached = len(self.ids)
         self._tail_logits = logits[-1]
-        return ForwardOut(logits, hidden, start, rows)
+        return ForwardOut(logits, res.hidden, start, rows, res.token)
 
-    def logits(self) -> torch.Tensor:
+    def logits(self, phase: str = "target_write") -> Generator[PassRequest, PassResult, torch.Tensor]:
         """Next-token logits after all ids, running a pass only if needed."""
-        if self.next_logits is not None and self.cached == len(self.ids):
+        if self.next_logits is not None:
             return self.next_logits
-        if self.cached == len(self.ids):  # logits lost (e.g. state rebuilt): re-run the last token
-            self._crop_cache(len(self.ids) - 1)
-        self.forward()
+        if self.cached == len(self.ids):  # logits lost (e.g. a re-fed attempt): re-run the last token
+            self._set_cached(len(self.ids) - 1)
+        yield from self.forward(phase=phase)
         return self.next_logits
+
+    def next_token(self, sample: Sample, phase: str = "target_write") -> Generator[PassRequest, PassResult, int]:
+        """The next token after all ids: drawn in the pass that feeds what is pending, or from
+        the logits already at hand."""
+        from .sampling import sample_rows
+
+        if self.next_logits is not None:
+            return sample_rows(self.next_logits[None], [sample])[0]
+        if self.cached == len(self.ids):
+            self._set_cached(len(self.ids) - 1)
+        out = yield from self.forward(phase=phase, keep_for=[], sample=sample)
+        return out.token
 
     def logits_before(self, position: int) -> torch.Tensor | None:
         """Logits predicting ``ids[position]`` if the last pass (or the state before it) has them."""
         return self._rollback_logits.get(position)
 
     def truncate(self, length: int) -> None:
-        """Drop ``ids[length:]``, cropping the cache to match."""
+        """Drop ``ids[length:]``, rolling the slot back to match."""
         if length < 0 or length > len(self.ids):
             raise ValueError(f"cannot truncate {len(self.ids)} ids to {length}")
         if length == len(self.ids):
@@ -113,7 +154,7 @@ class Stream:
             return
         restored = self.logits_before(length)
         self.ids = self.ids[:length]
-        self._crop_cache(length)
+        self._set_cached(length)
         self._tail_logits = restored
 
     def refeed_from(self, position: int) -> None:
@@ -121,15 +162,11 @@ class Stream:
         again (to get back states or logits that were not kept)."""
         if not 0 <= position <= self.cached:
             raise ValueError(f"cannot re-feed from {position}: {self.cached} tokens are cached")
-        self._crop_cache(position)
+        self._set_cached(position)
 
-    def _crop_cache(self, length: int) -> None:
-        n = self.cached - length
-        if n > 0:
-            self.cache.crop(-n)
+    def _set_cached(self, length: int) -> None:
+        if length < self.cached:
             self._tail_logits = None
+            if self.slot is not None:
+                self.runner.set_length(self.slot, length)
         self.cached = length
-
-
-class ContextOverflow(ValueError):
-    pass

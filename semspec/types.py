@@ -6,7 +6,8 @@ are raw counts: ratios are derived where they are reported, so their meaning sta
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 METHODS = ("ar", "token_sd", "step_judge", "semspec")
 # Step rule when neither the caller nor the loaded probes say otherwise: reasoning models
@@ -77,6 +78,12 @@ class Counters:
         self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + seconds
 
 
+# The raw counts of Counters, in order: the one list the service's stats columns, their
+# inserts and the per-job sums are built from, so a new counter is one field here (and
+# its migration).
+COUNT_FIELDS = tuple(f.name for f in fields(Counters) if f.name != "phase_seconds")
+
+
 @dataclass
 class GenerationResult:
     text: str  # everything the model generated (reasoning + answer)
@@ -86,3 +93,20 @@ class GenerationResult:
     wall_seconds: float
     finish_reason: str  # "eos", "length"
     models: dict[str, str] = field(default_factory=dict)  # role -> identity (path + hash)
+
+
+@dataclass
+class Request:
+    """One prompt for ``Engine.generate_many``: its messages (or text), an optional config
+    of its own, and a key to know its result by (default: its position in the input)."""
+
+    prompt: Any
+    config: GenerationConfig | None = None
+    key: Any = None
+
+
+@dataclass
+class Finished:
+    key: Any
+    result: GenerationResult | None  # None when the item failed
+    error: Exception | None = None  # why it failed (a bad prompt, a context overflow, ...)

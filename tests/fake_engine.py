@@ -3,7 +3,8 @@ and the service-overhead benchmark. It loads nothing and "generates" an echo in 
 
 Select it with SEMJOBS_ENGINE_FACTORY=tests.fake_engine:InstantEngine.load (the repository
 root must be importable, e.g. PYTHONPATH=.). Knobs, read from the environment at load time:
-- FAKE_ENGINE_DELAY_S: seconds to sleep per item (to kill a worker mid-job);
+- FAKE_ENGINE_DELAY_S: seconds each item takes (items of one batch run side by side, as in
+  the real engine), to kill a worker mid-job;
 - a prompt containing "FAIL" raises, to exercise failed items.
 """
 
@@ -13,7 +14,7 @@ import os
 import sys
 import time
 
-from semspec.types import Counters, GenerationConfig, GenerationResult, StepRecord
+from semspec.types import Counters, Finished, GenerationConfig, GenerationResult, StepRecord
 
 
 class InstantEngine:
@@ -26,18 +27,51 @@ class InstantEngine:
         self.calls = 0
 
     @classmethod
-    def load(cls, target=None, draft=None, probes=None, device="auto", cache_dir=None):
+    def load(cls, target=None, draft=None, probes=None, device="auto", cache_dir=None, **_settings):
         return cls(float(os.environ.get("FAKE_ENGINE_DELAY_S", "0") or 0))
 
+    def generate_many(self, requests, config=None, batch_size=1):
+        """The real engine's interface and batching: up to ``batch_size`` items in flight,
+        each finishing ``delay_s`` after it started, the next taken as a slot frees (a None
+        from the source: nothing ready yet)."""
+        source = iter(requests)
+        active: list[tuple[float, object]] = []  # (due, request)
+        exhausted = False
+        while True:
+            while not exhausted and len(active) < batch_size:
+                req = next(source, StopIteration)
+                if req is StopIteration:
+                    exhausted = True
+                elif req is None:
+                    break
+                else:
+                    active.append((time.monotonic() + self.delay_s, req))
+            if not active:
+                if exhausted:
+                    return
+                time.sleep(0.005)  # nothing in flight and nothing ready: the source was polled
+                continue
+            due, req = min(active, key=lambda a: a[0])
+            time.sleep(max(0.0, min(due - time.monotonic(), 0.02)))
+            if time.monotonic() < due:
+                continue
+            active.remove((due, req))
+            try:
+                yield Finished(req.key, self._answer(req.prompt, req.config or config))
+            except ValueError as e:
+                yield Finished(req.key, None, e)
+
     def generate(self, prompt, config: GenerationConfig) -> GenerationResult:
+        time.sleep(self.delay_s)
+        return self._answer(prompt, config)
+
+    def _answer(self, prompt, config: GenerationConfig) -> GenerationResult:
         t0 = time.perf_counter()
         self.calls += 1
         if isinstance(prompt, list):
             prompt = "\n".join(m["content"] for m in prompt)
         if "FAIL" in prompt:
             raise ValueError("fake engine asked to fail")
-        if self.delay_s:
-            time.sleep(self.delay_s)
         words = prompt.split()[: max(1, config.max_new_tokens)]
         step1 = "Let me think. " + " ".join(words[: len(words) // 2 + 1])
         step2 = f"The answer is {len(words)}."

@@ -3,8 +3,8 @@
 `get_engine()` loads the engine named by `settings.engine_factory` on first use in *this*
 process and keeps it: a Celery prefork child loads it in the child (never in the parent,
 which must not touch CUDA), `--pool solo` and `semjobs run` load it in their only process.
-`generate(engine, request, config)` is the single call the per-item code makes:
-prompt or messages + GenerationConfig -> GenerationResult (text, step records, counters).
+The per-item code hands items to the engine through this process's batch loop
+(`worker.batching`), which calls `engine.generate_many`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def resolve(path: str) -> Callable[..., Any]:
 def engine_key() -> tuple:
     return (
         settings.engine_factory, settings.target_model, settings.draft_model,
-        settings.probes_dir, settings.device, os.getpid(),
+        settings.probes_dir, settings.device, settings.dtype, settings.batch_size, os.getpid(),
     )
 
 
@@ -68,6 +68,8 @@ def get_engine() -> Any:
                         probes=settings.probes_dir,
                         device=settings.device,
                         cache_dir=settings.cache_dir,
+                        dtype=settings.dtype,
+                        batch_size=settings.batch_size,
                     )
                 except Exception as e:
                     raise EngineLoadError(
@@ -85,9 +87,3 @@ def loaded() -> bool:
 
 def identities(engine: Any) -> dict:
     return dict(getattr(engine, "identities", None) or {})
-
-
-def generate(engine: Any, request: dict, config: Any) -> Any:
-    """prompt | messages + GenerationConfig -> GenerationResult."""
-    prompt = request.get("messages") or request["prompt"]
-    return engine.generate(prompt, config)

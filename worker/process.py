@@ -1,8 +1,9 @@
-"""The per-item code: claim -> engine -> commit, one item at a time.
+"""The per-item code: claim -> engine -> commit, each item on its own, many at once.
 
 The Celery task (`worker.tasks.run_chunk`) and the embedded mode (`semjobs run`) both call
-`run_items`; nothing here imports Celery. Every item is claimed and committed on its own, so
-a crash loses at most the item in flight, and a redelivered chunk skips what is done.
+`run_items`; nothing here imports Celery. Items decode in this process's batch loop
+(`worker.batching`); every item is claimed when it starts and committed when it finishes,
+so a crash loses at most the items in flight, and a redelivered chunk skips what is done.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import socket
 import time
 import traceback
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -19,6 +21,7 @@ from db.session import session_factory
 from jobs.submit import item_config
 from semjobs.settings import settings
 from worker import engine as engines
+from worker.batching import batch_loop
 
 _job_configs: dict[str, dict] = {}  # job id -> config (immutable once stored)
 _identities_written: set[str] = set()
@@ -58,9 +61,12 @@ def run_items(
     on_item: Callable[[str, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> ChunkReport:
-    """Process the items `seqs` of job `job_id`. `deadline` (time.monotonic) stops before an
-    item that would start after it, and so does `should_stop()` returning true (a worker
-    shutting down); the rest is returned in `report.left`."""
+    """Process the items `seqs` of job `job_id` through this process's batch loop (up to
+    `settings.batch_size` items decode at once, shared with the other chunks this process
+    holds). Each item is claimed when a slot is free and committed when it finishes.
+    `deadline` (time.monotonic) stops starting items after it, and so does `should_stop()`
+    returning true (a worker shutting down); what did not start is returned in
+    `report.left`. Returns once every started item is settled."""
     report = ChunkReport()
     worker = worker or worker_name()
     with session_factory(url, role="worker")() as session:
@@ -70,51 +76,89 @@ def run_items(
             return report
         # Load first (minutes, once per process), so no transaction stays open meanwhile.
         engine = engines.get_engine()  # raises EngineLoadError
-        defer_commit = session.get_bind().dialect.name == "postgresql"
+        loop = batch_loop(engine, settings.batch_size)
         if job_id not in _identities_written:
             repo.mark_job_running(session, job_id, engines.identities(engine))
             _identities_written.add(job_id)
         else:  # committed together with the first claim
-            repo.mark_job_running(session, job_id, commit=not defer_commit)
+            repo.mark_job_running(session, job_id, commit=False)
         repo.hold_items(session, job_id, seqs, worker)  # committed with the first claim
-        for i, seq in enumerate(seqs):
-            if i > 0 and ((deadline is not None and time.monotonic() > deadline)
-                          or (should_stop is not None and should_stop())):
-                report.left = list(seqs[i:])
-                repo.release_items(session, job_id, report.left, worker)  # the caller requeues
-                break
-            claim = repo.claim_item(session, job_id, seq, worker)
-            if claim is None:
-                if repo.job_is_cancelled(session, job_id):
-                    repo.cancel_leftovers(session, job_id, seqs[i:])
-                    report.cancelled = True
-                    break
-                report.skipped += 1
-                continue
-            if claim.attempts > settings.max_attempts:
-                repo.fail_item(
-                    session, claim.pk,
-                    f"gave up after {claim.attempts - 1} deliveries that never finished "
-                    f"(max_attempts={settings.max_attempts}; was the worker killed?)",
-                )
-                report.failed += 1
-                continue
-            try:
-                result = engines.generate(engine, claim.request, item_config(config, claim.request))
-            except Exception as e:  # the engine failed on this item: record it, go on
-                tail = "".join(traceback.format_exception_only(type(e), e)).strip()
-                repo.fail_item(session, claim.pk, tail)
-                report.failed += 1
-                if on_item:
-                    on_item("failed", seq)
-                continue
-            # Postgres: committed by the next claim's commit or by finalize_job's durable one
-            # (one round trip less per item). SQLite locks the whole file: commit now.
-            if repo.save_result(session, job_id, claim.pk, result, commit=not defer_commit):
-                report.done += 1
-            else:
-                report.duplicates += 1
-            if on_item:
-                on_item("done", seq)
+        _Chunk(session, job_id, seqs, worker, config, loop, report, on_item).run(deadline, should_stop)
         repo.finalize_job(session, job_id)
     return report
+
+
+class _Chunk:
+    """One chunk's items through the shared batch loop: claim as slots free, commit as
+    items finish."""
+
+    def __init__(self, session, job_id, seqs, worker, config, loop, report, on_item):
+        self.session, self.job_id, self.seqs, self.worker = session, job_id, seqs, worker
+        self.config, self.loop, self.report, self.on_item = config, loop, report, on_item
+        self.in_flight: dict[Future, tuple[int, int]] = {}  # future -> (item pk, seq)
+
+    def run(self, deadline, should_stop) -> None:
+        i = 0
+        while True:
+            seen = self.loop.version  # before looking: a slot freed after this wakes the wait
+            self.settle_finished()
+            if i < len(self.seqs) and i > 0 and ((deadline is not None and time.monotonic() > deadline)
+                                                 or (should_stop is not None and should_stop())):
+                self.report.left = list(self.seqs[i:])
+                repo.release_items(self.session, self.job_id, self.report.left, self.worker)
+                self.session.commit()  # the caller requeues them
+                i = len(self.seqs)
+            if i < len(self.seqs) and self.loop.try_reserve():
+                if not self.start(self.seqs[i]):
+                    self.loop.unreserve()
+                    if self.report.cancelled:  # the job was cancelled: start nothing more
+                        repo.cancel_leftovers(self.session, self.job_id, self.seqs[i:])
+                        i = len(self.seqs)
+                        continue
+                i += 1
+                continue
+            if i >= len(self.seqs) and not self.in_flight:
+                return
+            self.loop.wait(seen, timeout=1.0)
+
+    def start(self, seq: int) -> bool:
+        """Claim one item and hand it to the loop; False when there was nothing to start."""
+        s, job_id = self.session, self.job_id
+        claim = repo.claim_item(s, job_id, seq, self.worker)
+        if claim is None:
+            if repo.job_is_cancelled(s, job_id):
+                self.report.cancelled = True
+            else:
+                self.report.skipped += 1
+            return False
+        if claim.attempts > settings.max_attempts:
+            repo.fail_item(
+                s, claim.pk,
+                f"gave up after {claim.attempts - 1} deliveries that never finished "
+                f"(max_attempts={settings.max_attempts}; was the worker killed?)",
+            )
+            self.report.failed += 1
+            return False
+        request = claim.request
+        fut = self.loop.submit(request.get("messages") or request["prompt"], item_config(self.config, request))
+        self.in_flight[fut] = (claim.pk, seq)
+        return True
+
+    def settle_finished(self) -> None:
+        for fut in [f for f in self.in_flight if f.done()]:
+            pk, seq = self.in_flight.pop(fut)
+            error = fut.exception()
+            if error is not None:  # the engine failed on this item: record it, go on
+                tail = "".join(traceback.format_exception_only(type(error), error)).strip()
+                repo.fail_item(self.session, pk, tail)
+                self.report.failed += 1
+                if self.on_item:
+                    self.on_item("failed", seq)
+                continue
+            # committed at once: other items of the batch may decode for minutes more
+            if repo.save_result(self.session, self.job_id, pk, fut.result()):
+                self.report.done += 1
+            else:
+                self.report.duplicates += 1
+            if self.on_item:
+                self.on_item("done", seq)

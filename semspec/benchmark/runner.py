@@ -420,17 +420,18 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
 
 
 def load_engine(target: str | None = None, draft: str | None = None, probes: str | None = None,
-                device: str = "auto", cache_dir: str | os.PathLike | None = None):
+                device: str = "auto", cache_dir: str | os.PathLike | None = None, dtype: torch.dtype | None = None):
     """Like ``Engine.load`` (same defaults: the embedded target, and with it the embedded
     draft and probes when shipped), plus two bench conveniences:
     ``draft="first:K"`` — the target's first K layers (no training; a stand-in draft), and
-    ``probes="accept" | "reject" | "const:P_T,P_D"`` — constant probes."""
+    ``probes="accept" | "reject" | "const:P_T,P_D"`` — constant probes. ``dtype`` None: the
+    device's default (float32 on a CPU)."""
     from semspec.engine import EMBEDDED_DRAFT, Engine, embedded_draft_available
     from semspec.models import DEFAULT_TARGET, load_model, truncated_copy
     from semspec.probes import ProbePair, embedded_probes_available, resolve_probes
 
     model_cache = Path(cache_dir).expanduser() / "models" if cache_dir is not None else None
-    t = load_model(target, device=device, cache_dir=model_cache)
+    t = load_model(target, device=device, cache_dir=model_cache, dtype=dtype)
     embedded_target = target in (None, DEFAULT_TARGET)
     if draft is None and embedded_target and embedded_draft_available():
         draft = EMBEDDED_DRAFT
@@ -439,7 +440,7 @@ def load_engine(target: str | None = None, draft: str | None = None, probes: str
         if draft.startswith("first:"):
             d = truncated_copy(t, int(draft.split(":", 1)[1]))
         else:
-            d = load_model(draft, device=device, cache_dir=model_cache)
+            d = load_model(draft, device=device, cache_dir=model_cache, dtype=dtype)
     if probes is None and d is not None and draft == EMBEDDED_DRAFT and embedded_target \
             and embedded_probes_available():
         probes = "embedded:smollm2-135m"

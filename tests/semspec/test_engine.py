@@ -34,6 +34,26 @@ def ar_result(tiny_target):
     return Engine(tiny_target).generate(PROMPT, cfg("ar"))
 
 
+def drive(engine, prompt, config):
+    """Run one sequence's program pass by pass (no scheduler), yielding the sequence after
+    each pass, so a test can watch its state between passes."""
+    from semspec.scheduler import Scheduler
+    from semspec.testing import serve_alone
+
+    runners = Scheduler(engine, 1).runners
+    seq = engine.new_sequence(prompt, config, runners)
+    for stream in seq.streams:
+        stream.slot = stream.runner.alloc()
+    program, result = seq.program(), None
+    while True:
+        try:
+            req = program.send(result)
+        except StopIteration:
+            return
+        result = serve_alone(req)
+        yield seq
+
+
 def _gen_ids(engine, result):
     return engine.target.tokenizer(result.text, add_special_tokens=False)["input_ids"]
 
@@ -89,23 +109,18 @@ def test_semspec_forced_accept_returns_the_drafts_steps(accept_engine, tiny_draf
     assert all(s.author == "draft" for s in r.steps)
     # each accepted step is the target's bonus token (step 0: none) + the draft's greedy
     # continuation of everything before it
-    seq = accept_engine.new_sequence(PROMPT, cfg("semspec"))
-    while not seq.done:
-        before = len(seq.T.ids)
-        n_steps = len(seq.steps)
-        seq.advance()
-        if len(seq.steps) > n_steps and seq.steps[-1].author == "draft":
-            step = seq.steps[-1]
-            start = before if n_steps == 0 else before - 1  # a bonus token opens later steps
-            end = start + step.target_tokens
-            body_start = before
-            assert end > body_start
-            expect = list(seq.T.ids[:body_start])
-            with torch.no_grad():
-                for _ in range(end - body_start):
-                    nxt = int(tiny_draft.model(torch.tensor([expect])).logits[0, -1].argmax())
-                    expect.append(nxt)
-            assert expect[body_start:end] == seq.T.ids[body_start:end]
+    *_, seq = drive(accept_engine, PROMPT, cfg("semspec"))
+    start = seq.prompt_len
+    for n_steps, step in enumerate(seq.steps):
+        body_start = start if n_steps == 0 else start + 1  # a bonus token opens later steps
+        end = start + step.target_tokens
+        assert end > body_start
+        expect = list(seq.T.ids[:body_start])
+        with torch.no_grad():
+            for _ in range(end - body_start):
+                expect.append(int(tiny_draft.model(torch.tensor([expect])).logits[0, -1].argmax()))
+        assert expect[body_start:end] == seq.T.ids[body_start:end]
+        start = end
     assert seq.result().text == r.text
 
 
@@ -167,9 +182,8 @@ def test_max_new_tokens_and_step_cap(accept_engine, reject_engine):
 def test_eos_stops_every_method(tiny_dirs, tiny_cache, ar_result):
     tgt = load_model(str(tiny_dirs["target"]), device="cpu", cache_dir=tiny_cache)
     drf = load_model(str(tiny_dirs["draft"]), device="cpu", cache_dir=tiny_cache)
-    ar_ids = Engine(tgt).new_sequence(PROMPT, cfg("ar"))
-    ar_ids.run()
-    gen = ar_ids.T.ids[ar_ids.prompt_len:]
+    *_, ar_seq = drive(Engine(tgt), PROMPT, cfg("ar"))
+    gen = ar_seq.T.ids[ar_seq.prompt_len:]
     stop = gen[9]  # make the 10th greedy token the EOS token
     n_before = gen.index(stop)
     tgt.model.generation_config.eos_token_id = stop
@@ -291,15 +305,18 @@ def test_token_sd_matches_transformers_assisted_generation(tiny_target, tiny_dra
     assert ours.text == hf
 
 
-def test_sequences_can_be_interleaved(accept_engine):
-    prompts = [PROMPT, "What is 7 times 6?"]
-    configs = [cfg("semspec", temperature=0.8, seed=1), cfg("token_sd", seed=2)]
+def test_methods_mix_in_one_batch(accept_engine):
+    from semspec.engine import Request
+
+    prompts = [PROMPT, "What is 7 times 6?", "Hi", PROMPT]
+    configs = [cfg("semspec", temperature=0.8, seed=1), cfg("token_sd", seed=2), cfg("ar", max_new_tokens=7),
+               cfg("step_judge", judge_threshold=3)]
     alone = [accept_engine.generate(p, c).text for p, c in zip(prompts, configs)]
-    seqs = [accept_engine.new_sequence(p, c) for p, c in zip(prompts, configs)]
-    while not all(s.done for s in seqs):
-        for s in seqs:
-            s.advance()
-    assert [s.result().text for s in seqs] == alone
+    done = list(accept_engine.generate_many(
+        [Request(p, c, key=f"k{i}") for i, (p, c) in enumerate(zip(prompts, configs))], batch_size=3))
+    assert sorted(d.key for d in done) == ["k0", "k1", "k2", "k3"]
+    assert done[0].key == "k2"  # the shortest finishes first
+    assert {d.key: d.result.text for d in done} == {f"k{i}": t for i, t in enumerate(alone)}
 
 
 def test_near_the_context_end_the_target_writes(tiny_dirs, tiny_cache, tiny_target):

@@ -119,3 +119,19 @@ def test_reduced_head_swaps_the_lm_head_for_the_block_only(tiny_target):
     torch.testing.assert_close(after, full)
     with tiny_target.reduced_head() as model:  # a full-vocabulary model is left alone
         assert model.get_output_embeddings() is tiny_target.model.get_output_embeddings()
+
+
+def test_pick_dtype(monkeypatch):
+    import torch
+
+    from semspec import models
+
+    assert models.pick_dtype("cpu", 32, "float32") is torch.float32
+    assert models.pick_dtype("cpu", 1, "bfloat16") is torch.bfloat16
+    with pytest.raises(ValueError, match="dtype"):
+        models.pick_dtype("cpu", 1, "float16")
+    monkeypatch.setattr(models, "cpu_has_fast_bf16", lambda: True)
+    assert models.pick_dtype("cpu", 1) is torch.float32  # one sequence: float32 is faster
+    assert models.pick_dtype("cpu", models.BF16_MIN_BATCH) is torch.bfloat16
+    monkeypatch.setattr(models, "cpu_has_fast_bf16", lambda: False)
+    assert models.pick_dtype("cpu", 32) is torch.float32

@@ -49,3 +49,22 @@ def test_extract_answer():
     assert extract_answer("#### 5 then the answer is 7") == "5"
     assert extract_answer("no number here") is None
     assert extract_answer("think 3 </think> The answer is 9", think_end="</think>") == "9"
+
+
+def test_incremental_text_is_always_the_whole_decode(tiny_target):
+    from semspec.steps import IncrementalText
+
+    tok = tiny_target.tokenizer
+    # multi-byte characters split over byte-level tokens, spaces, newlines, punctuation
+    text = "Natalia sold 48 clips.\n\nCafé: 5 € each, 🦆 ducks ×3 — done.\n\n"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    inc = IncrementalText(tok)
+    for k, t in enumerate(ids, 1):
+        inc.push(t)
+        assert inc.text == tok.decode(ids[:k], skip_special_tokens=False), k
+    assert inc.text == text
+    # a prefix of another tokenizer's text, then this one's tokens
+    inc = IncrementalText(tok, prefix="Step 1: ")
+    for t in ids[:5]:
+        inc.push(t)
+    assert inc.text == "Step 1: " + tok.decode(ids[:5])

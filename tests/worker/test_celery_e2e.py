@@ -159,7 +159,9 @@ def test_sigkilled_worker_items_are_redone_never_duplicated(service_env, workers
                                                               tmp_path):
     # A short visibility timeout, the same for every process, so Redis hands the dead
     # worker's unacknowledged chunk to the survivor within seconds.
-    env = {**service_env, "SEMJOBS_VISIBILITY_TIMEOUT_S": "4", "FAKE_ENGINE_DELAY_S": "0.25"}
+    # batches of 2: items finish in waves, so the victim is killed with some done, some running
+    env = {**service_env, "SEMJOBS_VISIBILITY_TIMEOUT_S": "4", "FAKE_ENGINE_DELAY_S": "0.25",
+           "SEMJOBS_BATCH_SIZE": "2"}
     workers.env = env
     n = 24
     job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
@@ -192,7 +194,8 @@ def test_killed_worker_items_are_redone_in_seconds_not_after_the_visibility_time
     hands its chunk out again; that late redelivery then skips every item."""
     vt = 15
     env = {**service_env, "SEMJOBS_VISIBILITY_TIMEOUT_S": str(vt), "FAKE_ENGINE_DELAY_S": "0.3",
-           "SEMJOBS_HEARTBEAT_INTERVAL_S": "0.5", "SEMJOBS_WORKER_DEAD_AFTER_S": "2"}
+           "SEMJOBS_HEARTBEAT_INTERVAL_S": "0.5", "SEMJOBS_WORKER_DEAD_AFTER_S": "2",
+           "SEMJOBS_BATCH_SIZE": "2"}
     workers.env = env
     n = 8
     job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
@@ -201,6 +204,8 @@ def test_killed_worker_items_are_redone_in_seconds_not_after_the_visibility_time
 
     killed = wait_for(lambda: victim_mid_item(pg_db, job_id, min_done=1), 60, interval=0.05,
                       what="victim busy on an item")[0]
+    with session_factory(pg_db)() as s:
+        done_before = set(s.scalars(select(Item.seq).where(Item.job_id == job_id, Item.status == "done")))
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
     t_kill, killed_at = time.monotonic(), datetime.now(timezone.utc)
@@ -223,7 +228,11 @@ def test_killed_worker_items_are_redone_in_seconds_not_after_the_visibility_time
     assert items[killed.seq] == ("done", 2, "survivor")
     with session_factory(pg_db)() as s:
         killed_done_at = s.get(Item, killed.id).finished_at
-    assert all(a == 1 for seq, (_, a, _) in items.items() if seq != killed.seq)
+    # what was done before the kill stays as it was; what the victim had started (a batch
+    # holds several items at once) is redone once, by the survivor
+    assert all(items[seq][1:] == (1, "victim") for seq in done_before)
+    assert all(w == "survivor" for _, a, w in items.values() if a == 2)
+    assert all(a in (1, 2) for _, a, _ in items.values())
 
     # Redis hands the victim's unacknowledged chunk out again after the visibility timeout:
     # every item is done, so it is skipped whole, and nothing changes.
@@ -239,7 +248,8 @@ def test_killed_worker_items_are_redone_in_seconds_not_after_the_visibility_time
 def test_cancel_stops_a_running_job(service_env, workers, pg_db, tmp_path):
     n = 40
     job_id = submit(service_env, write_input(tmp_path / "in.jsonl", n))
-    workers.start("w1", env={"FAKE_ENGINE_DELAY_S": "0.1"})
+    # two items at a time, 0.3 s each: the job runs for seconds, the cancel arrives mid-job
+    workers.start("w1", env={"FAKE_ENGINE_DELAY_S": "0.3", "SEMJOBS_BATCH_SIZE": "2"})
     wait_for(lambda: counts(pg_db, job_id).get("done", 0) >= 2, 60, what="first items")
     res = run_cli(["cancel", job_id], service_env)
     assert "cancelled" in res.stdout
@@ -255,10 +265,11 @@ def test_cancel_stops_a_running_job(service_env, workers, pg_db, tmp_path):
 
 
 def test_sigterm_hands_back_the_rest_of_the_chunk(service_env, workers, pg_db, tmp_path):
-    """Warm shutdown (SIGTERM, `docker stop`): the running chunk stops after its current item,
-    re-enqueues the rest and is acknowledged; no item runs twice, nothing waits for the
-    visibility timeout."""
-    env = {**service_env, "SEMJOBS_CHUNK_SIZE": "8", "FAKE_ENGINE_DELAY_S": "0.4"}
+    """Warm shutdown (SIGTERM, `docker stop`): the running chunk starts no new item, finishes
+    those in flight, re-enqueues the rest and is acknowledged; no item runs twice, nothing
+    waits for the visibility timeout."""
+    # a batch of 2: the chunk's items start two at a time, so there is a tail to hand back
+    env = {**service_env, "SEMJOBS_CHUNK_SIZE": "8", "FAKE_ENGINE_DELAY_S": "0.4", "SEMJOBS_BATCH_SIZE": "2"}
     workers.env = env
     n = 16
     job_id = submit(env, write_input(tmp_path / "in.jsonl", n))

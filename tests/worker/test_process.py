@@ -102,21 +102,27 @@ def test_attempt_cap_fails_an_item_that_keeps_killing_workers(db_url, tmp_path, 
         assert s.get(Job, job_id).status == "completed"
 
 
-def test_cancel_between_items(db_url, tmp_path, fake_engine):
-    job_id = make_job(db_url, tmp_path, n=6)
+def test_cancel_stops_new_items_from_starting(db_url, tmp_path, fake_engine, monkeypatch):
+    from semjobs.settings import settings
+
+    monkeypatch.setattr(settings, "batch_size", 2)
+    job_id = make_job(db_url, tmp_path, n=8)
 
     def cancel_after_two(kind, seq):
         if seq == 1:
             with session_factory(db_url)() as s:
                 repo.cancel_job(s, job_id)
 
-    rep = run_items(job_id, list(range(6)), url=db_url, on_item=cancel_after_two)
-    assert rep.done == 2 and rep.cancelled
+    rep = run_items(job_id, list(range(8)), url=db_url, on_item=cancel_after_two)
+    # what had started when the job was cancelled finishes (at most a batch more), the
+    # rest never starts
+    assert rep.cancelled and 2 <= rep.done <= 2 + settings.batch_size
     st = statuses(db_url, job_id)
-    assert [st[f"i{i}"] for i in range(6)] == ["done"] * 2 + ["cancelled"] * 4
+    assert [st[f"i{i}"] for i in range(8)] == ["done"] * rep.done + ["cancelled"] * (8 - rep.done)
     # a redelivered chunk of a cancelled job does nothing
-    rep = run_items(job_id, list(range(6)), url=db_url)
-    assert rep.done == 0 and count(db_url, Output, job_id) == 2
+    done = rep.done
+    rep = run_items(job_id, list(range(8)), url=db_url)
+    assert rep.done == 0 and count(db_url, Output, job_id) == done
     with session_factory(db_url)() as s:
         assert s.get(Job, job_id).status == "cancelled"
 

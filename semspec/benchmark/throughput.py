@@ -1,0 +1,168 @@
+"""Throughput by batch size (``semjobs bench --batch-size 1,4,8,16,32``).
+
+Every method decodes the same prompts through ``Engine.generate_many`` at each batch size,
+in the number type ``pick_dtype`` chooses for that size (or the one forced), one after the
+other in one process, so their ratios are comparable. ``hf_generate`` is the peer:
+transformers' own ``generate`` on left-padded static batches of the same size and number
+type, each row's output cut at its own EOS (a static batch still runs until its longest
+row ends; continuous batching does not wait).
+
+Figures per (batch size, method): generated tokens/s and items/s over the wall time of
+the whole set, accuracy against the references, and, when greedy, the share of outputs
+identical to the same method's batch-1 outputs (``same_as_batch_1``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from semspec.models import encode_prompt, pick_dtype
+from semspec.types import GenerationConfig, Request
+
+from .metrics import final_answer
+
+BATCH_METHODS = ("ar", "token_sd", "step_judge", "semspec", "hf_generate")
+
+
+@dataclass
+class SweepSettings:
+    batch_sizes: tuple[int, ...] = (1, 4, 8, 16, 32)
+    methods: tuple[str, ...] = ("ar", "semspec", "hf_generate")
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    seed: int = 0
+    dtype: str = "auto"  # "auto": pick_dtype per batch size; else forced for every size
+    device: str = "auto"
+
+
+def _config(method: str, s: SweepSettings, i: int) -> GenerationConfig:
+    return GenerationConfig(method=method, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                            top_p=s.top_p if s.temperature > 0 else 1.0, seed=s.seed + i)
+
+
+def engine_run(engine, method: str, prompts: list[dict], s: SweepSettings, batch_size: int) -> list[dict]:
+    """Every prompt through ``generate_many``; one record per prompt, in input order."""
+    reqs = [Request(p["prompt"], _config(method, s, i), key=i) for i, p in enumerate(prompts)]
+    out: list[dict | None] = [None] * len(prompts)
+    for done in engine.generate_many(reqs, batch_size=batch_size):
+        if done.error is not None:
+            raise RuntimeError(f"{method} failed on prompt {done.key}: {done.error}") from done.error
+        r = done.result
+        c = r.counters
+        out[done.key] = {"text": r.text, "generated_tokens": c.generated_tokens,
+                         "steps_drafted": c.steps_drafted, "steps_accepted": c.steps_accepted}
+    return out
+
+
+@torch.inference_mode()
+def hf_generate_run(target, prompts: list[dict], s: SweepSettings, batch_size: int) -> list[dict]:
+    """transformers' ``generate`` on left-padded static batches of ``batch_size``."""
+    tok = target.tokenizer
+    eos = sorted(target.eos_token_ids)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
+    kwargs: dict[str, Any] = dict(max_new_tokens=s.max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+    if s.temperature > 0:
+        kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=0)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    out = []
+    for b in range(0, len(prompts), batch_size):
+        rows = [encode_prompt(tok, p["prompt"]) for p in prompts[b:b + batch_size]]
+        width = max(map(len, rows))
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=target.device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=target.device)
+        torch.manual_seed(s.seed + b)
+        gen = target.model.generate(ids, attention_mask=mask, **kwargs)[:, width:].tolist()
+        for new in gen:
+            n = next((j for j, t in enumerate(new) if t in target.eos_token_ids), len(new))
+            out.append({"text": tok.decode(new[:n], skip_special_tokens=True), "generated_tokens": n})
+    return out
+
+
+def run_sweep(load: Callable[[torch.dtype], Any], prompts: list[dict], s: SweepSettings,
+              progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+    """``load(dtype)`` gives the engine in that number type (loaded once per type)."""
+    engines: dict[torch.dtype, Any] = {}
+    by_batch: dict[str, dict[str, dict]] = {}
+    outputs: dict[tuple[int, str], list[str]] = {}
+    for bs in s.batch_sizes:
+        dtype = pick_dtype(s.device, bs, s.dtype)
+        if dtype not in engines:
+            engines[dtype] = load(dtype)
+        engine = engines[dtype]
+        row = by_batch[str(bs)] = {}
+        for method in s.methods:
+            t0 = time.perf_counter()
+            if method == "hf_generate":
+                recs = hf_generate_run(engine.target, prompts, s, bs)
+            else:
+                recs = engine_run(engine, method, prompts, s, bs)
+            wall = time.perf_counter() - t0
+            outputs[(bs, method)] = [r["text"] for r in recs]
+            row[method] = _figures(recs, prompts, wall, dtype)
+            progress(f"batch {bs:>3} {method:<12} {row[method]['tokens_per_s']:7.1f} tok/s "
+                     f"{row[method]['items_per_s']:.3f} items/s ({wall:.1f}s, {row[method]['dtype']})")
+    if s.temperature <= 0 and s.batch_sizes[0] == 1:
+        for bs in s.batch_sizes:
+            for method in s.methods:
+                ref, got = outputs[(1, method)], outputs[(bs, method)]
+                by_batch[str(bs)][method]["same_as_batch_1"] = sum(a == b for a, b in zip(ref, got)) / len(ref)
+    return {"by_batch_size": by_batch, "goals": goals(by_batch)}
+
+
+def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: torch.dtype) -> dict[str, Any]:
+    gen = sum(r["generated_tokens"] for r in recs)
+    refs = [(r, p["reference"]) for r, p in zip(recs, prompts) if p.get("reference") is not None]
+    fig: dict[str, Any] = {
+        "tokens_per_s": gen / wall, "items_per_s": len(recs) / wall, "wall_s": wall,
+        "generated_tokens": gen, "items": len(recs), "dtype": str(dtype).removeprefix("torch."),
+        "accuracy": sum(final_answer(r["text"]) == ref for r, ref in refs) / len(refs) if refs else None,
+    }
+    drafted = sum(r.get("steps_drafted", 0) for r in recs)
+    if drafted:
+        fig["step_acceptance"] = sum(r["steps_accepted"] for r in recs) / drafted
+    return fig
+
+
+def goals(by_batch: dict[str, dict[str, dict]]) -> dict[str, float | None]:
+    """The issue's ratios, where both sides ran: ar vs hf_generate at 32, ar at 16 vs 1,
+    semspec at 8 vs 1, semspec vs ar at each size."""
+    def tps(bs: int, m: str) -> float | None:
+        return by_batch.get(str(bs), {}).get(m, {}).get("tokens_per_s")
+
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    out = {
+        "ar_b32_over_hf_generate_b32": ratio(tps(32, "ar"), tps(32, "hf_generate")),
+        "ar_b16_over_ar_b1": ratio(tps(16, "ar"), tps(1, "ar")),
+        "semspec_b8_over_semspec_b1": ratio(tps(8, "semspec"), tps(1, "semspec")),
+    }
+    for bs in by_batch:
+        out[f"semspec_over_ar_b{bs}"] = ratio(tps(int(bs), "semspec"), tps(int(bs), "ar"))
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    by_batch = result["by_batch_size"]
+    methods = list(next(iter(by_batch.values())))
+    lines = ["| batch | " + " | ".join(f"{m} tok/s (items/s)" for m in methods) + " |",
+             "|---|" + "---|" * len(methods)]
+    for bs, row in by_batch.items():
+        cells = [f"{row[m]['tokens_per_s']:.1f} ({row[m]['items_per_s']:.3f})" for m in methods]
+        lines.append(f"| {bs} ({row[methods[0]]['dtype']}) | " + " | ".join(cells) + " |")
+    lines += ["", "| batch | method | accuracy | same as batch 1 | step acceptance |", "|---|---|---|---|---|"]
+    for bs, row in by_batch.items():
+        for m, f in row.items():
+            def fmt(v):
+                return "-" if v is None else f"{v:.2f}"
+            lines.append(f"| {bs} | {m} | {fmt(f.get('accuracy'))} | {fmt(f.get('same_as_batch_1'))} | "
+                         f"{fmt(f.get('step_acceptance'))} |")
+    lines += ["", "| goal | ratio |", "|---|---|"]
+    lines += [f"| {k} | {'-' if v is None else f'{v:.2f}'} |" for k, v in result["goals"].items()]
+    return "\n".join(lines) + "\n"

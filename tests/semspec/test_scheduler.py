@@ -1,0 +1,139 @@
+"""Continuous batching: results do not depend on the batch, slots are reused as sequences
+finish, prompts are read lazily, one bad prompt fails alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from semspec.engine import Engine, PromptError, Request
+from semspec.probes import ProbePair
+from semspec.types import GenerationConfig
+
+PROMPTS = [
+    "Natalia sold 48 clips in April and half as many in May. How many clips in total?",
+    "Weng earns $12 an hour for babysitting. How much did she earn?",
+    "What is 7 times 6?",
+    "Hi",
+    "Let's think step by step. First, compute the cost.",
+    "How many clips did Natalia sell altogether in April and May?",
+    "0 1 2 3 4 5 6 7 8 9",
+    "Then add them up.",
+]
+
+
+def cfg(method, **kw):
+    base = dict(method=method, max_new_tokens=30, max_step_tokens=6, temperature=0.0, seed=0)
+    base.update(kw)
+    return GenerationConfig(**base)
+
+
+def _requests(configs):
+    # 16 items: each prompt twice, with budgets of their own so sequences end at different ticks
+    return [Request(PROMPTS[i % len(PROMPTS)], c, key=i) for i, c in enumerate(configs)]
+
+
+def _alone(engine, requests):
+    return {r.key: engine.generate(r.prompt, r.config) for r in requests}
+
+
+def _batched(engine, requests, batch_size, **kw):
+    done = list(engine.generate_many(requests, batch_size=batch_size, **kw))
+    assert all(d.error is None for d in done), [d.error for d in done]
+    assert sorted(d.key for d in done) == sorted(r.key for r in requests)
+    return {d.key: d.result for d in done}
+
+
+def _same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].text == b[k].text, k
+        assert [(s.decision, s.target_tokens) for s in a[k].steps] == \
+            [(s.decision, s.target_tokens) for s in b[k].steps], k
+        assert a[k].counters.generated_tokens == b[k].counters.generated_tokens, k
+        assert a[k].finish_reason == b[k].finish_reason, k
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_target, tiny_draft):
+    return {
+        "plain": Engine(tiny_target, tiny_draft),
+        "accept": Engine(tiny_target, tiny_draft, ProbePair.always_accept(64, 64)),
+        "reject": Engine(tiny_target, tiny_draft, ProbePair.always_reject(64, 64)),
+        "half": Engine(tiny_target, tiny_draft, ProbePair.constant(0.5, 1.0, 64, 64)),
+    }
+
+
+def test_greedy_ar_in_a_batch_of_16_equals_each_prompt_alone(engines):
+    e = engines["plain"]
+    reqs = _requests([cfg("ar", max_new_tokens=8 + 3 * i) for i in range(16)])
+    alone = _alone(e, reqs)
+    _same(_batched(e, reqs, 16), alone)
+    _same(_batched(e, reqs, 5), alone)  # fewer slots than items: slots are reused
+
+
+def test_greedy_token_sd_in_a_batch_equals_greedy_ar(engines):
+    e = engines["plain"]
+    ar = _batched(e, _requests([cfg("ar", max_new_tokens=10 + 2 * i) for i in range(16)]), 16)
+    sd = _batched(e, _requests([cfg("token_sd", draft_tokens=3, max_new_tokens=10 + 2 * i) for i in range(16)]), 16)
+    assert {k: r.text for k, r in sd.items()} == {k: r.text for k, r in ar.items()}
+    assert sum(r.counters.drafted_tokens for r in sd.values()) > 0
+
+
+@pytest.mark.parametrize("probes", ["accept", "reject", "half"])
+def test_semspec_decisions_in_a_batch_equal_alone(engines, probes):
+    e = engines[probes]
+    # "half" accepts each step with probability 0.5 from the item's own coin, sampled text
+    temperature = 0.9 if probes == "half" else 0.0
+    reqs = _requests([cfg("semspec", temperature=temperature, seed=i, max_new_tokens=12 + 2 * i)
+                      for i in range(16)])
+    alone = _alone(e, reqs)
+    batched = _batched(e, reqs, 8)
+    _same(batched, alone)
+    decisions = {s.decision for r in batched.values() for s in r.steps}
+    assert {"accept": {"accepted"}, "reject": {"rejected"}, "half": {"accepted", "rejected"}}[probes] <= decisions
+
+
+def test_every_method_mixed_in_one_batch_with_sampling(engines):
+    e = engines["half"]
+    methods = ["ar", "token_sd", "step_judge", "semspec"]
+    reqs = _requests([cfg(methods[i % 4], temperature=0.8, top_p=0.9, seed=i, judge_threshold=5)
+                      for i in range(12)])
+    _same(_batched(e, reqs, 6), _alone(e, reqs))
+
+
+def test_long_prompts_are_prefilled_in_chunks_with_the_same_result(engines):
+    e = engines["plain"]
+    long_prompt = " ".join(PROMPTS)  # well over the chunk of 16 tokens
+    reqs = [Request(long_prompt, cfg("ar"), key="long"), Request("Hi", cfg("ar"), key="short")]
+    chunked = _batched(e, reqs, 2, max_prefill_tokens=16)
+    _same(chunked, _alone(e, reqs))
+    assert chunked["long"].counters.target_forward_passes > chunked["short"].counters.target_forward_passes
+
+
+def test_prompts_are_read_lazily_and_a_bad_one_fails_alone(engines):
+    e = engines["plain"]
+    taken = []
+
+    def prompts():
+        for i, p in enumerate(["Hi", "", "What is 7 times 6?", "Then add them up.", "Hi"]):
+            taken.append(i)
+            yield Request(p, cfg("ar", max_new_tokens=6 if i else 3), key=i)
+
+    stream = e.generate_many(prompts(), batch_size=2)
+    first = next(stream)
+    # the empty prompt failed at admission, before anything ran, without taking a slot
+    assert first.key == 1 and isinstance(first.error, PromptError) and first.result is None
+    assert taken == [0, 1]
+    rest = list(stream)
+    assert [d.key for d in rest][0] == 0  # the shortest budget finishes first
+    assert sorted(d.key for d in rest) == [0, 2, 3, 4] and all(d.result is not None for d in rest)
+
+
+def test_generate_is_the_one_prompt_case(engines):
+    e = engines["plain"]
+    r = e.generate(PROMPTS[0], cfg("ar"))
+    (d,) = e.generate_many([PROMPTS[0]], cfg("ar"), batch_size=4)
+    assert d.key == 0 and d.result.text == r.text
+    assert set(r.counters.phase_seconds) == {"prefill", "target_write"}
+    with pytest.raises(ValueError, match="batch_size"):
+        list(e.generate_many([PROMPTS[0]], cfg("ar"), batch_size=0))

@@ -1,0 +1,74 @@
+"""The per-process batch loop (`worker.batching.BatchLoop`) with the instant test-double
+engine: slots are shared by every caller, a freed slot wakes waiters, an engine failure
+fails what it held and the next item starts a fresh loop."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from semspec.types import GenerationConfig
+from tests.fake_engine import InstantEngine
+from worker.batching import BatchLoop
+
+CFG = GenerationConfig(max_new_tokens=8)
+
+
+def test_slots_are_shared_and_results_come_back():
+    loop = BatchLoop(InstantEngine(delay_s=0.05), batch_size=2)
+    assert loop.try_reserve() and loop.try_reserve()
+    assert not loop.try_reserve()  # the batch is full
+    seen = loop.version
+    futs = [loop.submit(f"question {i}", CFG) for i in range(2)]
+    assert loop.wait(seen, timeout=5) > seen  # a slot freed
+    assert [f.result(timeout=5).final_answer for f in futs] == ["2", "2"]
+    assert loop.try_reserve()  # both slots are free again
+    loop.unreserve()
+
+
+def test_items_of_several_callers_run_side_by_side():
+    loop = BatchLoop(InstantEngine(delay_s=0.3), batch_size=4)
+    results = {}
+
+    def caller(name):
+        futs = []
+        for i in range(2):
+            while not loop.try_reserve():
+                time.sleep(0.01)
+            futs.append(loop.submit(f"{name} {i}", CFG))
+        results[name] = [f.result(timeout=10) for f in futs]
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=caller, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # four items of 0.3 s each in one batch of four: well under the 1.2 s of one at a time
+    assert time.monotonic() - t0 < 0.9
+    assert sorted(results) == ["a", "b"] and all(len(r) == 2 for r in results.values())
+
+
+class _Exploding(InstantEngine):
+    def __init__(self):
+        super().__init__()
+        self.explode = True
+
+    def generate_many(self, requests, config=None, batch_size=1):
+        if self.explode:
+            self.explode = False
+            next(iter(requests))
+            raise MemoryError("engine blew up")
+        yield from super().generate_many(requests, config, batch_size)
+
+
+def test_an_engine_failure_fails_its_items_and_the_loop_starts_again():
+    loop = BatchLoop(_Exploding(), batch_size=2)
+    loop.try_reserve()
+    with pytest.raises(MemoryError):
+        loop.submit("first", CFG).result(timeout=5)
+    assert loop.try_reserve() and loop.try_reserve()  # the failed item's slot came back
+    loop.unreserve()
+    assert loop.submit("second", CFG).result(timeout=5).text

@@ -1,0 +1,137 @@
+"""One decoding loop per process, shared by every chunk the process holds.
+
+The engine decodes up to ``batch_size`` items at once (``Engine.generate_many``, continuous
+batching). A Celery worker holds several chunks at a time (the threads pool, one chunk per
+thread); each chunk's thread claims an item only when the loop has a free slot, hands it
+over, and commits its result the moment it comes back. So the batch stays full across
+chunk boundaries, every item is claimed just before it starts (a cancelled job's items
+never start), and a chunk's message is acknowledged only once all of its items are settled.
+
+The loop runs in a thread of its own (torch releases the GIL in its kernels); the threads
+that hand it items do all the database work. Nothing here imports Celery.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from semspec.types import Request
+
+
+class BatchLoop:
+    def __init__(self, engine: Any, batch_size: int):
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.engine = engine
+        self.batch_size = batch_size
+        self._inbox: queue.Queue = queue.Queue()
+        self._futures: dict[int, Future] = {}
+        self._taken = 0  # slots promised to callers (handed over or about to be)
+        self._lock = threading.Lock()
+        self.changed = threading.Condition(self._lock)
+        self.version = 0  # bumped whenever a slot frees, so waiters never miss a wake-up
+        self._next_key = 0
+        self._in_engine = 0  # handed to the engine, not finished (the loop thread's own count)
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ callers' side
+    def try_reserve(self) -> bool:
+        """Take a slot for an item about to be claimed; False when the batch is full."""
+        with self._lock:
+            if self._taken >= self.batch_size:
+                return False
+            self._taken += 1
+            return True
+
+    def unreserve(self) -> None:
+        """Give back a reserved slot that was not used (the claim found nothing to do)."""
+        with self._lock:
+            self._free_slot()
+
+    def submit(self, prompt, config) -> Future:
+        """Decode one item in a reserved slot; the future holds its GenerationResult."""
+        fut: Future = Future()
+        with self._lock:
+            key = self._next_key
+            self._next_key += 1
+            self._futures[key] = fut
+            self._inbox.put(Request(prompt, config, key=key))
+            self._ensure_thread()
+        return fut
+
+    def wait(self, seen: int, timeout: float) -> int:
+        """Block until a slot frees after ``seen`` (a ``version``) or ``timeout`` passes."""
+        with self._lock:
+            if self.version == seen:
+                self.changed.wait(timeout)
+            return self.version
+
+    # ------------------------------------------------------------------ the loop
+    def _free_slot(self) -> None:
+        self._taken -= 1
+        self.version += 1
+        self.changed.notify_all()
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            inbox = self._inbox
+            self._thread = threading.Thread(target=self._run, args=(inbox,), name="semjobs-batch-loop",
+                                            daemon=True)
+            self._thread.start()
+
+    def _requests(self, inbox: queue.Queue):
+        """Items as they are handed over. While the engine has items, an empty inbox is
+        "nothing new now" (None: the engine goes on decoding); when it has none, wait."""
+        while True:
+            if self._in_engine == 0:
+                req = inbox.get()
+            else:
+                try:
+                    req = inbox.get_nowait()
+                except queue.Empty:
+                    yield None
+                    continue
+            self._in_engine += 1
+            yield req
+
+    def _run(self, inbox: queue.Queue) -> None:
+        try:
+            for done in self.engine.generate_many(self._requests(inbox), batch_size=self.batch_size):
+                self._in_engine -= 1
+                with self._lock:
+                    fut = self._futures.pop(done.key)
+                    self._free_slot()
+                if done.error is not None:
+                    fut.set_exception(done.error)
+                else:
+                    fut.set_result(done.result)
+        except BaseException as e:  # the engine itself failed: every item handed over fails
+            with self._lock:
+                stranded = list(self._futures.values())
+                self._futures.clear()
+                for _ in stranded:
+                    self._free_slot()
+                # the next submit starts a fresh loop on a fresh inbox
+                self._in_engine = 0
+                self._inbox = queue.Queue()
+                self._thread = None
+            for fut in stranded:
+                fut.set_exception(e)
+
+
+_loops: dict[tuple[int, int], BatchLoop] = {}
+_loops_lock = threading.Lock()
+
+
+def batch_loop(engine: Any, batch_size: int) -> BatchLoop:
+    """This process's loop for ``engine`` (one per engine and batch size)."""
+    key = (id(engine), batch_size)
+    with _loops_lock:
+        loop = _loops.get(key)
+        if loop is None:
+            _loops.clear()
+            loop = _loops[key] = BatchLoop(engine, batch_size)
+        return loop
