@@ -77,9 +77,9 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--no-loglik", is_flag=True, help="Skip the target log-likelihood pass over the outputs.")
 @click.option("-q", "--quiet", is_flag=True, help="No per-run progress lines.")
 @click.option("--batch-size", "batch_sizes", default=None,
-              help="Throughput by batch size instead, e.g. 1,4,8,16,32: every method (hf_assisted "
-                   "excepted, hf_generate added) over all prompts at each size (results.json "
-                   "by_batch_size).")
+              help="Throughput by batch size instead, e.g. 1,4,8,16,32: every method of --methods "
+                   "but hf_assisted (list hf_generate for the peer) over all prompts at each size "
+                   "(results.json by_batch_size).")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="With --batch-size: the models' number type (auto: the fastest for each size).")
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
@@ -91,7 +91,8 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     prompts that every method finished.
 
     Examples: semjobs bench --limit 10 --out out/bench;
-    semjobs bench --batch-size 1,8,32 --temperature 0 --limit 32 --threads 1 --out out/batch"""
+    semjobs bench --batch-size 1,8,32 --methods ar,semspec,hf_generate --temperature 0 --limit 32
+    --threads 1 --out out/batch"""
     import torch
 
     from semspec.benchmark.report import write_report
@@ -159,8 +160,8 @@ def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_di
     from semspec.benchmark.runner import load_engine, load_prompts
     from semspec.benchmark.throughput import BATCH_METHODS, SweepSettings, markdown, run_sweep
 
-    methods = [m for m in settings.methods if m in BATCH_METHODS] + ["hf_generate"]
-    sweep = SweepSettings(batch_sizes=tuple(batch_sizes), methods=tuple(dict.fromkeys(methods)),
+    methods = [m for m in settings.methods if m in BATCH_METHODS]
+    sweep = SweepSettings(batch_sizes=tuple(batch_sizes), methods=tuple(methods),
                           temperature=settings.temperature, top_p=settings.top_p,
                           max_new_tokens=settings.max_new_tokens, seed=settings.seed, dtype=dtype, device=device)
     try:

@@ -1,6 +1,6 @@
 """Small repository functions: every read and write the service does, in plain SQL terms.
 
-Delivery is at least once (DESIGN.md §6), so the item writes are idempotent:
+Delivery is at least once (README: "Workers that die"), so the item writes are idempotent:
 - `claim_item` moves pending/running -> running and counts the attempt (a redelivered item
   left `running` by a dead worker is claimable again; the attempt cap lives here);
 - `save_result` inserts the output keyed by the item (primary key), so a second delivery of a

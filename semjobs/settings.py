@@ -34,8 +34,8 @@ class Settings(BaseSettings):
     # (semspec.models.pick_dtype). "float32" / "bfloat16" force one.
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # Items one engine process decodes at once (continuous batching, shared by every chunk
-    # the process holds). 16 measured best on a 2-core CPU (docs/batching.md).
-    batch_size: int = Field(default=16, ge=1)
+    # the process holds). 32 measured best on a 2-core CPU (docs/batching.md).
+    batch_size: int = Field(default=32, ge=1)
     # torch CPU threads per engine process (torch.set_num_threads before the engine loads);
     # None keeps torch's default, one per core. On a busy or shared CPU fewer is faster: on
     # a loaded 2-core box 2 threads ran ~7x slower than 1. Workers x threads <= free cores.
@@ -56,7 +56,7 @@ class Settings(BaseSettings):
     # Embedded mode (`semjobs run`): no servers, one SQLite file.
     embedded_database_url: str = "sqlite:///semjobs.sqlite"
 
-    # Worker behaviour (see DESIGN.md §6 for why each exists).
+    # Worker behaviour (README "Workers that die" says why each exists).
     # Queue of this deployment's model pair; None derives "semjobs.<target>+<draft>".
     queue: str | None = None
     chunk_size: int = 4  # items per Celery task; keeps a task well inside the visibility timeout

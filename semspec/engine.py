@@ -15,14 +15,16 @@ No I/O happens here beyond model loading: no database, no queue, no printing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from .models import DEFAULT_TARGET, LoadedModel, load_model, pick_dtype
 from .probes import ProbePair, embedded_probes_available, resolve_probes
-from .scheduler import DEFAULT_MAX_PREFILL_TOKENS, Runners, Scheduler
+from .scheduler import DEFAULT_MAX_PREFILL_TOKENS, PassStats, Runners, Scheduler
 from .sequence import METHOD_CLASSES, MethodUnavailable, PromptError, Sequence
+from .steps import detect_think_end
 from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Finished, GenerationConfig,
                     GenerationResult, Request)
 
@@ -102,6 +104,12 @@ class Engine:
         p = ProbePair.load(resolve_probes(probes), t, d) if probes else None
         return cls(t, d, p)
 
+    @functools.cached_property
+    def think_end_marker(self) -> str | None:
+        """The target's end-of-thinking marker, if it has one (looked up once: reading a
+        large vocabulary costs tens of milliseconds)."""
+        return detect_think_end(self.target.tokenizer)
+
     @property
     def identities(self) -> dict[str, str]:
         ids = {"target": str(self.target.identity)}
@@ -127,11 +135,13 @@ class Engine:
         return dataclasses.replace(config, **unset) if unset else config
 
     def generate_many(self, prompts: Iterable, config: GenerationConfig | None = None, batch_size: int = 8,
-                      max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS) -> Iterator[Finished]:
+                      max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
+                      stats: PassStats | None = None) -> Iterator[Finished]:
         """Decode up to ``batch_size`` prompts at once, yielding a :class:`Finished` (key,
         result or error) as each one ends. ``prompts``: texts, message lists or
         :class:`Request` (with a config and key of its own); read lazily, one as each slot
-        frees. A prompt that fails (bad input, context overflow) fails alone."""
+        frees. A prompt that fails (bad input, context overflow) fails alone. ``stats``,
+        when given, is filled with the counts of the passes run (``PassStats``)."""
         default = config or GenerationConfig()
 
         def requests():
@@ -141,7 +151,10 @@ class Engine:
                 else:
                     yield Request(p.prompt, p.config, i) if isinstance(p, Request) else Request(p, key=i)
 
-        yield from Scheduler(self, batch_size, max_prefill_tokens).run(requests(), default)
+        scheduler = Scheduler(self, batch_size, max_prefill_tokens)
+        if stats is not None:
+            scheduler.stats = stats
+        yield from scheduler.run(requests(), default)
 
     def generate(self, messages: list[dict] | str, config: GenerationConfig | None = None) -> GenerationResult:
         """One prompt: ``generate_many`` with a batch of one; errors are raised."""

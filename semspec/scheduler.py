@@ -3,7 +3,9 @@
 Every active sequence is a generator (``Sequence.program``) that yields the pass it needs
 next. A tick runs the draft once over every sequence waiting on the draft, then the target
 once over every sequence waiting on the target: decodes of sequences the target is writing,
-drafted steps being verified, prefills of newly admitted prompts. Prefills are capped per
+drafted steps being verified, prefills of newly admitted prompts. Verifications wait (a
+bounded number of ticks) while other sequences are still drafting, so that one target
+pass checks many steps. Prefills are capped per
 tick (``max_prefill_tokens``; a longer prompt is fed in chunks over several ticks) so a long
 prompt never stalls the decodes. Draws from the pass's last rows are batched (one argmax or
 one inverse-CDF draw per group of rows, each row with its own generator). A finished
@@ -13,7 +15,7 @@ sequence frees its slots at once, and the next waiting prompt takes them in the 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -24,6 +26,27 @@ from .stream import PassRequest, PassResult
 from .types import Finished, GenerationConfig, Request
 
 DEFAULT_MAX_PREFILL_TOKENS = 512
+DEFAULT_MAX_VERIFY_WAIT = 32  # ticks; about one drafted step of the shipped probes' rule
+DEFERRABLE_PHASES = ("verify", "judge")
+
+
+@dataclass
+class PassStats:
+    """Raw counts of the passes a scheduler ran, per model: passes, wall seconds, rows (one
+    per sequence fed) and tokens fed, and rows and tokens per phase. Where the time goes
+    when many sequences share passes; ratios are derived where they are reported."""
+
+    target: dict[str, float] = field(default_factory=dict)
+    draft: dict[str, float] = field(default_factory=dict)
+
+    def add(self, is_target: bool, rows: list[tuple[str, int]], seconds: float) -> None:
+        d = self.target if is_target else self.draft
+        for key, value in (("passes", 1), ("seconds", seconds), ("rows", len(rows)),
+                           ("tokens", sum(n for _, n in rows))):
+            d[key] = d.get(key, 0) + value
+        for phase, n in rows:
+            d[f"{phase}_rows"] = d.get(f"{phase}_rows", 0) + 1
+            d[f"{phase}_tokens"] = d.get(f"{phase}_tokens", 0) + n
 
 
 @dataclass
@@ -38,15 +61,18 @@ class _Active:
     seq: Any
     program: Any
     request: PassRequest | None = None
+    since: int = 0  # the tick its request was made
 
 
 class Scheduler:
-    def __init__(self, engine, batch_size: int, max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS):
+    def __init__(self, engine, batch_size: int, max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
+                 max_verify_wait: int = DEFAULT_MAX_VERIFY_WAIT):
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self.engine = engine
         self.batch_size = batch_size
         self.max_prefill_tokens = max(1, max_prefill_tokens)
+        self.max_verify_wait = max_verify_wait
         t_tap = d_tap = None
         if engine.probes is not None:
             t_tap = engine.probes.target.resolved_layer(engine.target.num_layers)
@@ -56,6 +82,7 @@ class Scheduler:
             ModelRunner(engine.draft, batch_size, tap_layer=d_tap) if engine.draft is not None else None,
         )
         self.ticks = 0
+        self.stats = PassStats()
 
     def run(self, requests: Iterable[Request], default: GenerationConfig) -> Iterator[Finished]:
         """Decode every request, yielding each as it finishes. ``requests`` is read lazily:
@@ -83,16 +110,34 @@ class Scheduler:
                 return
             self.ticks += 1
             done: list[Finished] = []
-            for runner in (self.runners.draft, self.runners.target):
-                if runner is None:
-                    continue
-                waiting = [a for a in active if a.request is not None and a.request.stream.runner is runner]
-                if waiting:
-                    done.extend(self._run_pass(runner, waiting))
+            drafting = [a for a in active if self._wants(a, self.runners.draft)]
+            if drafting:
+                done.extend(self._run_pass(self.runners.draft, drafting))
+            waiting = [a for a in active if self._wants(a, self.runners.target)]
+            if waiting and self._target_due(waiting, any(self._wants(a, self.runners.draft) for a in active)):
+                done.extend(self._run_pass(self.runners.target, waiting))
             active = [a for a in active if a.request is not None]
             yield from done
 
     # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _wants(a: _Active, runner: ModelRunner | None) -> bool:
+        return runner is not None and a.request is not None and a.request.stream.runner is runner
+
+    def _target_due(self, waiting: list[_Active], drafting: bool) -> bool:
+        """Whether the target runs this tick. Verifications can wait while other sequences
+        are still drafting their steps: one target pass then checks many steps at once
+        instead of one pass per tick for whichever step happens to be ready (a pass over
+        many rows costs little more than over one). Writes and prefills never wait, and a
+        verification waits at most ``max_verify_wait`` ticks. ``drafting``: whether any
+        sequence will draft next tick."""
+        if not drafting:
+            return True
+        for a in waiting:
+            if a.request.phase not in DEFERRABLE_PHASES or self.ticks - a.since >= self.max_verify_wait:
+                return True
+        return False
+
     def _admit(self, req: Request, default: GenerationConfig) -> tuple[_Active | None, Finished | None]:
         try:
             seq = self.engine.new_sequence(req.prompt, req.config or default, self.runners)
@@ -107,6 +152,7 @@ class Scheduler:
         """Resume a sequence with a pass result (or an error); returns its outcome if it ended."""
         try:
             entry.request = entry.program.throw(error) if error is not None else entry.program.send(value)
+            entry.since = self.ticks
             return None
         except StopIteration:
             return self._retire(entry, None)
@@ -163,6 +209,7 @@ class Scheduler:
             for (i, _), tok in zip(sampled, sample_rows(last, [a.request.sample for _, a in sampled])):
                 tokens[i] = tok
         seconds = time.perf_counter() - t
+        self.stats.add(runner is self.runners.target, [(a.request.phase, len(f.tokens)) for a, f, _ in batch], seconds)
         for a, _, whole in batch:
             a.seq.counters.add_time(a.request.phase, seconds)
             if not whole:  # the stream counts the pass that completes its request itself

@@ -30,7 +30,7 @@ import torch
 from .models import encode_prompt
 from .probes import pool
 from .sampling import make_generator, probs_from_logits, sample, sample_logits, uniform
-from .steps import IncrementalText, StepDetector, detect_think_end, extract_answer
+from .steps import IncrementalText, StepDetector, extract_answer
 from .stream import PassRequest, PassResult, Sample, Stream
 from .types import Counters, GenerationConfig, GenerationResult, StepRecord
 
@@ -80,7 +80,7 @@ class Sequence:
         self.T = Stream(runners.target, prompt)
         self.budget = config.max_new_tokens if max_ctx is None else min(config.max_new_tokens, max_ctx - len(prompt))
         te = config.think_end
-        self.think_end = detect_think_end(tgt.tokenizer) if te == "auto" else (te or None)
+        self.think_end = engine.think_end_marker if te == "auto" else (te or None)
         self.detector = StepDetector(config.step_delimiter, self.think_end, config.max_step_tokens)
         self.counters = Counters(prompt_tokens=len(prompt))
         self.steps: list[StepRecord] = []

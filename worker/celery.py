@@ -1,4 +1,4 @@
-"""The Celery app, configured for long GPU tasks (DESIGN.md §6).
+"""The Celery app, configured for long GPU tasks (README: "Workers that die").
 
 - late acks + prefetch 1: a task is acknowledged after it ran, one reserved at a time;
 - reject_on_worker_lost: a task whose process died is requeued (the attempt cap is kept per

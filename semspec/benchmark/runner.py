@@ -35,7 +35,7 @@ from semspec.types import GenerationConfig
 
 from .metrics import final_answer, reference_answer
 
-DEFAULT_PROMPTS = str(GSM8K_TEST)  # GSM8K test split shipped with the engine (same file as ../shared/data)
+DEFAULT_PROMPTS = str(GSM8K_TEST)  # GSM8K test split shipped with the engine (semspec/assets/gsm8k)
 ALL_METHODS = ("ar", "token_sd", "hf_assisted", "step_judge", "semspec", "hf_generate")
 DEFAULT_METHODS = ALL_METHODS[:5]  # hf_generate (transformers' plain generate, no draft) is opt-in
 DRAFT_METHODS = ("token_sd", "hf_assisted", "step_judge", "semspec")

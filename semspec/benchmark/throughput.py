@@ -9,7 +9,9 @@ row ends; continuous batching does not wait).
 
 Figures per (batch size, method): generated tokens/s and items/s over the wall time of
 the whole set, accuracy against the references, and, when greedy, the share of outputs
-identical to the same method's batch-1 outputs (``same_as_batch_1``).
+identical to the same method's batch-1 outputs (``same_as_batch_1``); for the engine's
+methods also the passes each model ran (count, seconds, rows and tokens fed, by phase),
+which say where the time went.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from semspec.models import encode_prompt, pick_dtype
+from semspec.scheduler import PassStats
 from semspec.types import GenerationConfig, Request
 
 from .metrics import final_answer
@@ -49,13 +52,15 @@ def engine_run(engine, method: str, prompts: list[dict], s: SweepSettings, batch
     """Every prompt through ``generate_many``; one record per prompt, in input order."""
     reqs = [Request(p["prompt"], _config(method, s, i), key=i) for i, p in enumerate(prompts)]
     out: list[dict | None] = [None] * len(prompts)
-    for done in engine.generate_many(reqs, batch_size=batch_size):
+    stats = PassStats()
+    for done in engine.generate_many(reqs, batch_size=batch_size, stats=stats):
         if done.error is not None:
             raise RuntimeError(f"{method} failed on prompt {done.key}: {done.error}") from done.error
         r = done.result
         c = r.counters
         out[done.key] = {"text": r.text, "generated_tokens": c.generated_tokens,
                          "steps_drafted": c.steps_drafted, "steps_accepted": c.steps_accepted}
+    out[0]["passes"] = {"target": stats.target, "draft": stats.draft}  # the run's, on its first record
     return out
 
 
@@ -126,6 +131,9 @@ def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: torch.dt
     drafted = sum(r.get("steps_drafted", 0) for r in recs)
     if drafted:
         fig["step_acceptance"] = sum(r["steps_accepted"] for r in recs) / drafted
+    if "passes" in recs[0]:
+        fig["passes"] = recs[0]["passes"]
+        fig["seconds_per_pass"] = {role: p["seconds"] / p["passes"] for role, p in fig["passes"].items() if p}
     return fig
 
 

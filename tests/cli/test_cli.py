@@ -122,3 +122,21 @@ def test_run_resumes_an_interrupted_job_without_redoing_items(tmp_path, sqlite_d
     # a finished job is not resumed: the next run is a new job
     res = invoke("run", src, "-o", out, "--db", sqlite_db, "--max-new-tokens", 8)
     assert res.output.strip().splitlines()[-1] != job_id
+
+
+def test_worker_holds_enough_chunks_to_fill_its_batch(monkeypatch):
+    from semjobs.settings import settings
+    from worker.celery import app
+
+    seen = []
+    monkeypatch.setattr(app, "worker_main", seen.append)
+    monkeypatch.setattr(settings, "chunk_size", 4)
+    monkeypatch.setattr(settings, "batch_size", settings.batch_size)  # restored afterwards
+    invoke("worker", "--batch-size", 16)
+    argv = seen[-1]
+    # one process, the threads pool, 16 / 4 chunks to fill the batch + 1 waiting to refill it
+    assert argv[argv.index("--pool") + 1] == "threads" and argv[argv.index("--concurrency") + 1] == "5"
+    assert settings.batch_size == 16
+    invoke("worker", "-c", 2)
+    argv = seen[-1]
+    assert argv[argv.index("--pool") + 1] == "prefork" and argv[argv.index("--concurrency") + 1] == "2"

@@ -137,3 +137,23 @@ def test_generate_is_the_one_prompt_case(engines):
     assert set(r.counters.phase_seconds) == {"prefill", "target_write"}
     with pytest.raises(ValueError, match="batch_size"):
         list(e.generate_many([PROMPTS[0]], cfg("ar"), batch_size=0))
+
+
+def test_verifications_wait_for_drafting_sequences_and_share_a_pass(engines):
+    from semspec.scheduler import Scheduler
+
+    e = engines["half"]
+    reqs = _requests([cfg("semspec", temperature=0.9, seed=i, max_new_tokens=20) for i in range(8)])
+    runs = {}
+    for wait in (0, 32):
+        sched = Scheduler(e, 8, max_verify_wait=wait)
+        runs[wait] = ({d.key: d.result for d in sched.run(reqs, cfg("semspec"))}, sched.runners.target.passes)
+    _same(runs[0][0], runs[32][0])  # the same decisions and text either way
+    assert runs[32][1] < runs[0][1]  # fewer target passes when verifications wait
+    # the pass counts say where the time went
+    st = sched.stats
+    assert st.target["passes"] == sched.runners.target.passes and st.draft["passes"] == sched.runners.draft.passes
+    drafted = sum(r.counters.steps_drafted for r in runs[32][0].values())
+    assert st.target["verify_rows"] == drafted and st.target["prefill_rows"] == 8 == st.draft["prefill_rows"]
+    assert st.target["rows"] > st.target["passes"]  # passes were shared
+    assert st.target["seconds"] > 0 and st.draft["tokens"] >= st.draft["rows"]

@@ -1,4 +1,5 @@
-"""The Celery app is configured as DESIGN.md §6 asks, and importing it loads no model."""
+"""The Celery app is configured for long GPU tasks (late acks, prefetch 1, one visibility
+timeout), and importing it loads no model."""
 
 import subprocess
 import sys
