@@ -112,11 +112,14 @@ class Engine:
 
     @property
     def identities(self) -> dict[str, str]:
+        """What made an output: each model's and probe's identity, and the number type the
+        models ran in (bfloat16 and float32 give different greedy text)."""
         ids = {"target": str(self.target.identity)}
         if self.draft is not None:
             ids["draft"] = str(self.draft.identity)
         if self.probes is not None:
             ids.update(self.probes.identities())
+        ids["dtype"] = str(self.target.dtype).removeprefix("torch.")
         return ids
 
     def new_sequence(self, messages: list[dict] | str, config: GenerationConfig, runners: Runners) -> Sequence:
