@@ -167,10 +167,12 @@ def test_sigkilled_worker_items_are_redone_never_duplicated(service_env, workers
     job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
     victim = workers.start("victim")
 
-    running = wait_for(lambda: victim_mid_item(pg_db, job_id, min_done=2), 60, interval=0.05,
-                       what="victim busy on an item")
+    wait_for(lambda: victim_mid_item(pg_db, job_id, min_done=2), 60, interval=0.05,
+             what="victim busy on an item")
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
+    running = victim_mid_item(pg_db, job_id, min_done=0)  # after the kill: what it was decoding
+    assert running, "the victim was killed between two items"
     killed_item = running[0].item_id
     workers.start("survivor")
     wait_completed(pg_db, job_id, workers, timeout=120)
@@ -202,13 +204,18 @@ def test_killed_worker_items_are_redone_in_seconds_not_after_the_visibility_time
     victim = workers.start("victim")
     t_start = time.monotonic()  # the victim receives its chunk after this: redelivery > +vt
 
-    killed = wait_for(lambda: victim_mid_item(pg_db, job_id, min_done=1), 60, interval=0.05,
-                      what="victim busy on an item")[0]
-    with session_factory(pg_db)() as s:
-        done_before = set(s.scalars(select(Item.seq).where(Item.job_id == job_id, Item.status == "done")))
+    wait_for(lambda: victim_mid_item(pg_db, job_id, min_done=1), 60, interval=0.05,
+             what="victim busy on an item")
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
     t_kill, killed_at = time.monotonic(), datetime.now(timezone.utc)
+    # read after the kill, before any reaper runs: what the victim had finished, and what
+    # it was decoding when it died (an item can finish between a look and the kill)
+    with session_factory(pg_db)() as s:
+        done_before = set(s.scalars(select(Item.seq).where(Item.job_id == job_id, Item.status == "done")))
+    in_flight = victim_mid_item(pg_db, job_id, min_done=0)
+    assert in_flight, "the victim was killed between two items"
+    killed = in_flight[0]
     survivor = workers.start("survivor")
     wait_completed(pg_db, job_id, workers, timeout=vt)
     recovered_s = time.monotonic() - t_kill
