@@ -103,23 +103,26 @@ class BatchLoop:
                 self._in_engine -= 1
                 with self._lock:
                     fut = self._futures.pop(done.key)
-                    self._free_slot()
+                # settled before its slot frees: a caller woken by the slot finds it done
                 if done.error is not None:
                     fut.set_exception(done.error)
                 else:
                     fut.set_result(done.result)
+                with self._lock:
+                    self._free_slot()
         except BaseException as e:  # the engine itself failed: every item handed over fails
             with self._lock:
                 stranded = list(self._futures.values())
                 self._futures.clear()
-                for _ in stranded:
-                    self._free_slot()
                 # the next submit starts a fresh loop on a fresh inbox
                 self._in_engine = 0
                 self._inbox = queue.Queue()
                 self._thread = None
             for fut in stranded:
                 fut.set_exception(e)
+            with self._lock:
+                for _ in stranded:
+                    self._free_slot()
 
 
 _loops: dict[tuple[int, int], BatchLoop] = {}
