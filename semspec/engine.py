@@ -154,10 +154,7 @@ class Engine:
                 else:
                     yield Request(p.prompt, p.config, i) if isinstance(p, Request) else Request(p, key=i)
 
-        scheduler = Scheduler(self, batch_size, max_prefill_tokens)
-        if stats is not None:
-            scheduler.stats = stats
-        yield from scheduler.run(requests(), default)
+        yield from Scheduler(self, batch_size, max_prefill_tokens, stats=stats).run(requests(), default)
 
     def generate(self, messages: list[dict] | str, config: GenerationConfig | None = None) -> GenerationResult:
         """One prompt: ``generate_many`` with a batch of one; errors are raised."""

@@ -250,8 +250,14 @@ class LoadedModel:
             last = last[:, keep]
         elif keep:
             last = last[:, -keep:]
-        return reduced_head_logits(last, self._head_rows(), self.vocab_ids, self.vocab_size).float(), \
-            out.hidden_states
+        return self.head_logits(last), out.hidden_states
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits over the whole vocabulary from final-norm states, through the LM
+        head (the reduced vocabulary's rows only, when the model has one)."""
+        if self.vocab_ids is None:
+            return self.model.get_output_embeddings()(hidden).float()
+        return reduced_head_logits(hidden, self._head_rows(), self.vocab_ids, self.vocab_size).float()
 
     @contextmanager
     def reduced_head(self):

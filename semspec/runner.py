@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .models import LoadedModel, reduced_head_logits
+from .models import LoadedModel
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -117,9 +117,12 @@ class ModelRunner:
         self.lengths[slot] = 0
         self._free.append(slot)
 
-    @property
-    def free_slots(self) -> int:
-        return len(self._free)
+    def overflow(self, feed: Feed) -> ContextOverflow | None:
+        """The error feeding ``feed`` would raise, if its sequence outgrows the context."""
+        end = self.lengths[feed.slot] + len(feed.tokens)
+        if self.max_context is not None and end > self.max_context:
+            return ContextOverflow(f"sequence of {end} tokens exceeds the model's context of {self.max_context}")
+        return None
 
     def set_length(self, slot: int, length: int) -> None:
         """Roll a slot back (or keep it): only ``length`` cached tokens remain valid."""
@@ -152,11 +155,12 @@ class ModelRunner:
         dev = self.device
         starts = [self.lengths[f.slot] for f in feeds]
         ends = [s + len(f.tokens) for s, f in zip(starts, feeds)]
-        for f, e in zip(feeds, ends):
+        for f in feeds:
             if not f.tokens:
                 raise ValueError(f"slot {f.slot} feeds no tokens")
-            if self.max_context is not None and e > self.max_context:
-                raise ContextOverflow(f"sequence of {e} tokens exceeds the model's context of {self.max_context}")
+            error = self.overflow(f)
+            if error is not None:
+                raise error
         if max(ends) > self.capacity:
             self._grow(max(ends))
         ids = torch.tensor([t for f in feeds for t in f.tokens], dtype=torch.long, device=dev)
@@ -165,14 +169,20 @@ class ModelRunner:
         pos = torch.tensor(pos_list, dtype=torch.long, device=dev)
         tok_slot = torch.tensor(slot_list, dtype=torch.long, device=dev)
         n_tok = ids.numel()
+        offsets = [0]  # where each feed's tokens start in the packed rows
+        for f in feeds[:-1]:
+            offsets.append(offsets[-1] + len(f.tokens))
 
         x = self.embed(ids)  # [T, H]
         cos, sin = self.rotary(x[None], pos[None])
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, d]
-        plan = self._attention_plan(feeds, starts, ends)
+        plan = self._attention_plan(feeds, offsets, starts, ends)
 
         tap_rows = [i for i, f in enumerate(feeds) if f.tap]
-        tap_idx = self._token_index(tap_rows, feeds) if tap_rows and self.tap_layer is not None else None
+        tap_idx = None
+        if tap_rows and self.tap_layer is not None:
+            tap_idx = torch.tensor([offsets[i] + j for i in tap_rows for j in range(len(feeds[i].tokens))],
+                                   dtype=torch.long, device=dev)
         tapped = None
         for li, layer in enumerate(self.layers):
             if tap_idx is not None and li == self.tap_layer:
@@ -181,11 +191,6 @@ class ModelRunner:
             x = x + layer.mlp(layer.post_attention_layernorm(x))
 
         # logits rows, and the final-norm tap
-        offsets = []
-        o = 0
-        for f in feeds:
-            offsets.append(o)
-            o += len(f.tokens)
         row_idx, row_start = [], []
         for f, off in zip(feeds, offsets):
             row_start.append(len(row_idx))
@@ -195,7 +200,7 @@ class ModelRunner:
             tapped = self.norm(x[tap_idx]).float()
         if row_idx:
             last = self.norm(x[torch.tensor(row_idx, device=dev)])
-            logits = self._head(last)
+            logits = self.lm.head_logits(last)
         hidden: list[torch.Tensor | None] = [None] * len(feeds)
         if tapped is not None:
             at = 0
@@ -208,32 +213,12 @@ class ModelRunner:
         self.passes += 1
         return PassOut(logits, row_start, hidden)
 
-    def _token_index(self, chosen: list[int], feeds: list[Feed]) -> torch.Tensor:
-        """Packed row indices of every token of the feeds numbered ``chosen``."""
-        wanted = set(chosen)
-        idx, o = [], 0
-        for i, f in enumerate(feeds):
-            if i in wanted:
-                idx.extend(range(o, o + len(f.tokens)))
-            o += len(f.tokens)
-        return torch.tensor(idx, dtype=torch.long, device=self.device)
-
-    def _head(self, h: torch.Tensor) -> torch.Tensor:
-        lm = self.lm
-        if lm.vocab_ids is None:
-            return lm.model.get_output_embeddings()(h).float()
-        return reduced_head_logits(h, lm._head_rows(), lm.vocab_ids, lm.vocab_size).float()
-
-    def _attention_plan(self, feeds, starts, ends):
+    def _attention_plan(self, feeds, offsets, starts, ends):
         """Which packed rows go to the shared single-token call and which get calls of their own,
         with the masks they need (built once per pass, used by every layer)."""
         dev = self.device
         singles = [i for i, f in enumerate(feeds) if len(f.tokens) == 1]
         multis = [i for i, f in enumerate(feeds) if len(f.tokens) > 1]
-        offsets, o = [], 0
-        for f in feeds:
-            offsets.append(o)
-            o += len(f.tokens)
         plan = {"single": None, "multi": []}
         if singles:
             span = max(ends[i] for i in singles)

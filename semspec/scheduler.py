@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .runner import ContextOverflow, Feed, ModelRunner
+from .runner import Feed, ModelRunner
 from .sampling import sample_rows
 from .stream import PassRequest, PassResult
 from .types import Finished, GenerationConfig, Request
@@ -66,7 +66,7 @@ class _Active:
 
 class Scheduler:
     def __init__(self, engine, batch_size: int, max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
-                 max_verify_wait: int = DEFAULT_MAX_VERIFY_WAIT):
+                 max_verify_wait: int = DEFAULT_MAX_VERIFY_WAIT, stats: PassStats | None = None):
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self.engine = engine
@@ -82,7 +82,7 @@ class Scheduler:
             ModelRunner(engine.draft, batch_size, tap_layer=d_tap) if engine.draft is not None else None,
         )
         self.ticks = 0
-        self.stats = PassStats()
+        self.stats = stats if stats is not None else PassStats()
 
     def run(self, requests: Iterable[Request], default: GenerationConfig) -> Iterator[Finished]:
         """Decode every request, yielding each as it finishes. ``requests`` is read lazily:
@@ -176,11 +176,9 @@ class Scheduler:
         # decodes and verifications first, then prefills within the budget
         for a in sorted(waiting, key=lambda a: a.request.phase == "prefill"):
             feed = a.request.feed
-            room = runner.max_context
-            if room is not None and runner.lengths[feed.slot] + len(feed.tokens) > room:
-                f = self._send(a, None, ContextOverflow(
-                    f"sequence of {runner.lengths[feed.slot] + len(feed.tokens)} tokens exceeds "
-                    f"the model's context of {room}"))
+            overflow = runner.overflow(feed)
+            if overflow is not None:  # that sequence fails, the pass goes on without it
+                f = self._send(a, None, overflow)
                 if f is not None:
                     out.append(f)
                 continue

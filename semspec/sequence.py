@@ -153,12 +153,9 @@ class Sequence:
         self.T.append([tok])
         return True
 
-    def open_step_text(self) -> IncrementalText:
-        return IncrementalText(self.T.lm.tokenizer, self.T.ids[self.step_start:])
-
     def target_write_step(self, decision: str, **extra) -> Program:
         """The target writes the open step itself, token by token, until the step ends."""
-        text = self.open_step_text()
+        text = IncrementalText(self.T.lm.tokenizer, self.T.ids[self.step_start:])
         n = len(self.T.ids) - self.step_start
         end = None
         while True:
@@ -362,7 +359,7 @@ class DraftingSequence(Sequence):
             if self.D.pending:  # the last token's states too
                 collect((yield from self.D.forward(hidden=True, keep_for=[], phase="draft")))
             pooled = pool(torch.cat(rows, 0).unsqueeze(0))[0]
-        return DraftedStep(toks, self.draft.tokenizer.decode(toks, skip_special_tokens=False), end, pooled)
+        return DraftedStep(toks, text.text[len(text.prefix):], end, pooled)
 
     def target_tokens_for(self, step: DraftedStep) -> list[int]:
         if self.same_tok:

@@ -69,7 +69,6 @@ class Stream:
         self.cached = 0
         self._tail_logits: torch.Tensor | None = None  # logits after ids[:cached]
         self.forward_passes = 0
-        self.fed_tokens = 0
         # position -> logits predicting it, from the last pass: restored on rollback
         self._rollback_logits: dict[int, torch.Tensor | None] = {}
 
@@ -108,7 +107,6 @@ class Stream:
             rows = sorted({p - 1 - start for p in keep_for if 0 <= p - 1 - start < len(feed)} | {len(feed) - 1})
         res = yield PassRequest(self, Feed(self.slot, list(feed), rows, tap=hidden), phase, sample)
         self.forward_passes += 1
-        self.fed_tokens += len(feed)
         logits = res.logits
         # logits predicting each covered position, to restore on rollback (the position the
         # pass started at is predicted by the logits from before it)

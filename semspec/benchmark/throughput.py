@@ -48,8 +48,10 @@ def _config(method: str, s: SweepSettings, i: int) -> GenerationConfig:
                             top_p=s.top_p if s.temperature > 0 else 1.0, seed=s.seed + i)
 
 
-def engine_run(engine, method: str, prompts: list[dict], s: SweepSettings, batch_size: int) -> list[dict]:
-    """Every prompt through ``generate_many``; one record per prompt, in input order."""
+def engine_run(engine, method: str, prompts: list[dict], s: SweepSettings,
+               batch_size: int) -> tuple[list[dict], dict[str, dict]]:
+    """Every prompt through ``generate_many``: one record per prompt, in input order, and
+    the passes each model ran."""
     reqs = [Request(p["prompt"], _config(method, s, i), key=i) for i, p in enumerate(prompts)]
     out: list[dict | None] = [None] * len(prompts)
     stats = PassStats()
@@ -60,8 +62,7 @@ def engine_run(engine, method: str, prompts: list[dict], s: SweepSettings, batch
         c = r.counters
         out[done.key] = {"text": r.text, "generated_tokens": c.generated_tokens,
                          "steps_drafted": c.steps_drafted, "steps_accepted": c.steps_accepted}
-    out[0]["passes"] = {"target": stats.target, "draft": stats.draft}  # the run's, on its first record
-    return out
+    return out, {"target": stats.target, "draft": stats.draft}
 
 
 @torch.inference_mode()
@@ -104,12 +105,12 @@ def run_sweep(load: Callable[[torch.dtype], Any], prompts: list[dict], s: SweepS
         for method in s.methods:
             t0 = time.perf_counter()
             if method == "hf_generate":
-                recs = hf_generate_run(engine.target, prompts, s, bs)
+                recs, passes = hf_generate_run(engine.target, prompts, s, bs), None
             else:
-                recs = engine_run(engine, method, prompts, s, bs)
+                recs, passes = engine_run(engine, method, prompts, s, bs)
             wall = time.perf_counter() - t0
             outputs[(bs, method)] = [r["text"] for r in recs]
-            row[method] = _figures(recs, prompts, wall, dtype)
+            row[method] = _figures(recs, prompts, wall, dtype, passes)
             progress(f"batch {bs:>3} {method:<12} {row[method]['tokens_per_s']:7.1f} tok/s "
                      f"{row[method]['items_per_s']:.3f} items/s ({wall:.1f}s, {row[method]['dtype']})")
     if s.temperature <= 0 and s.batch_sizes[0] == 1:
@@ -120,7 +121,8 @@ def run_sweep(load: Callable[[torch.dtype], Any], prompts: list[dict], s: SweepS
     return {"by_batch_size": by_batch, "goals": goals(by_batch)}
 
 
-def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: torch.dtype) -> dict[str, Any]:
+def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: torch.dtype,
+             passes: dict[str, dict] | None) -> dict[str, Any]:
     gen = sum(r["generated_tokens"] for r in recs)
     refs = [(r, p["reference"]) for r, p in zip(recs, prompts) if p.get("reference") is not None]
     fig: dict[str, Any] = {
@@ -131,9 +133,9 @@ def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: torch.dt
     drafted = sum(r.get("steps_drafted", 0) for r in recs)
     if drafted:
         fig["step_acceptance"] = sum(r["steps_accepted"] for r in recs) / drafted
-    if "passes" in recs[0]:
-        fig["passes"] = recs[0]["passes"]
-        fig["seconds_per_pass"] = {role: p["seconds"] / p["passes"] for role, p in fig["passes"].items() if p}
+    if passes is not None:
+        fig["passes"] = passes
+        fig["seconds_per_pass"] = {role: p["seconds"] / p["passes"] for role, p in passes.items() if p}
     return fig
 
 
