@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from semspec.assets import GSM8K_TEST
+from semspec.types import SAMPLING_TEMPERATURE, SAMPLING_TOP_P
 
 DEFAULT_PROMPTS = str(GSM8K_TEST)  # the GSM8K test split shipped with the engine
 
@@ -51,8 +52,8 @@ def _unescape(value: str | None) -> str | None:
                    "(transformers' plain generate); ar always runs.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory for results.json, results.md, runs.jsonl and the plots.")
-@click.option("--temperature", default=0.6, show_default=True, type=float, help="0 for greedy.")
-@click.option("--top-p", default=0.95, show_default=True, type=float)
+@click.option("--temperature", default=SAMPLING_TEMPERATURE, show_default=True, type=float, help="0 for greedy.")
+@click.option("--top-p", default=SAMPLING_TOP_P, show_default=True, type=float)
 @click.option("--max-new-tokens", default=256, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int, help="Prompt i uses seed+i, for every method.")
 @click.option("--taus", default=None, help="semspec thresholds, e.g. 0,0.3 (default: the engine's default only).")

@@ -1,13 +1,14 @@
-"""`semjobs draft ...`: build the embedded draft model (see semspec.draft)."""
+"""`semjobs draft ...`: build draft models -- the layer draft (semspec.draft) or a draft head (semspec.head)."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
 import click
 
-from semspec.draft.config import DraftTrainConfig
+from semspec.draft.config import DraftTrainConfig, HeadTrainConfig
 
 _D = DraftTrainConfig()
 
@@ -17,52 +18,96 @@ def draft() -> None:
     """Build and inspect draft models for speculative decoding."""
 
 
+_H = HeadTrainConfig()
+KINDS = ("layers", "eagle")
+
+
+def _pick(value, default):
+    return default if value is None else value
+
+
 @draft.command()
+@click.option("--kind", type=click.Choice(KINDS), default="layers", show_default=True,
+              help="layers: the target's first K layers + trained layers (the embedded draft); "
+                   "eagle: a head that drafts from the target's own states (semspec.head).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Artifact directory to write.")
-@click.option("--seed", default=_D.seed, show_default=True, type=int)
-@click.option("--layers", "frozen_layers", default=_D.frozen_layers, show_default=True, type=int,
-              help="Target layers the draft shares (its first K layers).")
-@click.option("--adapter-layers", default=_D.adapter_layers, show_default=True, type=int,
-              help="Trained layers on top of the shared ones.")
-@click.option("--adapter-init", default=None, help="Comma-separated target layer indices to initialise the adapter layers from (default: the last ones).")
+@click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--target", "target_spec", default="embedded:smollm2-135m", show_default=True, help="Target model spec.")
 @click.option("--data", default=_D.data, show_default=True, type=click.Path(exists=True, dir_okay=False),
               help="GSM8K-style JSONL with question/answer.")
 @click.option("--holdout", default=_D.holdout, show_default=True, type=int, help="Leading lines never trained on (benchmark slice).")
-@click.option("--gen-prompts", default=_D.gen_prompts, show_default=True, type=int, help="Questions answered greedily by the target.")
-@click.option("--ref-prompts", default=_D.ref_prompts, show_default=True, type=int, help="Questions used with their reference solutions.")
-@click.option("--max-new-tokens", default=_D.max_new_tokens, show_default=True, type=int)
-@click.option("--draft-vocab", default=_D.draft_vocab, show_default=True, type=int,
-              help="Tokens the draft predicts (the target's most used); 0 = the full vocabulary.")
-@click.option("--steps", default=_D.steps, show_default=True, type=int)
-@click.option("--batch-size", default=_D.batch_size, show_default=True, type=int)
-@click.option("--lr", default=_D.lr, show_default=True, type=float)
-@click.option("--threads", default=_D.threads, show_default=True, type=int, help="torch threads (results depend on it).")
+@click.option("--max-new-tokens", default=None, type=int,
+              help=f"Tokens per target answer [layers: {_D.max_new_tokens}, eagle: {_H.max_new_tokens}].")
+@click.option("--steps", default=None, type=int, help=f"Optimisation steps [layers: {_D.steps}, eagle: {_H.steps}].")
+@click.option("--batch-size", default=None, type=int,
+              help=f"Sequences per step [layers: {_D.batch_size}, eagle: {_H.batch_size}].")
+@click.option("--lr", default=None, type=float, help=f"Peak learning rate [layers: {_D.lr}, eagle: {_H.lr}].")
+@click.option("--threads", default=None, type=int,
+              help=f"torch threads; results depend on it [layers: {_D.threads}, eagle: {_H.threads}].")
 @click.option("--cache-dir", default=str(Path.home() / ".cache" / "semjobs" / "draft-train"), show_default=True,
-              help="Where the target's generated answers are cached ('' disables).")
+              help="Where generated answers, teacher outputs and checkpoints are cached ('' disables).")
 @click.option("--data-only", is_flag=True, help="Only generate (and cache) the training answers.")
-def train(out_dir, seed, frozen_layers, adapter_layers, adapter_init, target_spec, data, holdout, gen_prompts,
-          ref_prompts, max_new_tokens, draft_vocab, steps, batch_size, lr, threads, cache_dir, data_only) -> None:
-    """Distil a draft (the target's first K layers + trained adapter layers) and write its artifact."""
+@click.option("--layers", "frozen_layers", default=_D.frozen_layers, show_default=True, type=int,
+              help="layers: target layers the draft shares (its first K layers).")
+@click.option("--adapter-layers", default=_D.adapter_layers, show_default=True, type=int,
+              help="layers: trained layers on top of the shared ones.")
+@click.option("--adapter-init", default=None,
+              help="layers: comma-separated target layer indices to initialise the adapter layers from (default: the last ones).")
+@click.option("--gen-prompts", default=_D.gen_prompts, show_default=True, type=int,
+              help="layers: questions answered greedily by the target.")
+@click.option("--ref-prompts", default=_D.ref_prompts, show_default=True, type=int,
+              help="layers: questions used with their reference solutions.")
+@click.option("--draft-vocab", default=_D.draft_vocab, show_default=True, type=int,
+              help="layers: tokens the draft predicts (the target's most used); 0 = the full vocabulary.")
+@click.option("--head-layers", default=_H.layers, show_default=True, type=int, help="eagle: decoder layers in the head.")
+@click.option("--greedy-prompts", default=_H.greedy_prompts, show_default=True, type=int,
+              help="eagle: questions the target answers greedily.")
+@click.option("--sampled-prompts", default=_H.sampled_prompts, show_default=True, type=int,
+              help="eagle: further questions it answers at the bench's sampling.")
+@click.option("--reg-weight", default=_H.reg_weight, show_default=True, type=float,
+              help="eagle: weight of the state regression beside the next-token loss.")
+def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps, batch_size, lr, threads, cache_dir,
+          data_only, frozen_layers, adapter_layers, adapter_init, gen_prompts, ref_prompts, draft_vocab, head_layers,
+          greedy_prompts, sampled_prompts, reg_weight) -> None:
+    """Distil a draft model from the target and write its artifact.
+
+    \b
+    Examples:
+      semjobs draft train --out semspec/assets/draft             # the embedded layer draft
+      semjobs draft train --kind eagle --out semspec/assets/head # the embedded draft head
+    """
+    t0 = time.perf_counter()
+
+    def log(msg: str) -> None:
+        click.echo(f"[{time.perf_counter() - t0:7.1f}s] {msg}", err=True)
+
+    if kind == "eagle":
+        cfg = HeadTrainConfig(
+            seed=seed, data=data, holdout=holdout, greedy_prompts=greedy_prompts, sampled_prompts=sampled_prompts,
+            max_new_tokens=_pick(max_new_tokens, _H.max_new_tokens), layers=head_layers,
+            steps=_pick(steps, _H.steps), batch_size=_pick(batch_size, _H.batch_size), lr=_pick(lr, _H.lr),
+            reg_weight=reg_weight, threads=_pick(threads, _H.threads),
+        )
+        return _train_head(cfg, out_dir, target_spec, cache_dir, data_only, log)
+    cfg = DraftTrainConfig(
+        seed=seed, frozen_layers=frozen_layers, adapter_layers=adapter_layers,
+        adapter_init=[int(x) for x in adapter_init.split(",")] if adapter_init else None,
+        data=data, holdout=holdout, gen_prompts=gen_prompts, ref_prompts=ref_prompts,
+        max_new_tokens=_pick(max_new_tokens, _D.max_new_tokens), draft_vocab=draft_vocab,
+        steps=_pick(steps, _D.steps), batch_size=_pick(batch_size, _D.batch_size), lr=_pick(lr, _D.lr),
+        threads=_pick(threads, _D.threads),
+    )
+    _train_layers(cfg, out_dir, target_spec, cache_dir, data_only, log)
+
+
+def _train_layers(cfg, out_dir, target_spec, cache_dir, data_only, log) -> None:
     import torch
 
     from semspec.draft.artifact import save_artifact
     from semspec.draft.train import build_training_data, train_draft
     from semspec.models import load_model
 
-    torch.set_num_threads(threads)
-    cfg = DraftTrainConfig(
-        seed=seed, frozen_layers=frozen_layers, adapter_layers=adapter_layers,
-        adapter_init=[int(x) for x in adapter_init.split(",")] if adapter_init else None,
-        data=data, holdout=holdout, gen_prompts=gen_prompts, ref_prompts=ref_prompts,
-        max_new_tokens=max_new_tokens, draft_vocab=draft_vocab, steps=steps, batch_size=batch_size, lr=lr,
-        threads=threads,
-    )
-    t0 = time.perf_counter()
-
-    def log(msg: str) -> None:
-        click.echo(f"[{time.perf_counter() - t0:7.1f}s] {msg}", err=True)
-
+    torch.set_num_threads(cfg.threads)
     target = load_model(target_spec, device="cpu", dtype=torch.float32)
     log(f"target {target.identity}")
     if data_only:
@@ -79,3 +124,38 @@ def train(out_dir, seed, frozen_layers, adapter_layers, adapter_init, target_spe
         f"eval top-1 agreement {tr['eval_before']['top1_agreement']:.3f} -> {tr['eval_after']['top1_agreement']:.3f}; "
         f"{tr['total_seconds'] / 60:.1f} min"
     )
+
+
+def _train_head(cfg, out_dir, target_spec, cache_dir, data_only, log) -> None:
+    import torch
+    from tqdm import tqdm
+
+    from semspec.draft.head_build import build_head
+
+    if data_only:
+        from semspec.draft.head_data import build_traces
+        from semspec.engine import Engine
+
+        torch.set_num_threads(cfg.threads)
+        engine = Engine.load(target_spec, draft="none", probes="none", batch_size=cfg.gen_batch_size)
+        log(f"{len(build_traces(engine, cfg, cache_dir or None, log))} traces")
+        return
+    bar = tqdm(total=cfg.steps, desc="training the head", unit="step", disable=None)
+
+    def progress(step: int, info: dict) -> None:
+        bar.n = step
+        bar.set_postfix(loss=f"{info['cls']:.3f}", top1=f"{info['top1']:.2f}", refresh=False)
+        bar.refresh()
+
+    try:
+        meta = build_head(cfg, out_dir, target_spec, cache_dir or None, log=lambda m: bar.write(m, file=sys.stderr),
+                          progress=progress)
+    finally:
+        bar.close()
+    ev, secs = meta["eval"], meta["training"]["seconds"]
+    depth = ", ".join(f"{d}: {v:.3f}" for d, v in ev["top1_by_depth"].items() if v is not None)
+    accepted = "n/a" if ev["mean_accepted"] is None else f"{ev['mean_accepted']:.2f}"
+    size = sum(f.stat().st_size for f in Path(out_dir).iterdir())
+    click.echo(f"wrote {out_dir} ({size / 1e6:.1f} MB): held-out top-1 agreement by depth {depth}; mean accepted "
+               f"of {ev['accept_k']} drafted {accepted}; {secs['total'] / 60:.1f} min "
+               f"(traces {secs['traces'] / 60:.1f}, states {secs['states'] / 60:.1f}, training {secs['train'] / 60:.1f})")

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from .head import load_head, resolve_head
 from .models import DEFAULT_TARGET, LoadedModel, load_model, pick_dtype
 from .probes import ProbePair, embedded_probes_available, resolve_probes
 from .scheduler import DEFAULT_MAX_PREFILL_TOKENS, PassStats, Runners, Scheduler
@@ -84,7 +85,9 @@ class Engine:
 
         Defaults: ``target=None`` is the embedded SmolLM2. With the embedded target,
         ``draft=None`` loads the embedded draft and ``probes=None`` the embedded probes when
-        they are shipped (else none). ``draft="none"`` / ``probes="none"`` load none."""
+        they are shipped (else none). ``draft="none"`` / ``probes="none"`` load none. A
+        draft spec naming a draft head (``embedded:smollm2-135m-head``, or a directory with
+        ``head.json``) loads it onto the target (``semspec.head``)."""
         model_cache = Path(cache_dir).expanduser() / "models" if cache_dir is not None else None
         dt = pick_dtype(device, batch_size, dtype)
         t = load_model(target, device=device, cache_dir=model_cache, dtype=dt)
@@ -93,7 +96,11 @@ class Engine:
             draft = EMBEDDED_DRAFT
         if draft in (None, "", "none"):
             draft = None
-        d = load_model(draft, device=device, cache_dir=model_cache, dtype=dt) if draft else None
+        head_dir = resolve_head(draft)
+        if head_dir is not None:
+            d = load_head(head_dir, t, spec=draft)
+        else:
+            d = load_model(draft, device=device, cache_dir=model_cache, dtype=dt) if draft else None
         if probes is None and d is not None and draft == EMBEDDED_DRAFT and embedded_target \
                 and embedded_probes_available():
             probes = "embedded:smollm2-135m"

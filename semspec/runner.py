@@ -50,6 +50,9 @@ class Feed:
     # the token after tokens[i]); empty for none
     logit_rows: list[int] = field(default_factory=list)
     tap: bool = False  # return the tapped layer's states for every fed token
+    states: bool = False  # return the final-norm states (what the LM head reads) of every fed token
+    # a draft head's inputs: the target state it reads at each fed token [n, H] (see semspec.head)
+    head_inputs: torch.Tensor | None = None
 
 
 @dataclass
@@ -58,11 +61,24 @@ class PassOut:
     logits: torch.Tensor | None
     row_start: list[int]
     hidden: list[torch.Tensor | None]  # per feed: [n, H] float32 tapped states, or None
+    states: list[torch.Tensor | None]  # per feed: [n, H] float32 final-norm states, or None
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def _split(rows: torch.Tensor | None, feeds: list[Feed], which: list[int]) -> list[torch.Tensor | None]:
+    """Per feed, its slice of ``rows`` (the fed tokens of the feeds in ``which``, in order)."""
+    out: list[torch.Tensor | None] = [None] * len(feeds)
+    if rows is not None:
+        at = 0
+        for i in which:
+            n = len(feeds[i].tokens)
+            out[i] = rows[at:at + n]
+            at += n
+    return out
 
 
 class ModelRunner:
@@ -81,6 +97,8 @@ class ModelRunner:
         self.layers = list(base.layers[: cfg.num_hidden_layers])
         self.norm = base.norm
         self.rotary = base.rotary_emb
+        # a draft head (semspec.head) fuses each token's embedding with a state it is given
+        self.fuse = getattr(base, "fuse_inputs", None)
         attn = self.layers[0].self_attn
         self.head_dim = int(attn.head_dim)
         self.n_heads = int(cfg.num_attention_heads)
@@ -158,6 +176,8 @@ class ModelRunner:
         for f in feeds:
             if not f.tokens:
                 raise ValueError(f"slot {f.slot} feeds no tokens")
+            if self.fuse is not None and (f.head_inputs is None or len(f.head_inputs) != len(f.tokens)):
+                raise ValueError(f"slot {f.slot}: a draft head needs one input state per fed token")
             error = self.overflow(f)
             if error is not None:
                 raise error
@@ -174,6 +194,8 @@ class ModelRunner:
             offsets.append(offsets[-1] + len(f.tokens))
 
         x = self.embed(ids)  # [T, H]
+        if self.fuse is not None:
+            x = self.fuse(torch.cat([f.head_inputs for f in feeds]).to(device=dev, dtype=x.dtype), x)
         cos, sin = self.rotary(x[None], pos[None])
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # [T, 1, d]
         plan = self._attention_plan(feeds, offsets, starts, ends)
@@ -201,17 +223,16 @@ class ModelRunner:
         if row_idx:
             last = self.norm(x[torch.tensor(row_idx, device=dev)])
             logits = self.lm.head_logits(last)
-        hidden: list[torch.Tensor | None] = [None] * len(feeds)
-        if tapped is not None:
-            at = 0
-            for i in tap_rows:
-                n = len(feeds[i].tokens)
-                hidden[i] = tapped[at:at + n]
-                at += n
+        hidden = _split(tapped, feeds, tap_rows)
+        state_rows = [i for i, f in enumerate(feeds) if f.states]
+        states = [None] * len(feeds)
+        if state_rows:
+            idx = torch.tensor([offsets[i] + j for i in state_rows for j in range(len(feeds[i].tokens))], device=dev)
+            states = _split(self.norm(x[idx]).float(), feeds, state_rows)
         for f, e in zip(feeds, ends):
             self.lengths[f.slot] = e
         self.passes += 1
-        return PassOut(logits, row_start, hidden)
+        return PassOut(logits, row_start, hidden, states)
 
     def _attention_plan(self, feeds, offsets, starts, ends):
         """Which packed rows go to the shared single-token call and which get calls of their own,

@@ -62,6 +62,19 @@ class _Active:
     program: Any
     request: PassRequest | None = None
     since: int = 0  # the tick its request was made
+    chunk_states: list = field(default_factory=list)  # states of a chunked prefill's earlier chunks
+
+
+def _take_chunk(feed: Feed, n: int) -> Feed:
+    """The first ``n`` tokens of ``feed`` as a feed of their own (no logits: those come with
+    the last chunk); ``feed`` keeps the rest."""
+    head = Feed(feed.slot, feed.tokens[:n], states=feed.states,
+                head_inputs=feed.head_inputs[:n] if feed.head_inputs is not None else None)
+    feed.tokens = feed.tokens[n:]
+    feed.logit_rows = [r - n for r in feed.logit_rows if r >= n]
+    if feed.head_inputs is not None:
+        feed.head_inputs = feed.head_inputs[n:]
+    return head
 
 
 class Scheduler:
@@ -191,9 +204,7 @@ class Scheduler:
                 batch.append((a, feed, True))
                 budget -= len(feed.tokens)
             else:  # a chunk now, the rest in later ticks; no logits until the last chunk
-                batch.append((a, Feed(feed.slot, feed.tokens[:budget]), False))
-                feed.tokens = feed.tokens[budget:]
-                feed.logit_rows = [r - budget for r in feed.logit_rows if r >= budget]
+                batch.append((a, _take_chunk(feed, budget), False))
                 budget = 0
         if not batch:
             return out
@@ -208,15 +219,20 @@ class Scheduler:
                 tokens[i] = tok
         seconds = time.perf_counter() - t
         self.stats.add(runner is self.runners.target, [(a.request.phase, len(f.tokens)) for a, f, _ in batch], seconds)
-        for a, _, whole in batch:
+        for i, (a, _, whole) in enumerate(batch):
             a.seq.counters.add_time(a.request.phase, seconds)
             if not whole:  # the stream counts the pass that completes its request itself
                 a.request.stream.forward_passes += 1
+                if res.states[i] is not None:
+                    a.chunk_states.append(res.states[i])
         for i, a in complete:
             feed = batch[i][1]
             n = len(feed.logit_rows)
             logits = res.logits[res.row_start[i]: res.row_start[i] + n] if n else None
-            f = self._send(a, PassResult(logits, res.hidden[i], tokens.get(i)))
+            states = res.states[i]
+            if a.chunk_states and states is not None:
+                states, a.chunk_states = torch.cat(a.chunk_states + [states]), []
+            f = self._send(a, PassResult(logits, res.hidden[i], tokens.get(i), states))
             if f is not None:
                 out.append(f)
         return out

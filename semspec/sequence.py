@@ -31,7 +31,8 @@ from .models import encode_prompt
 from .probes import pool
 from .sampling import make_generator, probs_from_logits, sample, sample_logits, uniform
 from .steps import IncrementalText, StepDetector, extract_answer
-from .stream import PassRequest, PassResult, Sample, Stream
+from .head import is_head
+from .stream import HeadStream, PassRequest, PassResult, Sample, Stream
 from .types import Counters, GenerationConfig, GenerationResult, StepRecord
 
 Program = Generator[PassRequest, PassResult, None]
@@ -263,7 +264,8 @@ class DraftingSequence(Sequence):
             dmax = self.draft.max_context
             if dmax is not None and len(d_prompt) >= dmax:
                 raise PromptError(f"prompt of {len(d_prompt)} tokens does not fit the draft's context of {dmax}")
-        self.D = Stream(runners.draft, d_prompt)
+        self.head = is_head(self.draft)  # a draft head reads the target's states (semspec.head)
+        self.D = HeadStream(runners.draft, d_prompt, self.T) if self.head else Stream(runners.draft, d_prompt)
         self.d_eos = self.draft.eos_token_ids
         self.rng_d = make_generator(config.seed + 7, self.draft.device)
         self.draft_sample = Sample(config.temperature, config.top_p, self.rng_d)
@@ -278,16 +280,21 @@ class DraftingSequence(Sequence):
 
     def prefill(self) -> Program:
         yield from self.T.forward(keep_for=[], phase="prefill")
-        yield from self.D.forward(keep_for=[], phase="prefill")
+        if not self.head:  # a head reads the prompt with the target's states at its first draft
+            yield from self.D.forward(keep_for=[], phase="prefill")
         self.phase = "think"
 
     def sync_draft(self, upto: int) -> int:
         """Make D represent exactly the target's ``T.ids[:upto]``; returns D's length."""
         if self.same_tok:
             want = self.T.ids[:upto]
-            common = _common_prefix(self.D.ids, want)
+            common = min(_common_prefix(self.D.ids, want), self.D.reusable)
             self.D.truncate(common)
             self.D.append(want[common:])
+            if self.head:  # states before what both caches hold and the open step are not read again
+                before = min(self.D.cached, self.step_start) - 1
+                self.T.drop_states_before(before)
+                self.D.drop_states_before(before)
             return len(self.D.ids)
         text = self.decode_t(self.T.ids[self.prompt_len:upto])
         common = len(self.d_text)

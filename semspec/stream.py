@@ -46,6 +46,7 @@ class PassResult:
     logits: torch.Tensor | None  # [len(feed.logit_rows), V] float32
     hidden: torch.Tensor | None  # [n_fed, H] float32 tapped states
     token: int | None = None  # the drawn token, when the request asked for one
+    states: torch.Tensor | None = None  # [n_fed, H] float32 final-norm states, when asked for
 
 
 @dataclass
@@ -71,6 +72,9 @@ class Stream:
         self.forward_passes = 0
         # position -> logits predicting it, from the last pass: restored on rollback
         self._rollback_logits: dict[int, torch.Tensor | None] = {}
+        # the final-norm state of each cached position, kept when a draft head reads them
+        self.keep_states = False
+        self.states: dict[int, torch.Tensor] = {}
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -96,25 +100,45 @@ class Stream:
         ``sample``: also draw the next token from the last row (batched with the pass's
         other draws)."""
         self.append(extra)
-        feed = self.ids[self.cached:]
-        if not feed:
+        if self.cached == len(self.ids):
             raise RuntimeError("nothing to feed")
+        return (yield from self._run(len(self.ids), hidden, keep_for, phase, sample))
+
+    def _run(self, end: int, hidden: bool, keep_for: list[int] | None, phase: str, sample: Sample | None) -> Pass:
+        """One pass feeding ``ids[cached:end]``."""
+        feed = self.ids[self.cached:end]
         start = self.cached
         if keep_for is None:
             rows = list(range(len(feed)))
         else:
             # row r holds the logits predicting position start + r + 1
             rows = sorted({p - 1 - start for p in keep_for if 0 <= p - 1 - start < len(feed)} | {len(feed) - 1})
-        res = yield PassRequest(self, Feed(self.slot, list(feed), rows, tap=hidden), phase, sample)
+        res = yield PassRequest(self, self._feed(start, list(feed), rows, hidden), phase, sample)
         self.forward_passes += 1
         logits = res.logits
         # logits predicting each covered position, to restore on rollback (the position the
         # pass started at is predicted by the logits from before it)
         self._rollback_logits = {start: self._tail_logits}
         self._rollback_logits.update({start + r + 1: logits[i] for i, r in enumerate(rows)})
-        self.cached = len(self.ids)
+        self._record(start, res)
+        self.cached = end
         self._tail_logits = logits[-1]
-        return ForwardOut(logits, res.hidden, start, rows, res.token)
+        return ForwardOut(logits, self._hidden_of(res), start, rows, res.token)
+
+    def _feed(self, start: int, tokens: list[int], rows: list[int], hidden: bool) -> Feed:
+        return Feed(self.slot, tokens, rows, tap=hidden, states=self.keep_states)
+
+    def _record(self, start: int, res: PassResult) -> None:
+        if self.keep_states and res.states is not None:
+            self.states.update({start + i: row for i, row in enumerate(res.states)})
+
+    def _hidden_of(self, res: PassResult) -> torch.Tensor | None:
+        return res.hidden
+
+    def drop_states_before(self, position: int) -> None:
+        """Forget the kept final-norm states of positions before ``position`` (no longer read)."""
+        for p in [p for p in self.states if p < position]:
+            del self.states[p]
 
     def logits(self, phase: str = "target_write") -> Generator[PassRequest, PassResult, torch.Tensor]:
         """Next-token logits after all ids, running a pass only if needed."""
@@ -167,4 +191,95 @@ class Stream:
             self._tail_logits = None
             if self.slot is not None:
                 self.runner.set_length(self.slot, length)
+            for p in [p for p in self.states if p >= length]:
+                del self.states[p]
         self.cached = length
+
+    @property
+    def reusable(self) -> int:
+        """How many leading ids a re-sync onto another stream may keep as they are."""
+        return len(self.ids)
+
+
+class HeadStream(Stream):
+    """A draft head's view of a sequence (``semspec.head``): the head at position j reads the
+    state at j-1 -- the target's, from the target stream's kept states, when the target has
+    run that position with the same tokens, else the head's own prediction from an earlier
+    pass. ``true_upto``: cached positions below it read the target's states; the ones after
+    read predictions and are re-fed (``reusable``) once the target's states are known, so
+    each new draft starts from the target's view."""
+
+    def __init__(self, runner: ModelRunner, ids: list[int], target: Stream):
+        super().__init__(runner, ids)
+        self.target = target
+        target.keep_states = True
+        self.predicted: dict[int, torch.Tensor] = {}
+        self.true_upto = 0
+        self._zero = torch.zeros(runner.lm.hidden_size)
+
+    def input_state(self, position: int) -> tuple[torch.Tensor | None, bool]:
+        """(state the head reads after ``position``, whether it is the target's)."""
+        if position < 0:
+            return self._zero, True
+        t = self.target
+        row = t.states.get(position) if position < len(t.ids) and t.ids[position] == self.ids[position] else None
+        if row is not None:
+            return row, True
+        return self.predicted.get(position), False
+
+    @property
+    def reusable(self) -> int:
+        return self.true_upto if self.true_upto < self.cached else len(self.ids)
+
+    def forward(self, extra=(), hidden: bool = False, keep_for: list[int] | None = None,
+                phase: str = "draft", sample: Sample | None = None) -> Pass:
+        """Run pending tokens + ``extra``. Every pass returns the head's predicted states
+        (``hidden``). Tokens whose input state only this pass would predict are fed in
+        further passes, one after another."""
+        self.append(extra)
+        if self.cached == len(self.ids):
+            raise RuntimeError("nothing to feed")
+        back = self.cached
+        while back > 0 and self.input_state(back - 1)[0] is None:  # a prediction lost to a rollback
+            back -= 1
+        self._set_cached(back)
+        first, states = self.cached, []
+        while True:
+            end = self.cached + 1
+            while end < len(self.ids) and self.input_state(end - 1)[0] is not None:
+                end += 1
+            last = end == len(self.ids)
+            out = yield from self._run(end, True, keep_for if last else [], phase, sample if last else None)
+            states.append(out.hidden)
+            if last:
+                shift = out.start - first
+                return ForwardOut(out.logits, torch.cat(states), first, [r + shift for r in out.rows], out.token)
+
+    def _feed(self, start: int, tokens: list[int], rows: list[int], hidden: bool) -> Feed:
+        inputs = [self.input_state(p - 1) for p in range(start, start + len(tokens))]
+        if start == self.true_upto:
+            n_true = 0
+            while n_true < len(inputs) and inputs[n_true][1]:
+                n_true += 1
+            self._pending_true = start + n_true
+        else:
+            self._pending_true = self.true_upto
+        return Feed(self.slot, tokens, rows, states=True, head_inputs=torch.stack([s for s, _ in inputs]))
+
+    def _record(self, start: int, res: PassResult) -> None:
+        self.predicted.update({start + i: row for i, row in enumerate(res.states)})
+        self.true_upto = self._pending_true
+
+    def _hidden_of(self, res: PassResult) -> torch.Tensor | None:
+        return res.states
+
+    def drop_states_before(self, position: int) -> None:
+        for p in [p for p in self.predicted if p < position]:
+            del self.predicted[p]
+
+    def _set_cached(self, length: int) -> None:
+        if length < self.cached:
+            for p in [p for p in self.predicted if p >= length]:
+                del self.predicted[p]
+            self.true_upto = min(self.true_upto, length)
+        super()._set_cached(length)

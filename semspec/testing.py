@@ -108,7 +108,7 @@ def serve_alone(request):
 
     out = request.stream.runner.forward([request.feed])
     token = sample_rows(out.logits[-1:], [request.sample])[0] if request.sample else None
-    return PassResult(out.logits, out.hidden[0], token)
+    return PassResult(out.logits, out.hidden[0], token, out.states[0])
 
 
 def run_alone(gen):

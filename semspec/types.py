@@ -14,6 +14,10 @@ METHODS = ("ar", "token_sd", "step_judge", "semspec")
 # separate steps with a blank line.
 DEFAULT_STEP_DELIMITER = "\n\n"
 DEFAULT_MAX_STEP_TOKENS = 64
+# The sampling a dataset run uses, as the bench measures it; the draft head trains on
+# traces sampled this way too, so it learns the distribution it will be asked to match.
+SAMPLING_TEMPERATURE = 0.6
+SAMPLING_TOP_P = 0.95
 
 
 @dataclass

@@ -31,7 +31,7 @@ import torch
 
 from semspec.assets import GSM8K_TEST
 from semspec.models import encode_prompt
-from semspec.types import GenerationConfig
+from semspec.types import SAMPLING_TEMPERATURE, SAMPLING_TOP_P, GenerationConfig
 
 from .metrics import final_answer, reference_answer
 
@@ -50,8 +50,8 @@ class BenchSettings:
     methods: tuple[str, ...] = DEFAULT_METHODS
     taus: tuple[float, ...] | None = None  # None: semspec at its default setting only
     attempts: tuple[int, ...] | None = None  # semspec draft attempts per step; None: the default only
-    temperature: float = 0.6
-    top_p: float = 0.95
+    temperature: float = SAMPLING_TEMPERATURE
+    top_p: float = SAMPLING_TOP_P
     max_new_tokens: int = 256
     seed: int = 0
     step_delimiter: str | None = None  # None: the engine's (the probes' calibration, else a blank line)

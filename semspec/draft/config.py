@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from semspec.assets import GSM8K_TEST
+from semspec.types import SAMPLING_TEMPERATURE, SAMPLING_TOP_P
 
 
 @dataclass
@@ -49,6 +50,54 @@ class DraftTrainConfig:
                 raise ValueError("adapter_init must name one target layer per adapter layer")
             return list(self.adapter_init)
         return list(range(target_layers - self.adapter_layers, target_layers))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class HeadTrainConfig:
+    """Training of an EAGLE-style draft head (``semjobs draft train --kind eagle``)."""
+
+    seed: int = 0
+    # Data: GSM8K-style JSONL; the first `holdout` lines (the benchmark slice) are never used.
+    # The next `greedy_prompts` questions are answered greedily by the target, the ones after
+    # them `sampled_prompts` at the bench's sampling, so the head sees the target's
+    # distribution and not one path through it.
+    data: str = str(GSM8K_TEST)
+    holdout: int = 100
+    greedy_prompts: int = 480
+    sampled_prompts: int = 480
+    temperature: float = SAMPLING_TEMPERATURE
+    top_p: float = SAMPLING_TOP_P
+    max_new_tokens: int = 256
+    gen_batch_size: int = 32
+    eval_fraction: float = 0.1  # of each kind of trace, held out for evaluation
+    # Head: a linear fusion of (target state at t, embedding of token t+1), `layers` decoder
+    # layers initialised from the target's last ones, a final norm; logits through the
+    # target's LM head rows for the reduced vocabulary of the shipped draft (FR-Spec).
+    layers: int = 1
+    # Optimisation. Loss = cross-entropy against the target's next-token distribution (over
+    # the reduced vocabulary) + reg_weight * smooth-L1 of the predicted state on the target's.
+    steps: int = 1200
+    batch_size: int = 8  # sequences per step
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    reg_weight: float = 1.0
+    # uniform noise added to the target states the head reads while training, so it stays
+    # on course when it reads its own (imperfect) predictions while drafting (EAGLE)
+    input_noise: float = 0.1
+    # "bfloat16": the matrix products run in bfloat16 under autocast (weights and optimiser
+    # state stay float32): about 2x faster on a CPU with bfloat16 matrix instructions and on
+    # CUDA; "float32" for exact arithmetic
+    train_dtype: str = "bfloat16"
+    threads: int = 2  # results depend on it: a bit-identical rebuild needs the same count
+    eval_depths: tuple[int, ...] = (1, 2, 4, 8, 16)
+    eval_stride: int = 8  # draft from every eval_stride-th response position
+
+    def __post_init__(self):
+        if self.train_dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"train_dtype must be bfloat16 or float32, not {self.train_dtype!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)

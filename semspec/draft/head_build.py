@@ -1,0 +1,90 @@
+"""Build a draft head artifact end to end: traces -> target states -> training -> held-out
+evaluation -> ``head.safetensors`` + ``head.json`` (``semjobs draft train --kind eagle``).
+
+Every stage caches under ``cache_dir`` (traces answer by answer, the states pass, training
+checkpoints), so an interrupted build resumes, and a rebuild with the same settings and
+thread count reproduces the artifact bit for bit (docs/draft.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from semspec.draft.config import HeadTrainConfig
+from semspec.draft.head_data import build_traces, cached_target_states, split_traces
+from semspec.draft.head_train import evaluate_depths, select_vocab, train_head
+from semspec.head import HeadModel, save_head, target_fingerprint
+
+Log = Callable[[str], None]
+DRAFT_VOCAB = 8192  # the reduced vocabulary's size, as the layer draft's (docs/draft.md)
+
+
+def build_head(cfg: HeadTrainConfig, out_dir: str | Path, target_spec: str = "embedded:smollm2-135m",
+               cache_dir: str | None = None, log: Log | None = None, progress=None) -> dict:
+    """Train a head for ``target_spec`` and write its artifact to ``out_dir``; returns its metadata."""
+    from semspec.engine import Engine
+    from semspec.models import load_model
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    t_start = time.perf_counter()
+    log = log or (lambda _m: None)
+
+    engine = Engine.load(target_spec, draft="none", probes="none", batch_size=cfg.gen_batch_size)
+    traces = build_traces(engine, cfg, cache_dir, log)
+    trace_dtype = str(engine.target.dtype).removeprefix("torch.")
+    del engine
+    t_traces = time.perf_counter() - t_start
+
+    target = load_model(target_spec, device="cpu", dtype=torch.float32)
+    for p in target.model.parameters():
+        p.requires_grad_(False)
+    t0 = time.perf_counter()
+    states = cached_target_states(target, traces, cache_dir, log=log)
+    t_states = time.perf_counter() - t0
+
+    train, held = split_traces(traces, cfg.eval_fraction)
+    tok = target.tokenizer
+    always = [t for t in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) if t is not None]
+    vocab = select_vocab([traces[i] for i in train], DRAFT_VOCAB, always, target.vocab_size)
+    w_sub = target.model.get_output_embeddings().weight[vocab].float()
+
+    head = HeadModel(target.model, layers=cfg.layers)
+    ckpt = None
+    if cache_dir:
+        key = hashlib.sha256(json.dumps([cfg.to_dict(), str(target.identity), [t.ids for t in traces]],
+                                        sort_keys=True).encode()).hexdigest()[:16]
+        ckpt = Path(cache_dir) / f"head-ckpt-{key}.safetensors"
+    summary = train_head(head, w_sub, [traces[i] for i in train], [states[i] for i in train], cfg, log=log,
+                         progress=progress, checkpoint=ckpt)
+    t0 = time.perf_counter()
+    ev = evaluate_depths(head, target, vocab, [traces[i] for i in held], [states[i] for i in held],
+                         depths=cfg.eval_depths, stride=cfg.eval_stride)
+    by_kind = {kind: evaluate_depths(head, target, vocab, [traces[i] for i in held if traces[i].kind == kind],
+                                     [states[i] for i in held if traces[i].kind == kind],
+                                     depths=(1,), stride=cfg.eval_stride)["top1_by_depth"]["1"]
+               for kind in ("greedy", "sampled")}
+    t_eval = time.perf_counter() - t0
+    log(f"held-out top-1 by depth {ev['top1_by_depth']}, mean accepted (k={ev['accept_k']}) {ev['mean_accepted']}")
+    meta = {
+        "target": {"name": target_spec, "identity": str(target.identity), **target_fingerprint(target.model)},
+        "config": cfg.to_dict(),
+        "draft_vocab_size": int(len(vocab)),
+        "training": {
+            **summary,
+            "traces": {"train": len(train), "eval": len(held), "dtype": trace_dtype,
+                       "train_response_tokens": int(sum(len(traces[i].ids) - traces[i].prompt_len for i in train))},
+            "seconds": {"traces": t_traces, "states": t_states, "train": summary["train_seconds"], "eval": t_eval,
+                        "total": time.perf_counter() - t_start},
+            "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
+        },
+        "eval": {**ev, "top1_depth1_by_kind": by_kind},
+    }
+    save_head(head, vocab, meta, out_dir)
+    return meta

@@ -1,0 +1,157 @@
+"""Training data for a draft head: traces the target writes itself, and its states over them.
+
+Traces: questions after the benchmark slice, answered by the target through the engine
+(``Engine.generate_many``, method ``ar``), greedily and at the bench's sampling; cached
+answer by answer, so an interrupted run resumes where it stopped.
+
+States: one float32 pass of the target over every trace records its final-norm state at every
+position -- what its LM head reads, and what the head learns to predict. Stored as float16
+(half the memory; the head is trained in float32 on them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from semspec.draft.data import load_questions
+from semspec.models import encode_prompt
+from semspec.types import GenerationConfig, Request
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Trace:
+    ids: list[int]  # prompt + response token ids
+    prompt_len: int
+    kind: str  # "greedy" or "sampled"
+
+
+def _cache_key(identity: str, settings: dict, questions: list[str]) -> str:
+    h = hashlib.sha256(json.dumps([identity, settings, questions], sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def generate_traces(engine, questions: list[str], config: GenerationConfig, kind: str, batch_size: int,
+                    seed: int, cache_dir: str | None = None, log: Log | None = None) -> list[Trace]:
+    """The target's answers to ``questions`` under ``config``, ``batch_size`` decoding at once
+    (continuous batching). Question i gets seed ``seed + i``, so a sample does not depend on
+    what it was batched with. With ``cache_dir`` each answer is appended to a cache file as
+    it finishes, and a rerun decodes only the questions not yet answered (resumable)."""
+    tok = engine.target.tokenizer
+    eos = tok.eos_token_id
+    settings = {"kind": kind, "temperature": config.temperature, "top_p": config.top_p,
+                "max_new_tokens": config.max_new_tokens, "seed": seed, "dtype": str(engine.target.dtype)}
+    done_rows: dict[int, Trace] = {}
+    path = None
+    if cache_dir:
+        path = Path(cache_dir) / f"traces-{_cache_key(str(engine.target.identity), settings, questions)}.jsonl"
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    r = json.loads(line)
+                except ValueError:  # a line cut short by a kill: that answer is redone
+                    continue
+                done_rows[r["i"]] = Trace(r["ids"], r["prompt_len"], kind)
+        path.parent.mkdir(parents=True, exist_ok=True)
+    todo = [Request(q, dataclasses.replace(config, seed=seed + i), key=i)
+            for i, q in enumerate(questions) if i not in done_rows]
+    sink = open(path, "a") if path is not None and todo else None
+    try:
+        for done in engine.generate_many(todo, batch_size=batch_size):
+            if done.error is not None:
+                raise done.error
+            prompt = encode_prompt(tok, questions[done.key])
+            resp = tok(done.result.text, add_special_tokens=False)["input_ids"]
+            if done.result.finish_reason == "eos" and eos is not None:
+                resp.append(eos)
+            done_rows[done.key] = Trace(prompt + resp, len(prompt), kind)
+            if sink is not None:
+                sink.write(json.dumps({"i": done.key, "ids": prompt + resp, "prompt_len": len(prompt)}) + "\n")
+                sink.flush()
+            if log and len(done_rows) % 32 == 0:
+                log(f"{kind} traces {len(done_rows)}/{len(questions)}")
+    finally:
+        if sink is not None:
+            sink.close()
+    return [done_rows[i] for i in range(len(questions))]
+
+
+def build_traces(engine, cfg, cache_dir: str | None = None, log: Log | None = None) -> list[Trace]:
+    """Greedy traces for the first ``cfg.greedy_prompts`` questions after the holdout, sampled
+    ones for the next ``cfg.sampled_prompts``."""
+    rows = load_questions(cfg.data, cfg.holdout)
+    need = cfg.greedy_prompts + cfg.sampled_prompts
+    if len(rows) < need:
+        raise ValueError(f"{cfg.data} has {len(rows)} questions after the first {cfg.holdout}; {need} are asked for")
+    questions = [r["question"] for r in rows[:need]]
+    greedy = GenerationConfig(method="ar", temperature=0.0, max_new_tokens=cfg.max_new_tokens)
+    sampled = GenerationConfig(method="ar", temperature=cfg.temperature, top_p=cfg.top_p,
+                               max_new_tokens=cfg.max_new_tokens)
+    traces = generate_traces(engine, questions[: cfg.greedy_prompts], greedy, "greedy", cfg.gen_batch_size,
+                             cfg.seed, cache_dir, log)
+    traces += generate_traces(engine, questions[cfg.greedy_prompts:], sampled, "sampled", cfg.gen_batch_size,
+                              cfg.seed + cfg.greedy_prompts, cache_dir, log)
+    return traces
+
+
+def split_traces(traces: list[Trace], eval_fraction: float) -> tuple[list[int], list[int]]:
+    """(train, eval) indices into ``traces``: the last ``eval_fraction`` of each kind (at least
+    one) is held out."""
+    train, held = [], []
+    for kind in ("greedy", "sampled"):
+        of_kind = [i for i, t in enumerate(traces) if t.kind == kind]
+        n = int(round(len(of_kind) * eval_fraction))
+        if eval_fraction > 0 and len(of_kind) >= 2:
+            n = max(n, 1)  # every kind is evaluated
+        train += of_kind[: len(of_kind) - n]
+        held += of_kind[len(of_kind) - n:]
+    return train, held
+
+
+@torch.inference_mode()
+def target_states(target, traces: list[Trace], batch_size: int = 8, log: Log | None = None) -> list[torch.Tensor]:
+    """The target's final-norm states [len(ids), H] (float16) over each trace."""
+    dec = target.model.get_decoder()
+    order = sorted(range(len(traces)), key=lambda i: (len(traces[i].ids), i))
+    out: list[torch.Tensor | None] = [None] * len(traces)
+    pad = 0
+    for b, start in enumerate(range(0, len(order), batch_size)):
+        idx = order[start:start + batch_size]
+        width = max(len(traces[i].ids) for i in idx)
+        ids = torch.full((len(idx), width), pad, dtype=torch.long)
+        for r, i in enumerate(idx):  # right padding: causal attention keeps it out of real rows
+            ids[r, : len(traces[i].ids)] = torch.tensor(traces[i].ids)
+        last = dec(input_ids=ids.to(target.device)).last_hidden_state
+        for r, i in enumerate(idx):
+            out[i] = last[r, : len(traces[i].ids)].to(torch.float16).cpu().clone()
+        if log and b % 20 == 0:
+            log(f"target states {min(start + batch_size, len(order))}/{len(order)}")
+    return out  # type: ignore[return-value]
+
+
+def cached_target_states(target, traces: list[Trace], cache_dir: str | None = None, batch_size: int = 8,
+                         log: Log | None = None) -> list[torch.Tensor]:
+    if not cache_dir:
+        return target_states(target, traces, batch_size, log)
+    from safetensors.torch import load_file, save_file
+
+    key = _cache_key(str(target.identity), {"states": str(target.dtype)}, [str(t.ids) for t in traces])
+    path = Path(cache_dir) / f"states-{key}.safetensors"
+    if path.is_file():
+        t = load_file(str(path))
+        return [t[str(i)] for i in range(len(traces))]
+    states = target_states(target, traces, batch_size, log)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file({str(i): s.contiguous() for i, s in enumerate(states)}, str(tmp))
+    os.replace(tmp, path)
+    return states

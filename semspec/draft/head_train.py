@@ -1,0 +1,246 @@
+"""Train an EAGLE-style draft head (``semspec.head``) on the target's own traces and states.
+
+Loss at every response position j (the head read the target's state at j-1 and token j):
+cross-entropy of the head's next-token distribution against the target's (both over the
+reduced vocabulary: the target's distribution is its LM head over its own state at j,
+renormalised there), plus ``reg_weight`` x smooth-L1 of the head's predicted state on the
+target's. The states the head reads carry uniform noise while training, so it stays on
+course when it reads its own imperfect predictions while drafting.
+
+Evaluation (``evaluate_depths``) drafts through the engine's own batched runner: from every
+``eval_stride``-th response position of the held-out traces the head reads the target's
+states up to there, then drafts on its own predicted states along the trace's tokens; depth
+d's agreement is how often its d-th token is the target's top-1 (full vocabulary) there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from semspec.draft.config import HeadTrainConfig
+from semspec.draft.head_data import Trace
+from semspec.head import HeadModel
+from semspec.models import LoadedModel, ModelIdentity
+from semspec.runner import Feed, ModelRunner
+
+Log = Callable[[str], None]
+
+
+def select_vocab(traces: list[Trace], size: int, always: list[int], vocab_size: int) -> torch.Tensor:
+    """The ``size`` tokens the target writes most often in ``traces`` (ties: lower id), plus
+    ``always`` (EOS and the like), sorted."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for t in traces:
+        counts += torch.bincount(torch.tensor(t.ids[t.prompt_len:], dtype=torch.long), minlength=vocab_size).double()
+    counts[torch.tensor(sorted(set(always)), dtype=torch.long)] = float("inf")
+    size = min(size, vocab_size)
+    order = sorted(range(vocab_size), key=lambda i: (-counts[i].item(), i))[:size]
+    return torch.tensor(sorted(order), dtype=torch.long)
+
+
+def _batch(traces: list[Trace], states: list[torch.Tensor], noise: float, gen: torch.Generator | None):
+    """Padded (ids [B, L], states read [B, L, H], target states [B, L, H], loss mask [B, L])."""
+    width = max(len(t.ids) for t in traces)
+    h = states[0].shape[1]
+    ids = torch.zeros(len(traces), width, dtype=torch.long)
+    read = torch.zeros(len(traces), width, h)
+    want = torch.zeros(len(traces), width, h)
+    mask = torch.zeros(len(traces), width, dtype=torch.bool)
+    for r, (t, s) in enumerate(zip(traces, states)):
+        n = len(t.ids)
+        s = s.float()
+        ids[r, :n] = torch.tensor(t.ids)
+        read[r, 1:n] = s[: n - 1]
+        want[r, :n] = s
+        # positions whose state predicts a response token: prompt_len - 1 .. n - 2
+        mask[r, t.prompt_len - 1: n - 1] = True
+    if noise > 0:
+        read = read + (torch.rand(read.shape, generator=gen) * 2 - 1) * noise
+    return ids, read, want, mask
+
+
+def head_loss(head: HeadModel, w_sub: torch.Tensor, traces, states, cfg: HeadTrainConfig,
+              gen: torch.Generator | None) -> tuple[torch.Tensor, dict]:
+    ids, read, want, mask = _batch(traces, states, cfg.input_noise, gen)
+    pred = head.train_forward(read, ids)[mask]
+    target = want[mask]
+    with torch.no_grad():
+        p = (target @ w_sub.T).softmax(-1)
+    logq = (pred @ w_sub.T).log_softmax(-1)
+    cls = -(p * logq).sum(-1).mean()
+    reg = F.smooth_l1_loss(pred, target)
+    top1 = float((logq.argmax(-1) == p.argmax(-1)).float().mean())
+    return cls + cfg.reg_weight * reg, {"cls": cls.item(), "reg": reg.item(), "top1": top1}
+
+
+def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_states: list[torch.Tensor],
+               cfg: HeadTrainConfig, log: Log | None = None, progress=None,
+               checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 100) -> dict:
+    """Optimise ``head`` in place (AdamW, warm-up + cosine to a tenth, gradient clipping,
+    matrix products in ``cfg.train_dtype``); deterministic given ``cfg.seed`` and the thread
+    count. With ``checkpoint`` (a file path) the run saves its whole state every
+    ``checkpoint_every`` steps and resumes from it: a resumed run ends with the same weights
+    as an uninterrupted one."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return cfg.lr * (step + 1) / cfg.warmup_steps
+        frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+    head.train()
+    perm: list[int] = []
+    first = 0
+    if checkpoint is not None and Path(checkpoint).is_file():
+        first, perm = _load_checkpoint(checkpoint, head, opt, gen)
+        if log:
+            log(f"resumed from {checkpoint} at step {first}")
+    t0 = time.perf_counter()
+    last: dict = {}
+    for step in range(first, cfg.steps):
+        if len(perm) < cfg.batch_size:
+            perm += torch.randperm(len(train), generator=gen).tolist()
+        pick, perm = perm[: cfg.batch_size], perm[cfg.batch_size:]
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train_dtype == "bfloat16"):
+            loss, last = head_loss(head, w_sub, [train[i] for i in pick], [train_states[i] for i in pick], cfg, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if progress is not None:
+            progress(step + 1, last)
+        if log and (step % 100 == 0 or step == cfg.steps - 1):
+            log(f"step {step + 1}/{cfg.steps} loss {loss.item():.4f} (cls {last['cls']:.3f} reg {last['reg']:.4f}) "
+                f"batch top-1 {last['top1']:.3f} lr {lr_at(step):.2e} {time.perf_counter() - t0:.0f}s")
+        if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == cfg.steps):
+            _save_checkpoint(checkpoint, step + 1, perm, head, opt, gen)
+    head.eval()
+    return {"train_seconds": time.perf_counter() - t0, "resumed_at_step": first, "final_batch": last}
+
+
+def _save_checkpoint(path, step: int, perm: list[int], head: HeadModel, opt, gen: torch.Generator) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {f"param.{k}": v.detach().contiguous() for k, v in head.trained_state().items()}
+    names = {id(p): n for n, p in head.named_parameters()}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            for key, v in opt.state[p].items():
+                tensors[f"opt.{names[id(p)]}.{key}"] = v.detach().clone().contiguous().reshape(v.shape or (1,))
+    tensors["generator"] = gen.get_state()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata={"step": str(step), "perm": json.dumps(perm)})
+    os.replace(tmp, path)
+
+
+def _load_checkpoint(path, head: HeadModel, opt, gen: torch.Generator) -> tuple[int, list[int]]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    head.load_state_dict({k[len("param."):]: v for k, v in tensors.items() if k.startswith("param.")}, strict=False)
+    for name, p in head.named_parameters():
+        state = {k.rsplit(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"opt.{name}.")}
+        if state:
+            state["step"] = state["step"].reshape(())
+            opt.state[p] = state
+    gen.set_state(tensors["generator"])
+    return int(meta["step"]), json.loads(meta["perm"])
+
+
+@torch.inference_mode()
+def evaluate_depths(head: HeadModel, target: LoadedModel, vocab: torch.Tensor, traces: list[Trace],
+                    states: list[torch.Tensor], depths=(1, 2, 4, 8, 16), stride: int = 8,
+                    accept_k: int = 6, slots: int = 64) -> dict:
+    """Held-out agreement of the head's d-th drafted token with the target's top-1, for each d
+    in ``depths`` (every depth up to the largest is drafted), through the batched runner.
+    ``mean_accepted``: the leading run of agreeing tokens among the first ``accept_k`` drafted
+    (a greedy verification's accepted length, bonus token excluded), over greedy traces."""
+    lm = LoadedModel(head, target.tokenizer, ModelIdentity("head-under-training", ""), torch.device("cpu"),
+                     torch.float32, vocab_ids=vocab)
+    w = target.model.get_output_embeddings().weight.float()
+    max_d = max(depths)
+    hits = torch.zeros(max_d)
+    seen = torch.zeros(max_d)
+    runs, n_runs = 0, 0
+    in_vocab = total = 0
+    for at in range(0, len(traces), slots):
+        chunk = list(range(at, min(at + slots, len(traces))))
+        runner = ModelRunner(lm, len(chunk))
+        slot_of = {i: runner.alloc() for i in chunk}
+        top1 = {i: (states[i].float() @ w.T).argmax(-1) for i in chunk}  # the target's choice after each position
+        for i in chunk:
+            resp = top1[i][traces[i].prompt_len - 1: len(traces[i].ids) - 1]
+            in_vocab += int(torch.isin(resp, vocab).sum())
+            total += len(resp)
+        starts = {i: list(range(traces[i].prompt_len - 1, len(traces[i].ids) - 2, stride)) for i in chunk}
+        zero = torch.zeros(1, head.config.hidden_size)
+        true_len = {i: 0 for i in chunk}  # leading positions each slot holds read from the target's states
+        for r in range(max(len(s) for s in starts.values())):
+            live = [i for i in chunk if r < len(starts[i])]
+            # read the target's states up to the start s (positions up to s + 1), dropping
+            # what the last round drafted on the head's own states
+            feeds, ends = [], {}
+            for i in live:
+                s, slot, lo = starts[i][r], slot_of[i], true_len[i]
+                runner.set_length(slot, lo)
+                reads = torch.cat([zero, states[i][: s + 1].float()])[lo: s + 2]
+                feeds.append(Feed(slot, traces[i].ids[lo: s + 2], [s + 1 - lo], states=True, head_inputs=reads))
+                true_len[i] = s + 2
+                ends[i] = s + 1  # the position of the head's first drafted token
+            out = runner.forward(feeds)
+            pred_state = {i: out.states[k][-1:] for k, i in enumerate(live)}
+            guess = {i: int(out.logits[out.row_start[k]].argmax()) for k, i in enumerate(live)}
+            agree = {i: [] for i in live}
+            for d in range(1, max_d + 1):
+                for i in live:
+                    pos = ends[i] + d - 1  # the head's d-th token predicts ids[pos + 1]
+                    if pos + 1 < len(traces[i].ids):
+                        ok = bool(guess[i] == top1[i][pos])
+                        hits[d - 1] += ok
+                        seen[d - 1] += 1
+                        agree[i].append(ok)
+                if d == max_d:
+                    break
+                nxt = [i for i in live if ends[i] + d < len(traces[i].ids) - 1]
+                if not nxt:
+                    break
+                feeds = [Feed(slot_of[i], [traces[i].ids[ends[i] + d]], [0], states=True, head_inputs=pred_state[i])
+                         for i in nxt]
+                out = runner.forward(feeds)
+                for k, i in enumerate(nxt):
+                    pred_state[i] = out.states[k]
+                    guess[i] = int(out.logits[k].argmax())
+                live = nxt
+            for i, oks in agree.items():
+                if traces[i].kind == "greedy":
+                    run = 0
+                    for ok in oks[:accept_k]:
+                        if not ok:
+                            break
+                        run += 1
+                    runs += run
+                    n_runs += 1
+    return {
+        "top1_by_depth": {str(d): float(hits[d - 1] / seen[d - 1]) if seen[d - 1] else None for d in depths},
+        "positions_by_depth": {str(d): int(seen[d - 1]) for d in depths},
+        "mean_accepted": runs / n_runs if n_runs else None, "accept_k": accept_k,
+        "target_top1_in_vocab": in_vocab / max(total, 1), "traces": len(traces),
+    }
+

@@ -1,0 +1,200 @@
+"""An EAGLE-style draft head: a small decoder that drafts from the target's own states.
+
+At position j the head reads the target's final-norm state at j-1 (what the target's LM head
+read to predict token j) fused with the embedding of token j, runs its decoder layer(s) --
+with a KV cache of its own over the sequence -- and a final norm, and predicts the target's
+state at j; the target's LM head (the rows of a reduced vocabulary) turns that into the next
+token's logits. Drafting several tokens, it reads its own predicted states where the target's
+are not known yet; once the target has verified them, the head's cache is rebuilt from the
+target's true states (``semspec.stream.HeadStream``). Position 0 reads a zero state.
+
+The head is loaded as a :class:`semspec.models.LoadedModel` whose model is a
+:class:`HeadModel`: it shares the target's embedding, rotary embedding, LM head and tokenizer
+and shows the batched runner the same parts a decoder has (``get_decoder()`` with
+``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``), plus ``fuse_inputs``, so
+``semspec.runner.ModelRunner`` runs it in the same passes as any draft.
+
+Artifact (no pickles): ``head.safetensors`` (``fc.weight``, ``fc.bias``, ``layers.<i>.<param>``,
+``norm.weight``, ``vocab_ids``) and ``head.json`` (format tag, layer count, the target's
+signature and weight checksums, training summary). ``load_head`` refuses an artifact built for
+another target.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .models import EMBEDDED_PREFIX, LoadedModel, ModelIdentity
+
+HEAD_FORMAT = "semspec-head/1"
+HEAD_WEIGHTS = "head.safetensors"
+HEAD_META = "head.json"
+EMBEDDED_HEAD_DIR = Path(__file__).resolve().parent / "assets" / "head"
+EMBEDDED_HEADS = {"smollm2-135m-head": EMBEDDED_HEAD_DIR}
+
+
+class HeadMismatchError(ValueError):
+    """The head was trained for another target."""
+
+
+class HeadModel(nn.Module):
+    """The head's trainable part (``fc``, ``layers``, ``norm``) around the target's shared
+    embedding, rotary embedding and LM head (held by reference, not copied, not trained)."""
+
+    def __init__(self, target_model, layers: int = 1, init_from_target: bool = True):
+        super().__init__()
+        tdec = target_model.get_decoder()
+        cfg = copy.deepcopy(target_model.config)
+        n_t = int(cfg.num_hidden_layers)
+        if not 1 <= layers <= n_t:
+            raise ValueError(f"a head has 1..{n_t} layers")
+        cfg.num_hidden_layers = layers
+        if isinstance(getattr(cfg, "layer_types", None), list):
+            cfg.layer_types = cfg.layer_types[n_t - layers:]
+        self.config = cfg
+        h = int(cfg.hidden_size)
+        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.layers = nn.ModuleList()
+        for i in range(layers):
+            layer = type(tdec.layers[0])(cfg, i)
+            if init_from_target:  # the target's last layers already map into its LM head's space
+                layer.load_state_dict(tdec.layers[n_t - layers + i].state_dict())
+            self.layers.append(layer)
+        self.norm = copy.deepcopy(tdec.norm)
+        with torch.no_grad():  # start as "the target's state passes through": fc = [I, 0]
+            self.fc.weight.zero_()
+            self.fc.weight[:, :h].copy_(torch.eye(h))
+            self.fc.bias.zero_()
+        self._shared = {"embed": tdec.embed_tokens, "rotary": tdec.rotary_emb,
+                        "head": target_model.get_output_embeddings()}
+        self.generation_config = copy.deepcopy(getattr(target_model, "generation_config", None))
+
+    def forward(self, *args, **kwargs):
+        raise TypeError("a draft head runs only in the batched engine (semspec.runner): it reads "
+                        "the target's states, which a plain forward call does not have")
+
+    # the parts the batched runner reads
+    @property
+    def embed_tokens(self):
+        return self._shared["embed"]
+
+    @property
+    def rotary_emb(self):
+        return self._shared["rotary"]
+
+    def get_decoder(self):
+        return self
+
+    def get_output_embeddings(self):
+        return self._shared["head"]
+
+    def fuse_inputs(self, states: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """The head's input rows: the target's (or its own predicted) states fused with the
+        next tokens' embeddings."""
+        return self.fc(torch.cat([states.to(embeds.dtype), embeds], dim=-1))
+
+    def train_forward(self, states_in: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced pass over whole sequences: ``states_in`` [B, L, H] (the state read
+        at each position), ``ids`` [B, L] -> predicted states [B, L, H] (after the norm)."""
+        bsz, length = ids.shape
+        x = self.fuse_inputs(states_in, self.embed_tokens(ids))
+        pos = torch.arange(length, device=ids.device).unsqueeze(0).expand(bsz, -1)
+        cos, sin = self.rotary_emb(x, pos)
+        causal = torch.full((length, length), float("-inf"), device=ids.device).triu(1).to(x.dtype)[None, None]
+        for layer in self.layers:
+            out = layer(x, attention_mask=causal, position_ids=pos, position_embeddings=(cos, sin))
+            x = out[0] if isinstance(out, tuple) else out
+        return self.norm(x)
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """What the artifact stores: everything but the shared parts."""
+        return {k: v.detach().clone() for k, v in self.state_dict().items()}
+
+
+def target_fingerprint(target_model) -> dict:
+    """The target a head was trained for: its architecture and weight checksums of every layer."""
+    from semspec.draft.artifact import target_checksums, target_signature
+
+    return {"signature": target_signature(target_model),
+            "checksums": target_checksums(target_model, int(target_model.config.num_hidden_layers))}
+
+
+def check_target(meta: dict, target_model, rtol: float = 1e-2) -> None:
+    want, have = meta["target"], target_fingerprint(target_model)
+    diff = {k: (want["signature"].get(k), v) for k, v in have["signature"].items() if want["signature"].get(k) != v}
+    if diff:
+        raise HeadMismatchError(f"the draft head was trained for another target architecture: {diff}")
+    for key, ref in want["checksums"].items():
+        got = have["checksums"].get(key)
+        if got is None or abs(got - ref) > rtol * max(abs(ref), 1e-6):
+            raise HeadMismatchError(f"the draft head was trained against other target weights ({key}: {got} vs {ref})")
+
+
+def save_head(head: HeadModel, vocab_ids: torch.Tensor | None, meta: dict, out_dir: str | os.PathLike) -> Path:
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.to("cpu", torch.float16).contiguous() for k, v in sorted(head.trained_state().items())}
+    if vocab_ids is not None:
+        tensors["vocab_ids"] = vocab_ids.to("cpu", torch.long).contiguous()
+    meta = {**meta, "format": HEAD_FORMAT, "layers": len(head.layers), "weights_dtype": "float16"}
+    save_file(tensors, str(out / HEAD_WEIGHTS), metadata={"format": HEAD_FORMAT})
+    (out / HEAD_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def resolve_head(spec: str | os.PathLike | None) -> Path | None:
+    """The artifact directory a draft spec names, when it names a head: an embedded head
+    (``embedded:smollm2-135m-head``) or a directory holding ``head.json``."""
+    if spec is None:
+        return None
+    spec = str(spec)
+    if spec.startswith(EMBEDDED_PREFIX):
+        return EMBEDDED_HEADS.get(spec[len(EMBEDDED_PREFIX):])
+    p = Path(spec).expanduser()
+    return p if (p / HEAD_META).is_file() else None
+
+
+def embedded_head_available() -> bool:
+    return (EMBEDDED_HEAD_DIR / HEAD_WEIGHTS).is_file() and (EMBEDDED_HEAD_DIR / HEAD_META).is_file()
+
+
+def load_head(artifact_dir: str | os.PathLike, target: LoadedModel, spec: str | None = None) -> LoadedModel:
+    """The head in ``artifact_dir`` on ``target`` (checked against it), as a loaded draft."""
+    from safetensors.torch import load_file
+
+    d = Path(artifact_dir)
+    meta_path, weights_path = d / HEAD_META, d / HEAD_WEIGHTS
+    if not meta_path.is_file() or not weights_path.is_file():
+        raise FileNotFoundError(f"no draft head in {d} (need {HEAD_META} and {HEAD_WEIGHTS})")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != HEAD_FORMAT:
+        raise HeadMismatchError(f"{meta_path}: not a {HEAD_FORMAT} artifact")
+    check_target(meta, target.model)
+    tensors = load_file(str(weights_path))
+    vocab = tensors.pop("vocab_ids", None)
+    head = HeadModel(target.model, layers=int(meta["layers"]), init_from_target=False)
+    missing, unexpected = head.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise HeadMismatchError(f"{weights_path}: missing {missing}, unexpected {unexpected}")
+    head.to(device=target.device, dtype=target.dtype).eval()
+    sha = hashlib.sha256()
+    for p in (meta_path, weights_path):
+        sha.update(p.name.encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+    return LoadedModel(
+        model=head, tokenizer=target.tokenizer, identity=ModelIdentity(str(d.resolve()), sha.hexdigest()),
+        device=target.device, dtype=target.dtype, spec=str(spec or d),
+        vocab_ids=vocab.to(target.device) if vocab is not None else None,
+    )
+
+
+def is_head(model: LoadedModel | None) -> bool:
+    return model is not None and isinstance(model.model, HeadModel)

@@ -1,0 +1,127 @@
+"""Building a draft head (`semjobs draft train --kind eagle`) on a tiny model: the benchmark
+slice stays out, the build is reproducible bit for bit, an interrupted training resumes to the
+same weights, and the artifact serves token_sd with the target's exact greedy text."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from semspec.draft.config import HeadTrainConfig
+from semspec.draft.head_build import build_head
+from semspec.draft.head_data import Trace, split_traces
+from semspec.draft.head_train import train_head
+from semspec.engine import Engine
+from semspec.head import HEAD_META, HEAD_WEIGHTS, HeadModel, is_head
+from semspec.types import GenerationConfig
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from semspec.testing import tiny_model_dir
+
+    return tiny_model_dir(tmp_path_factory.mktemp("head") / "target", num_layers=2)
+
+
+@pytest.fixture(scope="module")
+def questions(tmp_path_factory):
+    path = tmp_path_factory.mktemp("q") / "q.jsonl"
+    rows = [{"question": f"What is {i} plus {i + 1}?", "answer": f"#### {2 * i + 1}"} for i in range(30)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _cfg(questions, **kw):
+    base = dict(data=str(questions), holdout=4, greedy_prompts=8, sampled_prompts=8, max_new_tokens=16,
+                gen_batch_size=4, steps=12, batch_size=4, threads=1, eval_fraction=0.25, eval_depths=(1, 2, 4))
+    base.update(kw)
+    return HeadTrainConfig(**base)
+
+
+def _sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_build_is_reproducible_and_serves_token_sd(tiny_dir, questions, tmp_path):
+    cfg = _cfg(questions)
+    meta = build_head(cfg, tmp_path / "a", str(tiny_dir), cache_dir=str(tmp_path / "cache-a"))
+    build_head(cfg, tmp_path / "b", str(tiny_dir), cache_dir=str(tmp_path / "cache-b"))  # from nothing again
+    assert _sha(tmp_path / "a" / HEAD_WEIGHTS) == _sha(tmp_path / "b" / HEAD_WEIGHTS)
+    ev = meta["eval"]
+    assert set(ev["top1_by_depth"]) == {"1", "2", "4"}
+    assert all(0.0 <= v <= 1.0 for v in ev["top1_by_depth"].values() if v is not None)
+    assert meta["training"]["traces"] == {**meta["training"]["traces"], "train": 12, "eval": 4}
+    written = json.loads((tmp_path / "a" / HEAD_META).read_text())
+    assert written["target"]["signature"]["num_hidden_layers"] == 2 and written["format"] == "semspec-head/1"
+
+    engine = Engine.load(str(tiny_dir), draft=str(tmp_path / "a"), probes="none", device="cpu")
+    assert is_head(engine.draft)
+    greedy = dict(max_new_tokens=24, temperature=0.0, draft_tokens=4)
+    for q in ("What is 2 plus 3?", "Hi"):
+        ar = engine.generate(q, GenerationConfig(method="ar", **greedy))
+        sd = engine.generate(q, GenerationConfig(method="token_sd", **greedy))
+        assert sd.text == ar.text and sd.counters.drafted_tokens > 0
+
+
+def test_traces_leave_out_the_benchmark_slice(tiny_dir, questions, tmp_path):
+    from semspec.draft.head_data import build_traces
+
+    engine = Engine.load(str(tiny_dir), draft="none", probes="none", device="cpu")
+    traces = build_traces(engine, _cfg(questions), log=None)
+    tok = engine.target.tokenizer
+    prompts = [tok.decode(t.ids[: t.prompt_len]) for t in traces]
+    assert len(traces) == 16 and [t.kind for t in traces] == ["greedy"] * 8 + ["sampled"] * 8
+    for i in range(4):  # the first `holdout` questions never appear
+        assert not any(f"What is {i} plus {i + 1}?" in p for p in prompts)
+    assert any("What is 4 plus 5?" in p for p in prompts)
+    train, held = split_traces(traces, 0.25)
+    assert sorted(train + held) == list(range(16)) and held == [6, 7, 14, 15]
+
+
+def test_interrupted_training_resumes_to_the_same_weights(tiny_target, tmp_path):
+    torch.manual_seed(0)
+    traces = [Trace(torch.randint(5, 300, (20,)).tolist(), 6, "greedy") for _ in range(6)]
+    states = [torch.randn(20, tiny_target.hidden_size).half() for _ in traces]
+    w_sub = tiny_target.model.get_output_embeddings().weight[:200].detach().float()
+    cfg = HeadTrainConfig(steps=10, batch_size=2, warmup_steps=2, threads=1)
+
+    def fresh():
+        torch.manual_seed(1)
+        return HeadModel(tiny_target.model, layers=1)
+
+    whole = fresh()
+    train_head(whole, w_sub, traces, states, cfg)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_7(step, _info):
+        if step == 7:
+            raise Stop
+
+    ckpt = tmp_path / "ckpt.safetensors"
+    cut = fresh()
+    with pytest.raises(Stop):
+        train_head(cut, w_sub, traces, states, cfg, progress=stop_at_7, checkpoint=ckpt, checkpoint_every=5)
+    resumed = fresh()
+    summary = train_head(resumed, w_sub, traces, states, cfg, checkpoint=ckpt, checkpoint_every=5)
+    assert summary["resumed_at_step"] == 5
+    for (k, a), b in zip(whole.trained_state().items(), resumed.trained_state().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
+
+
+def test_cli_trains_a_head(tiny_dir, questions, tmp_path):
+    from cli.main import main
+
+    out = tmp_path / "head"
+    res = CliRunner().invoke(main, [
+        "draft", "train", "--kind", "eagle", "--out", str(out), "--target", str(tiny_dir), "--data", str(questions),
+        "--holdout", "4", "--greedy-prompts", "4", "--sampled-prompts", "4", "--max-new-tokens", "8",
+        "--steps", "4", "--batch-size", "2", "--threads", "1", "--cache-dir", str(tmp_path / "cache"),
+    ])
+    assert res.exit_code == 0, res.output
+    assert (out / HEAD_WEIGHTS).is_file() and "held-out top-1 agreement by depth" in res.output

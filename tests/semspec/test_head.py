@@ -1,0 +1,145 @@
+"""The EAGLE-style draft head: its batched forward matches its training forward, its artifact
+round-trips and is refused by another target, and every method that drafts gives the same
+text with it as the target alone where exactness is promised (greedy token_sd)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from semspec.engine import Engine, Request
+from semspec.head import HeadMismatchError, HeadModel, is_head, load_head, save_head
+from semspec.models import LoadedModel, ModelIdentity
+from semspec.probes import ProbePair
+from semspec.runner import Feed, ModelRunner
+from semspec.types import GenerationConfig
+
+PROMPTS = [
+    "Natalia sold 48 clips in April and half as many in May. How many clips in total?",
+    "What is 7 times 6?",
+    "Hi",
+    "Let's think step by step. First, compute the cost.",
+    "0 1 2 3 4 5 6 7 8 9",
+]
+
+
+def _head_model(target: LoadedModel, seed: int = 3) -> LoadedModel:
+    torch.manual_seed(seed)
+    head = HeadModel(target.model, layers=1)
+    with torch.no_grad():  # a head that is not the identity, so drafts differ from the target
+        for p in head.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    head.eval()
+    return LoadedModel(head, target.tokenizer, ModelIdentity("test-head", "0" * 64), target.device,
+                       target.dtype, spec="test-head")
+
+
+@pytest.fixture(scope="module")
+def head(tiny_target):
+    return _head_model(tiny_target)
+
+
+def test_runner_pass_matches_the_training_forward(head, tiny_target):
+    torch.manual_seed(0)
+    h = tiny_target.hidden_size
+    ids = torch.randint(5, 300, (1, 12))
+    states = torch.randn(1, 12, h)
+    with torch.no_grad():
+        want = head.model.train_forward(states, ids)[0]
+    runner = ModelRunner(head, slots=2)
+    slot = runner.alloc()
+    # 7 tokens in one row, then 5 one at a time beside another slot's feed
+    out = runner.forward([Feed(slot, ids[0, :7].tolist(), [6], states=True, head_inputs=states[0, :7])])
+    got = [out.states[0]]
+    other = runner.alloc()
+    for j in range(7, 12):
+        out = runner.forward([Feed(other, [9], [0], states=True, head_inputs=torch.zeros(1, h)),
+                              Feed(slot, [int(ids[0, j])], [0], states=True, head_inputs=states[0, j:j + 1])])
+        got.append(out.states[1])
+    torch.testing.assert_close(torch.cat(got), want, atol=1e-4, rtol=1e-4)
+    # the logits are the target's LM head over the predicted state
+    torch.testing.assert_close(out.logits[1], tiny_target.head_logits(want[-1:])[0], atol=1e-4, rtol=1e-4)
+
+
+def test_a_head_needs_its_input_states(head):
+    runner = ModelRunner(head, slots=1)
+    with pytest.raises(ValueError, match="input state per fed token"):
+        runner.forward([Feed(runner.alloc(), [5, 6], [1])])
+
+
+def test_artifact_round_trip_and_target_check(head, tiny_target, tiny_draft, tmp_path):
+    vocab = torch.arange(0, 200)
+    save_head(head.model, vocab, {"target": __import__("semspec.head", fromlist=["x"]).target_fingerprint(
+        tiny_target.model), "training": {"steps": 0}}, tmp_path / "h")
+    loaded = load_head(tmp_path / "h", tiny_target)
+    assert is_head(loaded) and loaded.vocab_ids.tolist() == vocab.tolist()
+    for (k, a), b in zip(head.model.trained_state().items(), loaded.model.trained_state().values()):
+        torch.testing.assert_close(a.half().float(), b.float(), msg=k)
+    with pytest.raises(HeadMismatchError):
+        load_head(tmp_path / "h", tiny_draft)  # another model (1 layer): refused
+    engine = Engine.load(str(tiny_target.identity.path), draft=str(tmp_path / "h"), probes="none", device="cpu")
+    assert is_head(engine.draft) and engine.same_tokenizer
+
+
+def _cfg(method, **kw):
+    base = dict(method=method, max_new_tokens=40, max_step_tokens=6, temperature=0.0, seed=0, draft_tokens=3)
+    base.update(kw)
+    return GenerationConfig(**base)
+
+
+def test_greedy_token_sd_with_a_head_is_the_target_text(head, tiny_target):
+    engine = Engine(tiny_target, head)
+    for p in PROMPTS:
+        ar = engine.generate(p, _cfg("ar"))
+        sd = engine.generate(p, _cfg("token_sd"))
+        assert sd.text == ar.text, p
+        assert sd.counters.drafted_tokens > 0
+    # and batched: the same text as alone, whatever the batch holds
+    reqs = [Request(PROMPTS[i % len(PROMPTS)], _cfg("token_sd", max_new_tokens=20 + 3 * i), key=i) for i in range(10)]
+    alone = {r.key: engine.generate(r.prompt, r.config).text for r in reqs}
+    batched = {d.key: d.result.text for d in engine.generate_many(reqs, batch_size=4)}
+    assert batched == alone
+
+
+def test_after_verification_the_head_rereads_the_target_states(head, tiny_target):
+    """Drafted positions read the head's own predictions; once the target has run them, a
+    re-sync feeds them again with the target's states, and the head's prediction at the end
+    is exactly its teacher-forced one."""
+    from semspec.stream import HeadStream, Stream
+    from semspec.testing import run_alone
+
+    t_runner, d_runner = ModelRunner(tiny_target, 1), ModelRunner(head, 1)
+    prompt = tiny_target.tokenizer("What is 7 times 6?")["input_ids"]
+    T = Stream(t_runner, prompt)
+    D = HeadStream(d_runner, prompt, T)
+    T.slot, D.slot = t_runner.alloc(), d_runner.alloc()
+    run_alone(T.forward(keep_for=[]))
+    run_alone(D.forward(keep_for=[]))
+    assert D.true_upto == len(prompt)  # the prompt read with the target's states
+    drafted = [11, 12, 13]
+    for x in drafted:
+        D.append([x])
+        run_alone(D.forward(keep_for=[]))
+    assert D.true_upto == len(prompt) + 1 and D.reusable == D.true_upto  # the first draft read a prediction
+    run_alone(T.forward(extra=drafted))  # the target verifies: its states are now known
+    D.truncate(D.reusable)
+    D.append(T.ids[D.cached:])
+    out = run_alone(D.forward(keep_for=[]))
+    assert D.true_upto == len(T.ids)
+    ids = torch.tensor([T.ids])
+    states_in = torch.cat([torch.zeros(1, tiny_target.hidden_size),
+                           torch.stack([T.states[p] for p in range(len(T.ids) - 1)])])[None]
+    with torch.no_grad():
+        want = head.model.train_forward(states_in, ids)[0]
+    torch.testing.assert_close(out.hidden[-1], want[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_semspec_runs_on_a_head_and_refeeds_accepted_steps(head, tiny_target):
+    engine = Engine(tiny_target, head, ProbePair.always_accept(tiny_target.hidden_size, tiny_target.hidden_size))
+    res = engine.generate(PROMPTS[0], _cfg("semspec"))
+    assert res.counters.steps_accepted > 0
+    assert all(s.author == "draft" for s in res.steps if s.decision == "accepted")
+    # batched, same as alone
+    reqs = [Request(p, _cfg("semspec"), key=i) for i, p in enumerate(PROMPTS)]
+    alone = {r.key: engine.generate(r.prompt, r.config).text for r in reqs}
+    assert {d.key: d.result.text for d in engine.generate_many(reqs, batch_size=3)} == alone
