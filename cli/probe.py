@@ -19,7 +19,8 @@ def probe() -> None:
 @click.option("--target", default="embedded:smollm2-135m", show_default=True,
               help="Target model: embedded:NAME, a local HF directory or a .gguf file.")
 @click.option("--draft", default=None,
-              help="Draft model spec (same forms as --target). Without it, only the target's traces "
+              help="Draft model spec (same forms as --target, or a draft head: embedded:smollm2-135m-head or a "
+                   "directory with head.json). Without it, only the target's traces "
                    "and samples are made and memoised in OUT, for a later run with the draft.")
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="JSONL prompts: {id, prompt}, GSM8K {question, ...} or OpenAI Batch lines.")
@@ -68,7 +69,12 @@ def collect(target, draft, prompts_file, out_dir, samples, skip_lines, limit_pro
     )
     click.echo(f"loading target {target} and draft {draft} ...", err=True)
     tgt = load_model(target, device=device)
-    drf = load_model(draft, device=device) if draft else None
+    from semspec.head import load_head, resolve_head
+
+    if draft and resolve_head(draft) is not None:  # a draft head loads onto the target
+        drf = load_head(resolve_head(draft), tgt, spec=draft)
+    else:
+        drf = load_model(draft, device=device) if draft else None
     stats = run_collect(tgt, drf, prompts, out_dir, cfg, progress=True)
     click.echo(json.dumps(stats, indent=1))
 

@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 
 from semspec.assets import GSM8K_TEST
+from semspec.head import is_head
 from semspec.models import encode_prompt
 from semspec.types import SAMPLING_TEMPERATURE, SAMPLING_TOP_P, GenerationConfig
 
@@ -349,6 +350,9 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
         if run.method in ("token_sd", "hf_assisted") and not engine.same_tokenizer:
             br.skipped[run.label] = "needs a draft with the target's tokenizer"
             continue
+        if run.method == "hf_assisted" and is_head(engine.draft):
+            br.skipped[run.label] = "a draft head runs only in semjobs' engine (it reads the target's states)"
+            continue
         if run.method == "semspec" and engine.probes is None:
             br.skipped[run.label] = "no probes loaded"
             continue
@@ -427,6 +431,7 @@ def load_engine(target: str | None = None, draft: str | None = None, probes: str
     ``probes="accept" | "reject" | "const:P_T,P_D"`` — constant probes. ``dtype`` None: the
     device's default (float32 on a CPU)."""
     from semspec.engine import EMBEDDED_DRAFT, Engine, embedded_draft_available
+    from semspec.head import load_head, resolve_head
     from semspec.models import DEFAULT_TARGET, load_model, truncated_copy
     from semspec.probes import ProbePair, embedded_probes_available, resolve_probes
 
@@ -439,6 +444,8 @@ def load_engine(target: str | None = None, draft: str | None = None, probes: str
     if draft and draft != "none":
         if draft.startswith("first:"):
             d = truncated_copy(t, int(draft.split(":", 1)[1]))
+        elif resolve_head(draft) is not None:
+            d = load_head(resolve_head(draft), t, spec=draft)
         else:
             d = load_model(draft, device=device, cache_dir=model_cache, dtype=dtype)
     if probes is None and d is not None and draft == EMBEDDED_DRAFT and embedded_target \

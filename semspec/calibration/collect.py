@@ -75,33 +75,62 @@ def sample_steps(
     delimiter: str = "\n\n",
     max_step_tokens: int = 48,
     generator: torch.Generator | None = None,
+    target=None,
 ) -> list[SampledStep]:
     """N next steps after `prefix_ids`, sampled in one batch that shares the prefix cache.
 
     A step ends as in the engine (`StepDetector`: the delimiter after some non-blank text,
-    the end-of-thinking marker, the token cap) or at EOS (not included in the step)."""
-    from transformers import DynamicCache
-
-    from semspec.sampling import probs_from_logits
-    from semspec.steps import StepDetector, detect_think_end
+    the end-of-thinking marker, the token cap) or at EOS (not included in the step). A draft
+    head (`semspec.head`) samples through `semspec.calibration.head_steps`, reading the
+    states of `target` (which it needs) over the prefix, as it does in the engine."""
+    from semspec.head import is_head
 
     if not prefix_ids:
         raise ValueError("sample_steps needs a non-empty prefix")
-    model, tok, dev = loaded.model, loaded.tokenizer, loaded.device
-    detector = StepDetector(delimiter, detect_think_end(tok), max_step_tokens)
-    eos = loaded.eos_token_ids
-    cache = DynamicCache(config=model.config)
+    if is_head(loaded):
+        from semspec.calibration.head_steps import HeadStepper
+
+        stepper = HeadStepper(loaded, target, prefix_ids, n)
+        first, advance = stepper.logits, stepper.advance
+    else:
+        first, advance = _cache_stepper(loaded, prefix_ids, n)
+    max_ctx = loaded.max_context
+    room = None if max_ctx is None else max_ctx - len(prefix_ids)
+    return _sample_loop(loaded, first, advance, n, temperature, top_p, delimiter, max_step_tokens, room, generator)
+
+
+def _cache_stepper(loaded, prefix_ids, n):
+    """(logits after the prefix [n, V], advance) over a transformers cache copied n times."""
+    from transformers import DynamicCache
+
+    dev = loaded.device
+    cache = DynamicCache(config=loaded.model.config)
     # next_token_logits: a reduced-vocabulary draft samples here as it does in the engine
     logits = loaded.next_token_logits(torch.tensor([list(prefix_ids)], device=dev), cache).repeat(n, 1)
     if n > 1:
         cache.batch_repeat_interleave(n)
+    tok = loaded.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(loaded.eos_token_ids), 0)
+
+    def advance(feed: dict[int, int]) -> torch.Tensor:
+        ids = [feed.get(i, pad) for i in range(n)]  # every row steps; ended ones on padding
+        return loaded.next_token_logits(torch.tensor(ids, device=dev).unsqueeze(1), cache)
+
+    return logits, advance
+
+
+def _sample_loop(loaded, logits, advance, n, temperature, top_p, delimiter, max_step_tokens, room, generator):
+    from semspec.sampling import probs_from_logits
+    from semspec.steps import StepDetector, detect_think_end
+
+    tok = loaded.tokenizer
+    detector = StepDetector(delimiter, detect_think_end(tok), max_step_tokens)
+    eos = loaded.eos_token_ids
     toks: list[list[int]] = [[] for _ in range(n)]
     texts = [""] * n
     ends: list[str | None] = [None] * n
-    pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
-    max_ctx = loaded.max_context
     for step in range(max_step_tokens):
-        if max_ctx is not None and len(prefix_ids) + step >= max_ctx:
+        if room is not None and step >= room:
             for i in range(n):
                 ends[i] = ends[i] or "length"
             break
@@ -110,7 +139,7 @@ def sample_steps(
             nxt = probs.argmax(-1)
         else:
             nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        feed = []
+        feed = {}
         for i in range(n):
             t = int(nxt[i])
             if ends[i] is None:
@@ -123,10 +152,11 @@ def sample_steps(
                     e = detector.ended(texts[i], len(toks[i]), prev)
                     if e is not None:
                         ends[i] = e.reason
-            feed.append(t if ends[i] is None else pad)
-        if all(e is not None for e in ends):
+            if ends[i] is None:
+                feed[i] = t
+        if not feed:
             break
-        logits = loaded.next_token_logits(torch.tensor(feed, device=dev).unsqueeze(1), cache)
+        logits = advance(feed)
     return [SampledStep(t, s, e or "cap") for t, s, e in zip(toks, texts, ends)]
 
 
@@ -186,7 +216,7 @@ def _sampling_settings(cfg: CollectConfig) -> dict:
 
 
 def sampled_steps_for(lm, role: str, prompt: str, prefix_text: str, cfg: CollectConfig, seed: int,
-                      cache_path: Path | None = None) -> list[SampledStep]:
+                      cache_path: Path | None = None, target=None) -> list[SampledStep]:
     """One model's N sampled next steps for a prefix, memoised in `cache_path` (a JSON file
     keyed by the model identity and the sampling settings; the sampling is seeded, so the
     memo holds exactly what sampling again would give)."""
@@ -201,7 +231,7 @@ def sampled_steps_for(lm, role: str, prompt: str, prefix_text: str, cfg: Collect
     g = torch.Generator(device=lm.device)
     g.manual_seed(_seed_for(seed, role))
     got = sample_steps(lm, _prefix_ids(lm, prompt, prefix_text), cfg.samples, cfg.temperature,
-                       cfg.top_p, cfg.step_delimiter, cfg.max_step_tokens, g)
+                       cfg.top_p, cfg.step_delimiter, cfg.max_step_tokens, g, target=target)
     if cache_path is not None:
         from semspec.calibration.store import atomic_write_json
 
@@ -215,6 +245,7 @@ def collect_prefix(models: dict, prompt: str, prefix_text: str, cfg: CollectConf
                    cache_paths: dict | None = None):
     """Sample N steps per model after `prefix_text` and score all of them with both models.
     Returns (texts, sources, features {role: [2N, H]})."""
+    from semspec.head import is_head
     from semspec.probes import step_features
 
     prefix_ids = {role: _prefix_ids(lm, prompt, prefix_text) for role, lm in models.items()}
@@ -222,14 +253,19 @@ def collect_prefix(models: dict, prompt: str, prefix_text: str, cfg: CollectConf
     sources: list[str] = []
     for role in SOURCES:
         got = sampled_steps_for(models[role], role, prompt, prefix_text, cfg, seed,
-                                (cache_paths or {}).get(role))
+                                (cache_paths or {}).get(role), target=models["target"])
         samples.extend(got)
         sources.extend([role] * len(got))
     features = {}
     for role in SOURCES:
         lm = models[role]
         steps = [_step_ids(lm, s, own=(src == role)) for s, src in zip(samples, sources)]
-        features[role] = step_features(lm, prefix_ids[role], steps, _layer_for(cfg, role), cfg.pooling)
+        if is_head(lm):  # the head's own states while it reads each step, as when it drafts
+            from semspec.calibration.head_steps import head_step_features
+
+            features[role] = head_step_features(lm, models["target"], prefix_ids[role], steps, cfg.pooling)
+        else:
+            features[role] = step_features(lm, prefix_ids[role], steps, _layer_for(cfg, role), cfg.pooling)
     return [s.text for s in samples], sources, features
 
 
@@ -273,6 +309,8 @@ def collect(
     With `draft=None` it only writes the traces and memoises the target's samples, so that
     this half of the work can run before the draft exists; a later run with the draft
     completes the prefixes from the memo."""
+    from semspec.head import is_head
+
     cfg = cfg or CollectConfig()
     if cfg.samples < 1:
         raise ValueError("samples must be at least 1")
@@ -288,7 +326,8 @@ def collect(
             "draft": draft.spec or str(draft.identity),
             "models": {r: {"identity": str(m.identity), "spec": m.spec, "hidden_size": m.hidden_size,
                            "num_layers": m.num_layers} for r, m in models.items()},
-            "layer": {r: _layer_for(cfg, r) for r in models},
+            # a head's probe reads its output states (what it predicts), whatever --layer says
+            "layer": {r: -1 if is_head(m) else _layer_for(cfg, r) for r, m in models.items()},
             "pooling": cfg.pooling,
             "samples": cfg.samples,
             "temperature": cfg.temperature,
