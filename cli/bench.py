@@ -63,6 +63,10 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--target", default=None, help="Target model spec (default: the embedded SmolLM2).")
 @click.option("--draft", default=None,
               help="Draft model spec (default: the embedded draft when shipped); 'first:K' = the target's first K layers.")
+@click.option("--compare-drafts", default=None,
+              help="Further draft specs run beside --draft on the same prompts, e.g. embedded:smollm2-135m-head: "
+                   "token_sd, step_judge and semspec once more per draft (with its shipped probes, if any), "
+                   "labelled METHOD@draft=NAME.")
 @click.option("--probes", default=None,
               help="Probe dir or embedded:<name> (default: the embedded probes when shipped); accept, reject, const:P_T,P_D.")
 @click.option("--step-delimiter", default=None,
@@ -84,7 +88,7 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="With --batch-size: the models' number type (auto: the fastest for each size).")
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
-          target, draft, probes, step_delimiter, max_step_tokens, draft_tokens, judge_threshold, threads, device,
+          target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens, judge_threshold, threads, device,
           cache_dir, no_warmup, no_loglik, quiet, batch_sizes, dtype) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
 
@@ -109,6 +113,7 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
         step_delimiter=_unescape(step_delimiter), max_step_tokens=max_step_tokens, draft_tokens=draft_tokens,
         judge_threshold=judge_threshold,
         warmup=not no_warmup, loglik=not no_loglik,
+        compare_drafts=tuple(d.strip() for d in (compare_drafts or "").split(",") if d.strip()),
     )
     t0 = time.perf_counter()
 
@@ -121,7 +126,8 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     from semspec.benchmark.runner import plan_runs, run_bench
 
     try:
-        plan_runs(settings.methods, settings.taus, settings.temperature, attempts=settings.attempts)
+        plan_runs(settings.methods, settings.taus, settings.temperature, attempts=settings.attempts,
+                  compare_drafts=settings.compare_drafts)
         prompt_list = load_prompts(prompts, limit, offset)
     except ValueError as e:
         raise click.UsageError(str(e)) from e

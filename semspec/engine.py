@@ -33,6 +33,17 @@ __all__ = ["Engine", "Finished", "MethodUnavailable", "PromptError", "Request"]
 
 
 EMBEDDED_DRAFT = "embedded:smollm2-135m-draft"
+EMBEDDED_HEAD = "embedded:smollm2-135m-head"
+# the probes calibrated for each embedded draft on the embedded target
+EMBEDDED_PROBES_FOR = {EMBEDDED_DRAFT: "smollm2-135m", EMBEDDED_HEAD: "smollm2-135m-head"}
+
+
+def default_probes(draft: str | None, target: str | None) -> str | None:
+    """The shipped probes for an embedded draft on the embedded target, when they are there."""
+    name = EMBEDDED_PROBES_FOR.get(str(draft))
+    if name is None or target not in (None, DEFAULT_TARGET) or not embedded_probes_available(name):
+        return None
+    return f"embedded:{name}"
 
 
 def embedded_draft_available() -> bool:
@@ -101,9 +112,8 @@ class Engine:
             d = load_head(head_dir, t, spec=draft)
         else:
             d = load_model(draft, device=device, cache_dir=model_cache, dtype=dt) if draft else None
-        if probes is None and d is not None and draft == EMBEDDED_DRAFT and embedded_target \
-                and embedded_probes_available():
-            probes = "embedded:smollm2-135m"
+        if probes is None and d is not None:
+            probes = default_probes(draft, target)
         if probes in (None, "", "none"):
             probes = None
         if probes is not None and d is None:

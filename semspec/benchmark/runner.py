@@ -61,6 +61,19 @@ class BenchSettings:
     judge_threshold: int | None = None
     warmup: bool = True
     loglik: bool = True
+    # further drafts run beside the main one on the same prompts, in the same run: each
+    # drafting method once more per draft, labelled e.g. "token_sd@draft=smollm2-135m-head"
+    compare_drafts: tuple[str, ...] = ()
+
+
+# methods that run on any draft (hf_assisted runs with the main draft only)
+ENGINE_DRAFT_METHODS = ("token_sd", "step_judge", "semspec")
+
+
+def draft_name(spec: str) -> str:
+    """A short name for a draft spec, for labels: the embedded name or the directory's."""
+    spec = str(spec)
+    return spec.split(":", 1)[1] if spec.startswith("embedded:") else Path(spec).name or spec
 
 
 @dataclass
@@ -71,6 +84,7 @@ class MethodRun:
     attempts: int | None = None
     seed_offset: int = 0
     default_setting: bool = True
+    draft: str | None = None  # a spec of settings.compare_drafts; None: the main draft
 
     def meta(self) -> dict[str, Any]:
         d = {"method": self.method, "default_setting": self.default_setting}
@@ -78,6 +92,8 @@ class MethodRun:
             d["tau"] = self.tau
         if self.attempts is not None:
             d["draft_attempts"] = self.attempts
+        if self.draft is not None:
+            d["draft"] = self.draft
         return d
 
 
@@ -111,10 +127,11 @@ def load_prompts(path: str | os.PathLike = DEFAULT_PROMPTS, limit: int | None = 
 
 
 def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
-              default_tau: float | None = None, attempts=None) -> list[MethodRun]:
+              default_tau: float | None = None, attempts=None, compare_drafts=()) -> list[MethodRun]:
     """The labelled runs: ``ar`` always (speed-ups are against it), ``ar_2`` when sampling,
     ``semspec`` once per (tau, draft attempts) pair (the engine's defaults are labelled plain
-    ``semspec``, others e.g. ``semspec@tau=0.1`` or ``semspec@tau=0,attempts=3``)."""
+    ``semspec``, others e.g. ``semspec@tau=0.1`` or ``semspec@tau=0,attempts=3``), and each
+    drafting method at its defaults once more per draft of ``compare_drafts``."""
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(ALL_METHODS)}")
@@ -138,6 +155,10 @@ def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
                                           tau=tau, attempts=k, default_setting=not odd))
         else:
             runs.append(MethodRun(m, m))
+    for spec in compare_drafts:
+        for m in methods:
+            if m in ENGINE_DRAFT_METHODS:
+                runs.append(MethodRun(f"{m}@draft={draft_name(spec)}", m, draft=spec))
     return runs
 
 
@@ -334,7 +355,11 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
     prompts that every method finished (``interrupted`` is set)."""
     say = progress or (lambda _m: None)
     prompts = prompts if prompts is not None else load_prompts(settings.prompts, settings.limit, settings.offset)
-    plan = plan_runs(settings.methods, settings.taus, settings.temperature, attempts=settings.attempts)
+    plan = plan_runs(settings.methods, settings.taus, settings.temperature, attempts=settings.attempts,
+                     compare_drafts=settings.compare_drafts)
+    engines = {None: engine}
+    for spec in settings.compare_drafts:
+        engines[spec] = with_draft(engine, spec)
     from .report import git_commit
 
     br = BenchRun(settings, prompts, plan, started_at=time.time(), git_commit=git_commit())
@@ -344,16 +369,17 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
     hf: dict[str, HFGenerate] = {}
     active: list[MethodRun] = []
     for run in plan:
-        if run.method in DRAFT_METHODS and engine.draft is None:
+        eng = engines[run.draft]
+        if run.method in DRAFT_METHODS and eng.draft is None:
             br.skipped[run.label] = "no draft model loaded"
             continue
-        if run.method in ("token_sd", "hf_assisted") and not engine.same_tokenizer:
+        if run.method in ("token_sd", "hf_assisted") and not eng.same_tokenizer:
             br.skipped[run.label] = "needs a draft with the target's tokenizer"
             continue
-        if run.method == "hf_assisted" and is_head(engine.draft):
+        if run.method == "hf_assisted" and is_head(eng.draft):
             br.skipped[run.label] = "a draft head runs only in semjobs' engine (it reads the target's states)"
             continue
-        if run.method == "semspec" and engine.probes is None:
+        if run.method == "semspec" and eng.probes is None:
             br.skipped[run.label] = "no probes loaded"
             continue
         if run.method == "hf_assisted":
@@ -365,7 +391,7 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
     def one(run: MethodRun, prompt: dict, cfg: GenerationConfig) -> dict:
         if run.method in hf:
             return hf[run.method](run, prompt, cfg)
-        return run_engine(engine, run, prompt, cfg)
+        return run_engine(engines[run.draft], run, prompt, cfg)
 
     if settings.warmup:
         for run in active:
@@ -423,6 +449,21 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
 # --------------------------------------------------------------------------- loading
 
 
+def with_draft(engine, spec: str):
+    """An engine on ``engine``'s target with the draft ``spec`` and that draft's default
+    probes (``semspec.engine.default_probes``), or none."""
+    from semspec.engine import Engine, default_probes
+    from semspec.head import load_head, resolve_head
+    from semspec.models import load_model
+    from semspec.probes import ProbePair, resolve_probes
+
+    t = engine.target
+    head_dir = resolve_head(spec)
+    d = load_head(head_dir, t, spec=spec) if head_dir is not None else load_model(spec, device=t.device, dtype=t.dtype)
+    probes = default_probes(spec, t.spec)
+    return Engine(t, d, ProbePair.load(resolve_probes(probes), t, d) if probes else None)
+
+
 def load_engine(target: str | None = None, draft: str | None = None, probes: str | None = None,
                 device: str = "auto", cache_dir: str | os.PathLike | None = None, dtype: torch.dtype | None = None):
     """Like ``Engine.load`` (same defaults: the embedded target, and with it the embedded
@@ -430,10 +471,10 @@ def load_engine(target: str | None = None, draft: str | None = None, probes: str
     ``draft="first:K"`` — the target's first K layers (no training; a stand-in draft), and
     ``probes="accept" | "reject" | "const:P_T,P_D"`` — constant probes. ``dtype`` None: the
     device's default (float32 on a CPU)."""
-    from semspec.engine import EMBEDDED_DRAFT, Engine, embedded_draft_available
+    from semspec.engine import EMBEDDED_DRAFT, Engine, default_probes, embedded_draft_available
     from semspec.head import load_head, resolve_head
     from semspec.models import DEFAULT_TARGET, load_model, truncated_copy
-    from semspec.probes import ProbePair, embedded_probes_available, resolve_probes
+    from semspec.probes import ProbePair, resolve_probes
 
     model_cache = Path(cache_dir).expanduser() / "models" if cache_dir is not None else None
     t = load_model(target, device=device, cache_dir=model_cache, dtype=dtype)
@@ -448,9 +489,8 @@ def load_engine(target: str | None = None, draft: str | None = None, probes: str
             d = load_head(resolve_head(draft), t, spec=draft)
         else:
             d = load_model(draft, device=device, cache_dir=model_cache, dtype=dtype)
-    if probes is None and d is not None and draft == EMBEDDED_DRAFT and embedded_target \
-            and embedded_probes_available():
-        probes = "embedded:smollm2-135m"
+    if probes is None and d is not None:
+        probes = default_probes(draft, target)
     p = None
     if probes and probes != "none":
         if d is None:

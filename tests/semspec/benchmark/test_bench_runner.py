@@ -161,3 +161,21 @@ def test_interrupted_run_keeps_the_finished_prompts(tiny_target, tiny_draft, pro
     res = write_report(br, tmp_path)
     assert res["interrupted"] and res["methods"]["semspec"]["prompts_run"] == 1
     assert "Stopped early" in (tmp_path / "results.md").read_text()
+
+
+def test_a_compared_draft_runs_beside_the_main_one(tiny_target, tiny_draft, prompts_file, tmp_path):
+    """--compare-drafts: a draft head saved on disk runs token_sd on the same prompts in the
+    same run, labelled by its name, and stays exact (greedy)."""
+    from semspec.head import HeadModel, save_head, target_fingerprint
+
+    save_head(HeadModel(tiny_target.model), None, {"target": target_fingerprint(tiny_target.model)},
+              tmp_path / "myhead")
+    engine = Engine(tiny_target, tiny_draft)
+    br = run_bench(engine, settings(prompts_file, methods=("ar", "token_sd", "hf_assisted", "semspec"), loglik=False,
+                                    compare_drafts=(str(tmp_path / "myhead"),)))
+    assert {"token_sd", "token_sd@draft=myhead"} <= set(br.runs)
+    assert "semspec@draft=myhead" in br.skipped and "semspec" in br.skipped  # no probes for either
+    assert "hf_assisted@draft=myhead" not in br.runs
+    for a, b in zip(br.runs["ar"], br.runs["token_sd@draft=myhead"]):
+        assert a["text"] == b["text"]
+    assert all(r["drafted_tokens"] > 0 for r in br.runs["token_sd@draft=myhead"])
