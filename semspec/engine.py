@@ -56,6 +56,17 @@ def embedded_draft_available() -> bool:
     return (art / artifact.WEIGHTS_FILE).is_file() and (art / artifact.META_FILE).is_file()
 
 
+def default_draft() -> str | None:
+    """The embedded target's default draft: the draft head once it is shipped with probes
+    calibrated for it (it drafts from the target's own states, see docs/draft.md), else the
+    layer draft when shipped, else none."""
+    from .head import embedded_head_available
+
+    if embedded_head_available() and embedded_probes_available(EMBEDDED_PROBES_FOR[EMBEDDED_HEAD]):
+        return EMBEDDED_HEAD
+    return EMBEDDED_DRAFT if embedded_draft_available() else None
+
+
 def _same_tokenizer(a, b) -> bool:
     if a is b:
         return True
@@ -95,16 +106,16 @@ class Engine:
         (``semspec.models.pick_dtype``); "float32" / "bfloat16" force one.
 
         Defaults: ``target=None`` is the embedded SmolLM2. With the embedded target,
-        ``draft=None`` loads the embedded draft and ``probes=None`` the embedded probes when
-        they are shipped (else none). ``draft="none"`` / ``probes="none"`` load none. A
+        ``draft=None`` loads its default draft (``default_draft``) and ``probes=None`` the
+        probes shipped for that draft (else none). ``draft="none"`` / ``probes="none"`` load none. A
         draft spec naming a draft head (``embedded:smollm2-135m-head``, or a directory with
         ``head.json``) loads it onto the target (``semspec.head``)."""
         model_cache = Path(cache_dir).expanduser() / "models" if cache_dir is not None else None
         dt = pick_dtype(device, batch_size, dtype)
         t = load_model(target, device=device, cache_dir=model_cache, dtype=dt)
         embedded_target = target in (None, DEFAULT_TARGET)
-        if draft is None and embedded_target and embedded_draft_available():
-            draft = EMBEDDED_DRAFT
+        if draft is None and embedded_target:
+            draft = default_draft()
         if draft in (None, "", "none"):
             draft = None
         head_dir = resolve_head(draft)

@@ -471,7 +471,7 @@ def load_engine(target: str | None = None, draft: str | None = None, probes: str
     ``draft="first:K"`` — the target's first K layers (no training; a stand-in draft), and
     ``probes="accept" | "reject" | "const:P_T,P_D"`` — constant probes. ``dtype`` None: the
     device's default (float32 on a CPU)."""
-    from semspec.engine import EMBEDDED_DRAFT, Engine, default_probes, embedded_draft_available
+    from semspec.engine import Engine, default_draft, default_probes
     from semspec.head import load_head, resolve_head
     from semspec.models import DEFAULT_TARGET, load_model, truncated_copy
     from semspec.probes import ProbePair, resolve_probes
@@ -479,8 +479,8 @@ def load_engine(target: str | None = None, draft: str | None = None, probes: str
     model_cache = Path(cache_dir).expanduser() / "models" if cache_dir is not None else None
     t = load_model(target, device=device, cache_dir=model_cache, dtype=dtype)
     embedded_target = target in (None, DEFAULT_TARGET)
-    if draft is None and embedded_target and embedded_draft_available():
-        draft = EMBEDDED_DRAFT
+    if draft is None and embedded_target:
+        draft = default_draft()
     d = None
     if draft and draft != "none":
         if draft.startswith("first:"):
