@@ -67,7 +67,7 @@ class HeadTrainConfig:
     data: str = str(GSM8K_TEST)
     holdout: int = 100
     greedy_prompts: int = 480
-    sampled_prompts: int = 480
+    sampled_prompts: int = 288
     temperature: float = SAMPLING_TEMPERATURE
     top_p: float = SAMPLING_TOP_P
     max_new_tokens: int = 256

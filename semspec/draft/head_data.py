@@ -44,26 +44,28 @@ def generate_traces(engine, questions: list[str], config: GenerationConfig, kind
                     seed: int, cache_dir: str | None = None, log: Log | None = None) -> list[Trace]:
     """The target's answers to ``questions`` under ``config``, ``batch_size`` decoding at once
     (continuous batching). Question i gets seed ``seed + i``, so a sample does not depend on
-    what it was batched with. With ``cache_dir`` each answer is appended to a cache file as
-    it finishes, and a rerun decodes only the questions not yet answered (resumable)."""
+    what it was batched with. With ``cache_dir`` each answer is appended to a cache file (one
+    per target and settings, keyed by question and seed) as it finishes: a rerun decodes only
+    what is missing, whether it was interrupted or asks for more or fewer questions."""
     tok = engine.target.tokenizer
     eos = tok.eos_token_id
     settings = {"kind": kind, "temperature": config.temperature, "top_p": config.top_p,
-                "max_new_tokens": config.max_new_tokens, "seed": seed, "dtype": str(engine.target.dtype)}
-    done_rows: dict[int, Trace] = {}
+                "max_new_tokens": config.max_new_tokens, "dtype": str(engine.target.dtype)}
+    known: dict[tuple[str, int], Trace] = {}
     path = None
     if cache_dir:
-        path = Path(cache_dir) / f"traces-{_cache_key(str(engine.target.identity), settings, questions)}.jsonl"
+        path = Path(cache_dir) / f"traces-{_cache_key(str(engine.target.identity), settings, [])}.jsonl"
         if path.is_file():
             for line in path.read_text().splitlines():
                 try:
                     r = json.loads(line)
                 except ValueError:  # a line cut short by a kill: that answer is redone
                     continue
-                done_rows[r["i"]] = Trace(r["ids"], r["prompt_len"], kind)
+                known[(r["question"], r["seed"])] = Trace(r["ids"], r["prompt_len"], kind)
         path.parent.mkdir(parents=True, exist_ok=True)
+    out: dict[int, Trace] = {i: known[(q, seed + i)] for i, q in enumerate(questions) if (q, seed + i) in known}
     todo = [Request(q, dataclasses.replace(config, seed=seed + i), key=i)
-            for i, q in enumerate(questions) if i not in done_rows]
+            for i, q in enumerate(questions) if i not in out]
     sink = open(path, "a") if path is not None and todo else None
     try:
         for done in engine.generate_many(todo, batch_size=batch_size):
@@ -73,16 +75,17 @@ def generate_traces(engine, questions: list[str], config: GenerationConfig, kind
             resp = tok(done.result.text, add_special_tokens=False)["input_ids"]
             if done.result.finish_reason == "eos" and eos is not None:
                 resp.append(eos)
-            done_rows[done.key] = Trace(prompt + resp, len(prompt), kind)
+            out[done.key] = Trace(prompt + resp, len(prompt), kind)
             if sink is not None:
-                sink.write(json.dumps({"i": done.key, "ids": prompt + resp, "prompt_len": len(prompt)}) + "\n")
+                sink.write(json.dumps({"question": questions[done.key], "seed": seed + done.key,
+                                       "ids": prompt + resp, "prompt_len": len(prompt)}) + "\n")
                 sink.flush()
-            if log and len(done_rows) % 32 == 0:
-                log(f"{kind} traces {len(done_rows)}/{len(questions)}")
+            if log and len(out) % 32 == 0:
+                log(f"{kind} traces {len(out)}/{len(questions)}")
     finally:
         if sink is not None:
             sink.close()
-    return [done_rows[i] for i in range(len(questions))]
+    return [out[i] for i in range(len(questions))]
 
 
 def build_traces(engine, cfg, cache_dir: str | None = None, log: Log | None = None) -> list[Trace]:

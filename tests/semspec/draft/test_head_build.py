@@ -125,3 +125,21 @@ def test_cli_trains_a_head(tiny_dir, questions, tmp_path):
     ])
     assert res.exit_code == 0, res.output
     assert (out / HEAD_WEIGHTS).is_file() and "held-out top-1 agreement by depth" in res.output
+
+
+def test_trace_cache_serves_any_subset_and_resumes(tiny_dir, tmp_path):
+    from semspec.draft.head_data import generate_traces
+
+    engine = Engine.load(str(tiny_dir), draft="none", probes="none", device="cpu")
+    qs = [f"What is {i} plus 1?" for i in range(6)]
+    cfg = GenerationConfig(method="ar", temperature=0.6, top_p=0.95, max_new_tokens=8)
+    first = generate_traces(engine, qs[:4], cfg, "sampled", 2, seed=7, cache_dir=str(tmp_path))
+    (cache,) = tmp_path.glob("traces-*.jsonl")
+    more = generate_traces(engine, qs, cfg, "sampled", 2, seed=7, cache_dir=str(tmp_path))
+    assert [t.ids for t in more[:4]] == [t.ids for t in first]
+    assert len(cache.read_text().splitlines()) == 6  # only the two new questions were decoded
+    cache.write_text(cache.read_text() + '{"question": "cut sho')  # a line cut short by a kill
+    again = generate_traces(engine, qs[:5], cfg, "sampled", 2, seed=7, cache_dir=str(tmp_path))
+    assert [t.ids for t in again] == [t.ids for t in more[:5]]
+    fresh = generate_traces(engine, qs, cfg, "sampled", 2, seed=7)  # no cache: the same samples
+    assert [t.ids for t in fresh] == [t.ids for t in more]
