@@ -64,11 +64,13 @@ def _pick(value, default):
               help="eagle: questions the target answers greedily.")
 @click.option("--sampled-prompts", default=_H.sampled_prompts, show_default=True, type=int,
               help="eagle: further questions it answers at the bench's sampling.")
+@click.option("--reference-prompts", default=_H.reference_prompts, show_default=True, type=int,
+              help="eagle: further questions whose reference solutions are teacher-forced.")
 @click.option("--reg-weight", default=_H.reg_weight, show_default=True, type=float,
               help="eagle: weight of the state regression beside the next-token loss.")
 def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps, batch_size, lr, threads, cache_dir,
           data_only, frozen_layers, adapter_layers, adapter_init, gen_prompts, ref_prompts, draft_vocab, head_layers,
-          greedy_prompts, sampled_prompts, reg_weight) -> None:
+          greedy_prompts, sampled_prompts, reference_prompts, reg_weight) -> None:
     """Distil a draft model from the target and write its artifact.
 
     \b
@@ -84,6 +86,7 @@ def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps
     if kind == "eagle":
         cfg = HeadTrainConfig(
             seed=seed, data=data, holdout=holdout, greedy_prompts=greedy_prompts, sampled_prompts=sampled_prompts,
+            reference_prompts=reference_prompts,
             max_new_tokens=_pick(max_new_tokens, _H.max_new_tokens), layers=head_layers,
             steps=_pick(steps, _H.steps), batch_size=_pick(batch_size, _H.batch_size), lr=_pick(lr, _H.lr),
             reg_weight=reg_weight, threads=_pick(threads, _H.threads),

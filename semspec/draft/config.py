@@ -68,6 +68,13 @@ class HeadTrainConfig:
     holdout: int = 100
     greedy_prompts: int = 480
     sampled_prompts: int = 288
+    # the next `reference_prompts` questions' reference solutions, teacher-forced: more text
+    # under the target's distribution, at no generation cost (lines 869-1060; the probes'
+    # calibration uses the questions after them)
+    reference_prompts: int = 192
+    # also learn the target's next-token distribution over the prompt (the question), not
+    # only over the answer: more positions against over-fitting a small set of answers
+    prompt_loss: bool = True
     temperature: float = SAMPLING_TEMPERATURE
     top_p: float = SAMPLING_TOP_P
     max_new_tokens: int = 256
@@ -94,6 +101,9 @@ class HeadTrainConfig:
     threads: int = 2  # results depend on it: a bit-identical rebuild needs the same count
     eval_depths: tuple[int, ...] = (1, 2, 4, 8, 16)
     eval_stride: int = 8  # draft from every eval_stride-th response position
+    # every `select_every` steps the depth-1 agreement on the held-out traces is measured and
+    # the best weights so far are kept (the artifact holds the best; 0: the last)
+    select_every: int = 200
 
     def __post_init__(self):
         if self.train_dtype not in ("bfloat16", "float32"):

@@ -61,13 +61,23 @@ def build_head(cfg: HeadTrainConfig, out_dir: str | Path, target_spec: str = "em
         key = hashlib.sha256(json.dumps([cfg.to_dict(), str(target.identity), [t.ids for t in traces]],
                                         sort_keys=True).encode()).hexdigest()[:16]
         ckpt = Path(cache_dir) / f"head-ckpt-{key}.safetensors"
+    # model selection on a quarter of the held-out traces (depth-1 agreement); the figures
+    # reported are measured on the other three quarters
+    pick = held[::4]
+    report = [i for i in held if i not in pick] or held
+
+    def select(h: HeadModel) -> float:
+        ev = evaluate_depths(h, target, vocab, [traces[i] for i in pick], [states[i] for i in pick], depths=(1,),
+                             stride=cfg.eval_stride)
+        return ev["top1_by_depth"]["1"] or 0.0
+
     summary = train_head(head, w_sub, [traces[i] for i in train], [states[i] for i in train], cfg, log=log,
-                         progress=progress, checkpoint=ckpt)
+                         progress=progress, checkpoint=ckpt, select=select if pick else None)
     t0 = time.perf_counter()
-    ev = evaluate_depths(head, target, vocab, [traces[i] for i in held], [states[i] for i in held],
+    ev = evaluate_depths(head, target, vocab, [traces[i] for i in report], [states[i] for i in report],
                          depths=cfg.eval_depths, stride=cfg.eval_stride)
-    by_kind = {kind: evaluate_depths(head, target, vocab, [traces[i] for i in held if traces[i].kind == kind],
-                                     [states[i] for i in held if traces[i].kind == kind],
+    by_kind = {kind: evaluate_depths(head, target, vocab, [traces[i] for i in report if traces[i].kind == kind],
+                                     [states[i] for i in report if traces[i].kind == kind],
                                      depths=(1,), stride=cfg.eval_stride)["top1_by_depth"]["1"]
                for kind in ("greedy", "sampled")}
     t_eval = time.perf_counter() - t0
@@ -78,7 +88,7 @@ def build_head(cfg: HeadTrainConfig, out_dir: str | Path, target_spec: str = "em
         "draft_vocab_size": int(len(vocab)),
         "training": {
             **summary,
-            "traces": {"train": len(train), "eval": len(held), "dtype": trace_dtype,
+            "traces": {"train": len(train), "selection": len(pick), "eval": len(report), "dtype": trace_dtype,
                        "train_response_tokens": int(sum(len(traces[i].ids) - traces[i].prompt_len for i in train))},
             "seconds": {"traces": t_traces, "states": t_states, "train": summary["train_seconds"], "eval": t_eval,
                         "total": time.perf_counter() - t_start},

@@ -32,7 +32,7 @@ Log = Callable[[str], None]
 class Trace:
     ids: list[int]  # prompt + response token ids
     prompt_len: int
-    kind: str  # "greedy" or "sampled"
+    kind: str  # "greedy", "sampled" (the target's own answers) or "reference" (a reference solution)
 
 
 def _cache_key(identity: str, settings: dict, questions: list[str]) -> str:
@@ -90,26 +90,36 @@ def generate_traces(engine, questions: list[str], config: GenerationConfig, kind
 
 def build_traces(engine, cfg, cache_dir: str | None = None, log: Log | None = None) -> list[Trace]:
     """Greedy traces for the first ``cfg.greedy_prompts`` questions after the holdout, sampled
-    ones for the next ``cfg.sampled_prompts``."""
+    ones for the next ``cfg.sampled_prompts``, reference solutions for the next
+    ``cfg.reference_prompts``."""
+    from semspec.draft.data import clean_reference
+
     rows = load_questions(cfg.data, cfg.holdout)
-    need = cfg.greedy_prompts + cfg.sampled_prompts
+    n_g, n_s = cfg.greedy_prompts, cfg.sampled_prompts
+    need = n_g + n_s + cfg.reference_prompts
     if len(rows) < need:
         raise ValueError(f"{cfg.data} has {len(rows)} questions after the first {cfg.holdout}; {need} are asked for")
     questions = [r["question"] for r in rows[:need]]
     greedy = GenerationConfig(method="ar", temperature=0.0, max_new_tokens=cfg.max_new_tokens)
     sampled = GenerationConfig(method="ar", temperature=cfg.temperature, top_p=cfg.top_p,
                                max_new_tokens=cfg.max_new_tokens)
-    traces = generate_traces(engine, questions[: cfg.greedy_prompts], greedy, "greedy", cfg.gen_batch_size,
-                             cfg.seed, cache_dir, log)
-    traces += generate_traces(engine, questions[cfg.greedy_prompts:], sampled, "sampled", cfg.gen_batch_size,
-                              cfg.seed + cfg.greedy_prompts, cache_dir, log)
+    traces = generate_traces(engine, questions[:n_g], greedy, "greedy", cfg.gen_batch_size, cfg.seed, cache_dir, log)
+    traces += generate_traces(engine, questions[n_g:n_g + n_s], sampled, "sampled", cfg.gen_batch_size,
+                              cfg.seed + n_g, cache_dir, log)
+    tok = engine.target.tokenizer
+    for r in rows[n_g + n_s:need]:
+        prompt = encode_prompt(tok, r["question"])
+        resp = tok(clean_reference(r["answer"]), add_special_tokens=False)["input_ids"]
+        traces.append(Trace(prompt + resp + ([tok.eos_token_id] if tok.eos_token_id is not None else []),
+                            len(prompt), "reference"))
     return traces
 
 
 def split_traces(traces: list[Trace], eval_fraction: float) -> tuple[list[int], list[int]]:
-    """(train, eval) indices into ``traces``: the last ``eval_fraction`` of each kind (at least
-    one) is held out."""
-    train, held = [], []
+    """(train, eval) indices into ``traces``: the last ``eval_fraction`` of the target's greedy
+    and of its sampled answers (at least one each) are held out; references all train."""
+    train = [i for i, t in enumerate(traces) if t.kind == "reference"]
+    held = []
     for kind in ("greedy", "sampled"):
         of_kind = [i for i, t in enumerate(traces) if t.kind == kind]
         n = int(round(len(of_kind) * eval_fraction))
@@ -117,7 +127,7 @@ def split_traces(traces: list[Trace], eval_fraction: float) -> tuple[list[int], 
             n = max(n, 1)  # every kind is evaluated
         train += of_kind[: len(of_kind) - n]
         held += of_kind[len(of_kind) - n:]
-    return train, held
+    return sorted(train), held
 
 
 @torch.inference_mode()

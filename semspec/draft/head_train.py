@@ -46,8 +46,10 @@ def select_vocab(traces: list[Trace], size: int, always: list[int], vocab_size: 
     return torch.tensor(sorted(order), dtype=torch.long)
 
 
-def _batch(traces: list[Trace], states: list[torch.Tensor], noise: float, gen: torch.Generator | None):
-    """Padded (ids [B, L], states read [B, L, H], target states [B, L, H], loss mask [B, L])."""
+def _batch(traces: list[Trace], states: list[torch.Tensor], noise: float, gen: torch.Generator | None,
+           prompt_loss: bool = False):
+    """Padded (ids [B, L], states read [B, L, H], target states [B, L, H], loss mask [B, L]).
+    The loss covers the answer, and with ``prompt_loss`` the prompt too."""
     width = max(len(t.ids) for t in traces)
     h = states[0].shape[1]
     ids = torch.zeros(len(traces), width, dtype=torch.long)
@@ -61,7 +63,7 @@ def _batch(traces: list[Trace], states: list[torch.Tensor], noise: float, gen: t
         read[r, 1:n] = s[: n - 1]
         want[r, :n] = s
         # positions whose state predicts a response token: prompt_len - 1 .. n - 2
-        mask[r, t.prompt_len - 1: n - 1] = True
+        mask[r, 0 if prompt_loss else t.prompt_len - 1: n - 1] = True
     if noise > 0:
         read = read + (torch.rand(read.shape, generator=gen) * 2 - 1) * noise
     return ids, read, want, mask
@@ -69,7 +71,7 @@ def _batch(traces: list[Trace], states: list[torch.Tensor], noise: float, gen: t
 
 def head_loss(head: HeadModel, w_sub: torch.Tensor, traces, states, cfg: HeadTrainConfig,
               gen: torch.Generator | None) -> tuple[torch.Tensor, dict]:
-    ids, read, want, mask = _batch(traces, states, cfg.input_noise, gen)
+    ids, read, want, mask = _batch(traces, states, cfg.input_noise, gen, cfg.prompt_loss)
     pred = head.train_forward(read, ids)[mask]
     target = want[mask]
     with torch.no_grad():
@@ -83,12 +85,14 @@ def head_loss(head: HeadModel, w_sub: torch.Tensor, traces, states, cfg: HeadTra
 
 def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_states: list[torch.Tensor],
                cfg: HeadTrainConfig, log: Log | None = None, progress=None,
-               checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 100) -> dict:
+               checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 100,
+               select: Callable[[HeadModel], float] | None = None) -> dict:
     """Optimise ``head`` in place (AdamW, warm-up + cosine to a tenth, gradient clipping,
     matrix products in ``cfg.train_dtype``); deterministic given ``cfg.seed`` and the thread
-    count. With ``checkpoint`` (a file path) the run saves its whole state every
-    ``checkpoint_every`` steps and resumes from it: a resumed run ends with the same weights
-    as an uninterrupted one."""
+    count. With ``select`` (a held-out score, higher is better) the head is scored every
+    ``cfg.select_every`` steps and ends with the best weights scored. With ``checkpoint``
+    (a file path) the run saves its whole state every ``checkpoint_every`` steps and
+    resumes from it: a resumed run ends with the same weights as an uninterrupted one."""
     gen = torch.Generator().manual_seed(cfg.seed)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
@@ -102,8 +106,10 @@ def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_s
     head.train()
     perm: list[int] = []
     first = 0
+    best = {"score": None, "step": None, "state": None}
+    history: list[dict] = []
     if checkpoint is not None and Path(checkpoint).is_file():
-        first, perm = _load_checkpoint(checkpoint, head, opt, gen)
+        first, perm, best, history = _load_checkpoint(checkpoint, head, opt, gen)
         if log:
             log(f"resumed from {checkpoint} at step {first}")
     t0 = time.perf_counter()
@@ -125,16 +131,31 @@ def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_s
         if log and (step % 100 == 0 or step == cfg.steps - 1):
             log(f"step {step + 1}/{cfg.steps} loss {loss.item():.4f} (cls {last['cls']:.3f} reg {last['reg']:.4f}) "
                 f"batch top-1 {last['top1']:.3f} lr {lr_at(step):.2e} {time.perf_counter() - t0:.0f}s")
+        if select is not None and cfg.select_every and ((step + 1) % cfg.select_every == 0 or step + 1 == cfg.steps):
+            head.eval()
+            score = float(select(head))
+            head.train()
+            history.append({"step": step + 1, "score": score})
+            if best["score"] is None or score > best["score"]:
+                best = {"score": score, "step": step + 1, "state": head.trained_state()}
+            if log:
+                log(f"step {step + 1}: held-out score {score:.4f} (best {best['score']:.4f} at step {best['step']})")
         if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == cfg.steps):
-            _save_checkpoint(checkpoint, step + 1, perm, head, opt, gen)
+            _save_checkpoint(checkpoint, step + 1, perm, head, opt, gen, best, history)
+    if best["state"] is not None:
+        head.load_state_dict(best["state"], strict=False)
     head.eval()
-    return {"train_seconds": time.perf_counter() - t0, "resumed_at_step": first, "final_batch": last}
+    return {"train_seconds": time.perf_counter() - t0, "resumed_at_step": first, "final_batch": last,
+            "selected_step": best["step"], "selection_history": history}
 
 
-def _save_checkpoint(path, step: int, perm: list[int], head: HeadModel, opt, gen: torch.Generator) -> None:
+def _save_checkpoint(path, step: int, perm: list[int], head: HeadModel, opt, gen: torch.Generator,
+                     best: dict, history: list[dict]) -> None:
     from safetensors.torch import save_file
 
     tensors = {f"param.{k}": v.detach().contiguous() for k, v in head.trained_state().items()}
+    if best["state"] is not None:
+        tensors.update({f"best.{k}": v.contiguous() for k, v in best["state"].items()})
     names = {id(p): n for n, p in head.named_parameters()}
     for group in opt.param_groups:
         for p in group["params"]:
@@ -144,11 +165,12 @@ def _save_checkpoint(path, step: int, perm: list[int], head: HeadModel, opt, gen
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata={"step": str(step), "perm": json.dumps(perm)})
+    save_file(tensors, str(tmp), metadata={"step": str(step), "perm": json.dumps(perm), "history": json.dumps(history),
+                                           "best": json.dumps({"score": best["score"], "step": best["step"]})})
     os.replace(tmp, path)
 
 
-def _load_checkpoint(path, head: HeadModel, opt, gen: torch.Generator) -> tuple[int, list[int]]:
+def _load_checkpoint(path, head: HeadModel, opt, gen: torch.Generator):
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
@@ -161,7 +183,9 @@ def _load_checkpoint(path, head: HeadModel, opt, gen: torch.Generator) -> tuple[
             state["step"] = state["step"].reshape(())
             opt.state[p] = state
     gen.set_state(tensors["generator"])
-    return int(meta["step"]), json.loads(meta["perm"])
+    best = json.loads(meta["best"])
+    best["state"] = {k[len("best."):]: v for k, v in tensors.items() if k.startswith("best.")} or None
+    return int(meta["step"]), json.loads(meta["perm"]), best, json.loads(meta["history"])
 
 
 @torch.inference_mode()

@@ -36,7 +36,8 @@ def questions(tmp_path_factory):
 
 
 def _cfg(questions, **kw):
-    base = dict(data=str(questions), holdout=4, greedy_prompts=8, sampled_prompts=8, max_new_tokens=16,
+    base = dict(data=str(questions), holdout=4, greedy_prompts=8, sampled_prompts=8, reference_prompts=4,
+                max_new_tokens=16, select_every=4,
                 gen_batch_size=4, steps=12, batch_size=4, threads=1, eval_fraction=0.25, eval_depths=(1, 2, 4))
     base.update(kw)
     return HeadTrainConfig(**base)
@@ -54,7 +55,8 @@ def test_build_is_reproducible_and_serves_token_sd(tiny_dir, questions, tmp_path
     ev = meta["eval"]
     assert set(ev["top1_by_depth"]) == {"1", "2", "4"}
     assert all(0.0 <= v <= 1.0 for v in ev["top1_by_depth"].values() if v is not None)
-    assert meta["training"]["traces"] == {**meta["training"]["traces"], "train": 12, "eval": 4}
+    assert meta["training"]["traces"] == {**meta["training"]["traces"], "train": 16, "selection": 1, "eval": 3}
+    assert [h["step"] for h in meta["training"]["selection_history"]] == [4, 8, 12]
     written = json.loads((tmp_path / "a" / HEAD_META).read_text())
     assert written["target"]["signature"]["num_hidden_layers"] == 2 and written["format"] == "semspec-head/1"
 
@@ -74,12 +76,13 @@ def test_traces_leave_out_the_benchmark_slice(tiny_dir, questions, tmp_path):
     traces = build_traces(engine, _cfg(questions), log=None)
     tok = engine.target.tokenizer
     prompts = [tok.decode(t.ids[: t.prompt_len]) for t in traces]
-    assert len(traces) == 16 and [t.kind for t in traces] == ["greedy"] * 8 + ["sampled"] * 8
+    assert len(traces) == 20 and [t.kind for t in traces] == ["greedy"] * 8 + ["sampled"] * 8 + ["reference"] * 4
     for i in range(4):  # the first `holdout` questions never appear
         assert not any(f"What is {i} plus {i + 1}?" in p for p in prompts)
     assert any("What is 4 plus 5?" in p for p in prompts)
     train, held = split_traces(traces, 0.25)
-    assert sorted(train + held) == list(range(16)) and held == [6, 7, 14, 15]
+    assert sorted(train + held) == list(range(20)) and held == [6, 7, 14, 15]
+    assert "#### 41" in tok.decode(traces[16].ids[traces[16].prompt_len:])  # the 17th question after the holdout: i = 20
 
 
 def test_interrupted_training_resumes_to_the_same_weights(tiny_target, tmp_path):
@@ -120,7 +123,8 @@ def test_cli_trains_a_head(tiny_dir, questions, tmp_path):
     out = tmp_path / "head"
     res = CliRunner().invoke(main, [
         "draft", "train", "--kind", "eagle", "--out", str(out), "--target", str(tiny_dir), "--data", str(questions),
-        "--holdout", "4", "--greedy-prompts", "4", "--sampled-prompts", "4", "--max-new-tokens", "8",
+        "--holdout", "4", "--greedy-prompts", "4", "--sampled-prompts", "4", "--reference-prompts", "2",
+        "--max-new-tokens", "8",
         "--steps", "4", "--batch-size", "2", "--threads", "1", "--cache-dir", str(tmp_path / "cache"),
     ])
     assert res.exit_code == 0, res.output
