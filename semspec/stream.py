@@ -130,7 +130,8 @@ class Stream:
 
     def _record(self, start: int, res: PassResult) -> None:
         if self.keep_states and res.states is not None:
-            self.states.update({start + i: row for i, row in enumerate(res.states)})
+            # a copy: the pass's tensor holds every sequence's rows, which must not stay alive
+            self.states.update({start + i: row for i, row in enumerate(res.states.clone())})
 
     def _hidden_of(self, res: PassResult) -> torch.Tensor | None:
         return res.hidden
@@ -215,7 +216,7 @@ class HeadStream(Stream):
         target.keep_states = True
         self.predicted: dict[int, torch.Tensor] = {}
         self.true_upto = 0
-        self._zero = torch.zeros(runner.lm.hidden_size)
+        self._zero = torch.zeros(runner.lm.hidden_size, device=runner.lm.device)
 
     def input_state(self, position: int) -> tuple[torch.Tensor | None, bool]:
         """(state the head reads after ``position``, whether it is the target's)."""
@@ -249,7 +250,11 @@ class HeadStream(Stream):
             while end < len(self.ids) and self.input_state(end - 1)[0] is not None:
                 end += 1
             last = end == len(self.ids)
-            out = yield from self._run(end, True, keep_for if last else [], phase, sample if last else None)
+            # the first read of a prompt is a prefill: the scheduler caps and chunks it (and,
+            # as for any prefill, only the last row's logits are wanted)
+            prefill = self.cached == 0 and end > 1
+            out = yield from self._run(end, True, keep_for if last and not prefill else [],
+                                       "prefill" if prefill else phase, sample if last else None)
             states.append(out.hidden)
             if last:
                 shift = out.start - first
@@ -267,7 +272,7 @@ class HeadStream(Stream):
         return Feed(self.slot, tokens, rows, states=True, head_inputs=torch.stack([s for s, _ in inputs]))
 
     def _record(self, start: int, res: PassResult) -> None:
-        self.predicted.update({start + i: row for i, row in enumerate(res.states)})
+        self.predicted.update({start + i: row for i, row in enumerate(res.states.clone())})
         self.true_upto = self._pending_true
 
     def _hidden_of(self, res: PassResult) -> torch.Tensor | None:

@@ -29,7 +29,7 @@ class HeadStepper:
         prefix = list(prefix_ids)
         t_runner = ModelRunner(target, 1)
         states = t_runner.forward([Feed(t_runner.alloc(), prefix, states=True)]).states[0]
-        reads = torch.cat([torch.zeros(1, states.shape[1]), states[:-1]])
+        reads = torch.cat([states.new_zeros(1, states.shape[1]), states[:-1]])
         self.runner = ModelRunner(head, n)
         self.slots = [self.runner.alloc() for _ in range(n)]
         out = self.runner.forward([Feed(s, prefix, [len(prefix) - 1], states=True, head_inputs=reads)
@@ -60,12 +60,12 @@ def head_step_features(head, target, prefix_ids: Sequence[int], steps: Sequence[
         raise ValueError("head_step_features got an empty step")
     stepper = HeadStepper(head, target, prefix_ids, len(steps))
     width = max(len(s) for s in steps)
-    rows = torch.zeros(len(steps), width, stepper.states.shape[1])
-    mask = torch.zeros(len(steps), width)
+    rows = stepper.states.new_zeros(len(steps), width, stepper.states.shape[1])
+    mask = stepper.states.new_zeros(len(steps), width)
     for i in range(width):
         live = {r: int(s[i]) for r, s in enumerate(steps) if i < len(s)}
         stepper.advance(live)
         for r in live:
             rows[r, i] = stepper.states[r]
             mask[r, i] = 1
-    return pool(rows, mask, pooling)
+    return pool(rows, mask, pooling).cpu()

@@ -68,7 +68,7 @@ def build_head(cfg: HeadTrainConfig, out_dir: str | Path, target_spec: str = "em
 
     def select(h: HeadModel) -> float:
         ev = evaluate_depths(h, target, vocab, [traces[i] for i in pick], [states[i] for i in pick], depths=(1,),
-                             stride=cfg.eval_stride)
+                             stride=cfg.eval_stride, accept_k=1)
         return ev["top1_by_depth"]["1"] or 0.0
 
     summary = train_head(head, w_sub, [traces[i] for i in train], [states[i] for i in train], cfg, log=log,
@@ -78,7 +78,7 @@ def build_head(cfg: HeadTrainConfig, out_dir: str | Path, target_spec: str = "em
                          depths=cfg.eval_depths, stride=cfg.eval_stride)
     by_kind = {kind: evaluate_depths(head, target, vocab, [traces[i] for i in report if traces[i].kind == kind],
                                      [states[i] for i in report if traces[i].kind == kind],
-                                     depths=(1,), stride=cfg.eval_stride)["top1_by_depth"]["1"]
+                                     depths=(1,), stride=cfg.eval_stride, accept_k=1)["top1_by_depth"]["1"]
                for kind in ("greedy", "sampled")}
     t_eval = time.perf_counter() - t0
     log(f"held-out top-1 by depth {ev['top1_by_depth']}, mean accepted (k={ev['accept_k']}) {ev['mean_accepted']}")

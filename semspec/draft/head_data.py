@@ -67,6 +67,8 @@ def generate_traces(engine, questions: list[str], config: GenerationConfig, kind
     todo = [Request(q, dataclasses.replace(config, seed=seed + i), key=i)
             for i, q in enumerate(questions) if i not in out]
     sink = open(path, "a") if path is not None and todo else None
+    if sink is not None and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+        sink.write("\n")  # end a line cut short by a kill, so the next answer starts a line of its own
     try:
         for done in engine.generate_many(todo, batch_size=batch_size):
             if done.error is not None:

@@ -199,7 +199,7 @@ def evaluate_depths(head: HeadModel, target: LoadedModel, vocab: torch.Tensor, t
     lm = LoadedModel(head, target.tokenizer, ModelIdentity("head-under-training", ""), torch.device("cpu"),
                      torch.float32, vocab_ids=vocab)
     w = target.model.get_output_embeddings().weight.float()
-    max_d = max(depths)
+    max_d = max(*depths, accept_k)
     hits = torch.zeros(max_d)
     seen = torch.zeros(max_d)
     runs, n_runs = 0, 0
