@@ -183,3 +183,21 @@ def test_chunked_prefills_keep_the_states_a_head_reads(trained_head, tiny_target
         c, w = chunked[k].counters, whole[k].counters
         assert (c.drafted_tokens, c.accepted_tokens) == (w.drafted_tokens, w.accepted_tokens), k
     assert sum(r.counters.accepted_tokens for r in whole.values()) > 0  # the comparison has teeth
+
+
+@pytest.mark.slow
+def test_the_shipped_head_drafts_for_smollm2(smollm2):
+    """The committed artifact loads onto the embedded target (and is checked against it),
+    and greedy token_sd with it writes the target's own text while keeping some drafts."""
+    from semspec.engine import EMBEDDED_HEAD
+    from semspec.head import EMBEDDED_HEAD_DIR, embedded_head_available, resolve_head
+
+    assert embedded_head_available() and resolve_head(EMBEDDED_HEAD) == EMBEDDED_HEAD_DIR
+    engine = Engine(smollm2, load_head(EMBEDDED_HEAD_DIR, smollm2, spec=EMBEDDED_HEAD))
+    q = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. " \
+        "How many clips did Natalia sell altogether in April and May?"
+    greedy = dict(max_new_tokens=48, temperature=0.0, draft_tokens=4)
+    ar = engine.generate(q, GenerationConfig(method="ar", **greedy))
+    sd = engine.generate(q, GenerationConfig(method="token_sd", **greedy))
+    assert sd.text == ar.text
+    assert sd.counters.accepted_tokens > 0
