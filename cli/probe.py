@@ -69,12 +69,9 @@ def collect(target, draft, prompts_file, out_dir, samples, skip_lines, limit_pro
     )
     click.echo(f"loading target {target} and draft {draft} ...", err=True)
     tgt = load_model(target, device=device)
-    from semspec.head import load_head, resolve_head
+    from semspec.head import load_draft
 
-    if draft and resolve_head(draft) is not None:  # a draft head loads onto the target
-        drf = load_head(resolve_head(draft), tgt, spec=draft)
-    else:
-        drf = load_model(draft, device=device) if draft else None
+    drf = load_draft(draft, tgt, device=device) if draft else None
     stats = run_collect(tgt, drf, prompts, out_dir, cfg, progress=True)
     click.echo(json.dumps(stats, indent=1))
 

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .head import load_head, resolve_head
+from .head import load_draft
 from .models import DEFAULT_TARGET, LoadedModel, load_model, pick_dtype
 from .probes import ProbePair, embedded_probes_available, resolve_probes
 from .scheduler import DEFAULT_MAX_PREFILL_TOKENS, PassStats, Runners, Scheduler
@@ -118,11 +118,7 @@ class Engine:
             draft = default_draft()
         if draft in (None, "", "none"):
             draft = None
-        head_dir = resolve_head(draft)
-        if head_dir is not None:
-            d = load_head(head_dir, t, spec=draft)
-        else:
-            d = load_model(draft, device=device, cache_dir=model_cache, dtype=dt) if draft else None
+        d = load_draft(draft, t, device=device, cache_dir=model_cache, dtype=dt) if draft else None
         if probes is None and d is not None:
             probes = default_probes(draft, target)
         if probes in (None, "", "none"):

@@ -23,7 +23,6 @@ another target.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .draft.artifact import check_fingerprint, files_sha256, target_checksums, target_signature
 from .models import EMBEDDED_PREFIX, LoadedModel, ModelIdentity
 
 HEAD_FORMAT = "semspec-head/1"
@@ -120,21 +120,8 @@ class HeadModel(nn.Module):
 
 def target_fingerprint(target_model) -> dict:
     """The target a head was trained for: its architecture and weight checksums of every layer."""
-    from semspec.draft.artifact import target_checksums, target_signature
-
     return {"signature": target_signature(target_model),
             "checksums": target_checksums(target_model, int(target_model.config.num_hidden_layers))}
-
-
-def check_target(meta: dict, target_model, rtol: float = 1e-2) -> None:
-    want, have = meta["target"], target_fingerprint(target_model)
-    diff = {k: (want["signature"].get(k), v) for k, v in have["signature"].items() if want["signature"].get(k) != v}
-    if diff:
-        raise HeadMismatchError(f"the draft head was trained for another target architecture: {diff}")
-    for key, ref in want["checksums"].items():
-        got = have["checksums"].get(key)
-        if got is None or abs(got - ref) > rtol * max(abs(ref), 1e-6):
-            raise HeadMismatchError(f"the draft head was trained against other target weights ({key}: {got} vs {ref})")
 
 
 def save_head(head: HeadModel, vocab_ids: torch.Tensor | None, meta: dict, out_dir: str | os.PathLike) -> Path:
@@ -178,7 +165,8 @@ def load_head(artifact_dir: str | os.PathLike, target: LoadedModel, spec: str | 
     meta = json.loads(meta_path.read_text())
     if meta.get("format") != HEAD_FORMAT:
         raise HeadMismatchError(f"{meta_path}: not a {HEAD_FORMAT} artifact")
-    check_target(meta, target.model)
+    check_fingerprint(meta["target"], target.model, int(target.model.config.num_hidden_layers), HeadMismatchError,
+                      "the draft head")
     tensors = load_file(str(weights_path))
     vocab = tensors.pop("vocab_ids", None)
     head = HeadModel(target.model, layers=int(meta["layers"]), init_from_target=False)
@@ -186,14 +174,23 @@ def load_head(artifact_dir: str | os.PathLike, target: LoadedModel, spec: str | 
     if missing or unexpected:
         raise HeadMismatchError(f"{weights_path}: missing {missing}, unexpected {unexpected}")
     head.to(device=target.device, dtype=target.dtype).eval()
-    sha = hashlib.sha256()
-    for p in (meta_path, weights_path):
-        sha.update(p.name.encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
     return LoadedModel(
-        model=head, tokenizer=target.tokenizer, identity=ModelIdentity(str(d.resolve()), sha.hexdigest()),
+        model=head, tokenizer=target.tokenizer,
+        identity=ModelIdentity(str(d.resolve()), files_sha256(d, (HEAD_META, HEAD_WEIGHTS))),
         device=target.device, dtype=target.dtype, spec=str(spec or d),
         vocab_ids=vocab.to(target.device) if vocab is not None else None,
     )
+
+
+def load_draft(spec: str, target: LoadedModel, **load_kwargs) -> LoadedModel:
+    """A draft by spec: a draft head onto ``target``, or any other model through
+    ``semspec.models.load_model(spec, **load_kwargs)``."""
+    head_dir = resolve_head(spec)
+    if head_dir is not None:
+        return load_head(head_dir, target, spec=spec)
+    from .models import load_model
+
+    return load_model(spec, **load_kwargs)
 
 
 def is_head(model: LoadedModel | None) -> bool:

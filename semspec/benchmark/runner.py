@@ -453,13 +453,11 @@ def with_draft(engine, spec: str):
     """An engine on ``engine``'s target with the draft ``spec`` and that draft's default
     probes (``semspec.engine.default_probes``), or none."""
     from semspec.engine import Engine, default_probes
-    from semspec.head import load_head, resolve_head
-    from semspec.models import load_model
+    from semspec.head import load_draft
     from semspec.probes import ProbePair, resolve_probes
 
     t = engine.target
-    head_dir = resolve_head(spec)
-    d = load_head(head_dir, t, spec=spec) if head_dir is not None else load_model(spec, device=t.device, dtype=t.dtype)
+    d = load_draft(spec, t, device=t.device, dtype=t.dtype)
     probes = default_probes(spec, t.spec)
     return Engine(t, d, ProbePair.load(resolve_probes(probes), t, d) if probes else None)
 
@@ -472,7 +470,7 @@ def load_engine(target: str | None = None, draft: str | None = None, probes: str
     ``probes="accept" | "reject" | "const:P_T,P_D"`` — constant probes. ``dtype`` None: the
     device's default (float32 on a CPU)."""
     from semspec.engine import Engine, default_draft, default_probes
-    from semspec.head import load_head, resolve_head
+    from semspec.head import load_draft
     from semspec.models import DEFAULT_TARGET, load_model, truncated_copy
     from semspec.probes import ProbePair, resolve_probes
 
@@ -485,10 +483,8 @@ def load_engine(target: str | None = None, draft: str | None = None, probes: str
     if draft and draft != "none":
         if draft.startswith("first:"):
             d = truncated_copy(t, int(draft.split(":", 1)[1]))
-        elif resolve_head(draft) is not None:
-            d = load_head(resolve_head(draft), t, spec=draft)
         else:
-            d = load_model(draft, device=device, cache_dir=model_cache, dtype=dtype)
+            d = load_draft(draft, t, device=device, cache_dir=model_cache, dtype=dtype)
     if probes is None and d is not None:
         probes = default_probes(draft, target)
     p = None

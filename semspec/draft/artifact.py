@@ -92,25 +92,41 @@ def target_signature(target) -> dict:
     }
 
 
+def check_fingerprint(recorded: dict, target, layers: int, error: type[Exception], what: str,
+                      rtol: float = 1e-2) -> None:
+    """Raise ``error`` unless ``target`` has the architecture (``recorded["signature"]``) and
+    the weight checksums of its first ``layers`` layers (``recorded["checksums"]``) that an
+    artifact (``what``, for the message) recorded when it was trained."""
+    want = recorded["signature"]
+    have = target_signature(target)
+    diff = {k: (want.get(k), v) for k, v in have.items() if want.get(k) != v}
+    if diff:
+        raise error(f"{what} was built for another target architecture: {diff}")
+    if layers > have["num_hidden_layers"]:
+        raise error(f"{what} needs more layers than the target has")
+    have_sums = target_checksums(target, layers)
+    for key, ref in recorded.get("checksums", {}).items():
+        got = have_sums.get(key)
+        if got is None or abs(got - ref) > rtol * max(abs(ref), 1e-6):
+            raise error(f"{what} was trained against different target weights ({key}: {got} vs {ref})")
+
+
 def check_compatible(target, artifact: DraftArtifact, rtol: float = 1e-2) -> None:
     """Raise DraftMismatchError when ``artifact`` was not trained for ``target``."""
     if artifact.meta.get("format") != FORMAT:
         raise DraftMismatchError(f"not a {FORMAT} artifact: format={artifact.meta.get('format')!r}")
-    want = artifact.meta["target"]["signature"]
-    have = target_signature(target)
-    diff = {k: (want.get(k), v) for k, v in have.items() if want.get(k) != v}
-    if diff:
-        raise DraftMismatchError(f"draft artifact was built for another target architecture: {diff}")
-    if artifact.frozen_layers > have["num_hidden_layers"]:
-        raise DraftMismatchError("draft shares more layers than the target has")
-    want_sums = artifact.meta["target"].get("checksums", {})
-    have_sums = target_checksums(target, artifact.frozen_layers)
-    for key, ref in want_sums.items():
-        got = have_sums.get(key)
-        if got is None or abs(got - ref) > rtol * max(abs(ref), 1e-6):
-            raise DraftMismatchError(
-                f"draft artifact was trained against different target weights ({key}: {got} vs {ref})"
-            )
+    check_fingerprint(artifact.meta["target"], target, artifact.frozen_layers, DraftMismatchError,
+                      "draft artifact", rtol)
+
+
+def files_sha256(directory: str | os.PathLike, names) -> str:
+    """One digest over an artifact's files (name and content of each, in the order given)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in names:
+        h.update(name.encode() + b"\0" + hashlib.sha256((Path(directory) / name).read_bytes()).digest())
+    return h.hexdigest()
 
 
 def save_artifact(artifact: DraftArtifact, out_dir: str | os.PathLike, dtype=torch.float16) -> Path:

@@ -4,13 +4,12 @@ cache as an ordinary Hugging Face directory."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import torch
 
-from semspec.draft.artifact import META_FILE, WEIGHTS_FILE, materialize_draft
+from semspec.draft.artifact import META_FILE, WEIGHTS_FILE, files_sha256, materialize_draft
 
 ARTIFACT_DIR = Path(__file__).resolve().parent.parent / "assets" / "draft"
 TARGET_SPEC = "embedded:smollm2-135m"
@@ -18,10 +17,7 @@ NAME = "smollm2-135m-draft"
 
 
 def artifact_sha256(artifact_dir: str | os.PathLike = ARTIFACT_DIR) -> str:
-    h = hashlib.sha256()
-    for name in (META_FILE, WEIGHTS_FILE):
-        h.update(name.encode() + b"\0" + hashlib.sha256((Path(artifact_dir) / name).read_bytes()).digest())
-    return h.hexdigest()
+    return files_sha256(artifact_dir, (META_FILE, WEIGHTS_FILE))
 
 
 def materialized_draft_dir(cache_root: str | os.PathLike, artifact_dir: str | os.PathLike = ARTIFACT_DIR,

@@ -76,10 +76,6 @@ def build_head(cfg: HeadTrainConfig, out_dir: str | Path, target_spec: str = "em
     t0 = time.perf_counter()
     ev = evaluate_depths(head, target, vocab, [traces[i] for i in report], [states[i] for i in report],
                          depths=cfg.eval_depths, stride=cfg.eval_stride)
-    by_kind = {kind: evaluate_depths(head, target, vocab, [traces[i] for i in report if traces[i].kind == kind],
-                                     [states[i] for i in report if traces[i].kind == kind],
-                                     depths=(1,), stride=cfg.eval_stride, accept_k=1)["top1_by_depth"]["1"]
-               for kind in ("greedy", "sampled")}
     t_eval = time.perf_counter() - t0
     log(f"held-out top-1 by depth {ev['top1_by_depth']}, mean accepted (k={ev['accept_k']}) {ev['mean_accepted']}")
     meta = {
@@ -94,7 +90,7 @@ def build_head(cfg: HeadTrainConfig, out_dir: str | Path, target_spec: str = "em
                         "total": time.perf_counter() - t_start},
             "torch_threads": torch.get_num_threads(), "torch_version": torch.__version__,
         },
-        "eval": {**ev, "top1_depth1_by_kind": by_kind},
+        "eval": ev,
     }
     save_head(head, vocab, meta, out_dir)
     return meta

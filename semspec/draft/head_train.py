@@ -203,6 +203,7 @@ def evaluate_depths(head: HeadModel, target: LoadedModel, vocab: torch.Tensor, t
     hits = torch.zeros(max_d)
     seen = torch.zeros(max_d)
     runs, n_runs = 0, 0
+    by_kind: dict[str, list[int]] = {}  # depth-1 [hits, seen] per kind of trace
     in_vocab = total = 0
     for at in range(0, len(traces), slots):
         chunk = list(range(at, min(at + slots, len(traces))))
@@ -240,6 +241,10 @@ def evaluate_depths(head: HeadModel, target: LoadedModel, vocab: torch.Tensor, t
                         hits[d - 1] += ok
                         seen[d - 1] += 1
                         agree[i].append(ok)
+                        if d == 1:
+                            tally = by_kind.setdefault(traces[i].kind, [0, 0])
+                            tally[0] += ok
+                            tally[1] += 1
                 if d == max_d:
                     break
                 nxt = [i for i in live if ends[i] + d < len(traces[i].ids) - 1]
@@ -264,6 +269,7 @@ def evaluate_depths(head: HeadModel, target: LoadedModel, vocab: torch.Tensor, t
     return {
         "top1_by_depth": {str(d): float(hits[d - 1] / seen[d - 1]) if seen[d - 1] else None for d in depths},
         "positions_by_depth": {str(d): int(seen[d - 1]) for d in depths},
+        "top1_depth1_by_kind": {kind: h / n for kind, (h, n) in sorted(by_kind.items())},
         "mean_accepted": runs / n_runs if n_runs else None, "accept_k": accept_k,
         "target_top1_in_vocab": in_vocab / max(total, 1), "traces": len(traces),
     }
