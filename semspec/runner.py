@@ -142,6 +142,16 @@ class ModelRunner:
             return ContextOverflow(f"sequence of {end} tokens exceeds the model's context of {self.max_context}")
         return None
 
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Give slot ``dst`` the first ``length`` cached tokens of slot ``src`` (a shared
+        prompt prefix): keys and values are copied, so both slots stay independent."""
+        if not 0 <= length <= self.lengths[src]:
+            raise ValueError(f"slot {src} holds {self.lengths[src]} tokens, cannot copy {length}")
+        for k, v in zip(self.k, self.v):
+            k[dst, :, :length] = k[src, :, :length]
+            v[dst, :, :length] = v[src, :, :length]
+        self.lengths[dst] = length
+
     def set_length(self, slot: int, length: int) -> None:
         """Roll a slot back (or keep it): only ``length`` cached tokens remain valid."""
         if not 0 <= length <= self.lengths[slot]:

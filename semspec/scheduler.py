@@ -10,6 +10,12 @@ tick (``max_prefill_tokens``; a longer prompt is fed in chunks over several tick
 prompt never stalls the decodes. Draws from the pass's last rows are batched (one argmax or
 one inverse-CDF draw per group of rows, each row with its own generator). A finished
 sequence frees its slots at once, and the next waiting prompt takes them in the same tick.
+
+Prompts that begin alike (the samples of one input, a shared system prompt) are prefilled
+once: a new sequence copies the keys and values of the longest common prefix another
+sequence has cached (at least ``MIN_SHARED_PREFIX`` tokens) and feeds only the rest. A
+prompt whose twin is still being prefilled waits for it (a tick or a few) instead of
+computing the same prefix beside it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from .types import Finished, GenerationConfig, Request
 DEFAULT_MAX_PREFILL_TOKENS = 512
 DEFAULT_MAX_VERIFY_WAIT = 32  # ticks; about one drafted step of the shipped probes' rule
 DEFERRABLE_PHASES = ("verify", "judge")
+# tokens; a shorter common prefix is cheaper to feed than to look for and copy
+MIN_SHARED_PREFIX = 16
 
 
 @dataclass
@@ -47,6 +55,11 @@ class PassStats:
         for phase, n in rows:
             d[f"{phase}_rows"] = d.get(f"{phase}_rows", 0) + 1
             d[f"{phase}_tokens"] = d.get(f"{phase}_tokens", 0) + n
+
+    def add_shared(self, is_target: bool, tokens: int) -> None:
+        """Prompt tokens copied from another sequence's cache instead of being fed."""
+        d = self.target if is_target else self.draft
+        d["shared_prefix_tokens"] = d.get("shared_prefix_tokens", 0) + tokens
 
 
 @dataclass
@@ -104,9 +117,14 @@ class Scheduler:
         sequences and asks again next tick; with none active it should block instead."""
         pending = iter(requests)
         active: list[_Active] = []
+        held: list[_Active] = []  # admitted, waiting for a twin's prefill to copy it
         exhausted = False
         while True:
-            while not exhausted and len(active) < self.batch_size:
+            for entry in list(held):
+                if not self._waits_for_prefix(entry, active):
+                    held.remove(entry)
+                    yield from self._start(entry, active)
+            while not exhausted and len(active) + len(held) < self.batch_size:
                 try:
                     req = next(pending)
                 except StopIteration:
@@ -117,9 +135,16 @@ class Scheduler:
                 entry, finished = self._admit(req, default)
                 if finished is not None:
                     yield finished
+                elif self._waits_for_prefix(entry, active):
+                    held.append(entry)
                 else:
-                    active.append(entry)
+                    yield from self._start(entry, active)
             if not active:
+                if held:  # their twins are gone: they prefill themselves
+                    for entry in held:
+                        yield from self._start(entry, active)
+                    held = []
+                    continue
                 return
             self.ticks += 1
             done: list[Finished] = []
@@ -158,8 +183,50 @@ class Scheduler:
             return None, Finished(req.key, None, e)
         for stream in seq.streams:
             stream.slot = stream.runner.alloc()
-        entry = _Active(req.key, seq, seq.program())
-        return entry, self._send(entry, None)
+        return _Active(req.key, seq, seq.program()), None
+
+    def _start(self, entry: _Active, active: list[_Active]) -> Iterator[Finished]:
+        """Copy what the active sequences have cached of this one's prompt, then run it up
+        to its first pass."""
+        for stream in entry.seq.streams:
+            donor, n = self._best_donor(stream, active)
+            if n >= MIN_SHARED_PREFIX:
+                stream.adopt_prefix(donor, n)
+                self.stats.add_shared(stream.runner is self.runners.target, n)
+        finished = self._send(entry, None)
+        if finished is not None:
+            yield finished
+        else:
+            active.append(entry)
+
+    @staticmethod
+    def _donors(stream, active: list[_Active]):
+        if not stream.shares_prefix or stream.cached:
+            return
+        for a in active:
+            for d in a.seq.streams:
+                if d.runner is stream.runner and d.shares_prefix and d.slot is not None:
+                    yield a, d
+
+    def _best_donor(self, stream, active: list[_Active]):
+        best, best_n = None, 0
+        for _, d in self._donors(stream, active):
+            n = stream.shareable_from(d)[0]
+            if n > best_n:
+                best, best_n = d, n
+        return best, best_n
+
+    def _waits_for_prefix(self, entry: _Active, active: list[_Active]) -> bool:
+        """Whether a stream of ``entry`` would copy a longer prefix once a sequence that is
+        prefilling now has cached it."""
+        for stream in entry.seq.streams:
+            have = self._best_donor(stream, active)[1]
+            for a, d in self._donors(stream, active):
+                later = stream.shareable_from(d)[1]
+                prefilling = a.request is not None and a.request.stream is d and a.request.phase == "prefill"
+                if prefilling and later >= MIN_SHARED_PREFIX and later > have:
+                    return True
+        return False
 
     def _send(self, entry: _Active, value, error: Exception | None = None) -> Finished | None:
         """Resume a sequence with a pass result (or an error); returns its outcome if it ended."""

@@ -76,8 +76,34 @@ class Stream:
         self.keep_states = False
         self.states: dict[int, torch.Tensor] = {}
 
+    # whether another stream's cached prompt prefix can be copied into this one (a head's
+    # cache depends on the states it read, not only on its tokens)
+    shares_prefix = True
+
     def __len__(self) -> int:
         return len(self.ids)
+
+    def shareable_from(self, donor: "Stream") -> tuple[int, int]:
+        """(positions of ``donor``'s cache this stream could take now, positions it could
+        take once ``donor`` has cached the common prefix): tokens equal from the start, and
+        at least the last token left to feed, whose logits this stream needs."""
+        n = 0
+        limit = min(len(donor.ids), len(self.ids) - 1)
+        while n < limit and donor.ids[n] == self.ids[n]:
+            n += 1
+        now = min(n, donor.cached)
+        if self.keep_states:  # the kept states come along; a pruned one ends the share
+            now = next((p for p in range(now) if p not in donor.states), now)
+        return now, n
+
+    def adopt_prefix(self, donor: "Stream", length: int) -> None:
+        """Start from ``donor``'s first ``length`` cached positions instead of feeding them."""
+        if self.cached:
+            raise RuntimeError("only a stream with nothing cached adopts a prefix")
+        self.runner.copy_prefix(donor.slot, self.slot, length)
+        self.cached = length
+        if self.keep_states:
+            self.states.update({p: donor.states[p] for p in range(length)})
 
     @property
     def pending(self) -> list[int]:
@@ -209,6 +235,8 @@ class HeadStream(Stream):
     pass. ``true_upto``: cached positions below it read the target's states; the ones after
     read predictions and are re-fed (``reusable``) once the target's states are known, so
     each new draft starts from the target's view."""
+
+    shares_prefix = False
 
     def __init__(self, runner: ModelRunner, ids: list[int], target: Stream):
         super().__init__(runner, ids)

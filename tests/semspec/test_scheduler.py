@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from semspec.engine import Engine, PromptError, Request
+from semspec.models import encode_prompt
 from semspec.probes import ProbePair
 from semspec.types import GenerationConfig
 
@@ -157,3 +158,57 @@ def test_verifications_wait_for_drafting_sequences_and_share_a_pass(engines):
     assert st.target["verify_rows"] == drafted and st.target["prefill_rows"] == 8 == st.draft["prefill_rows"]
     assert st.target["rows"] > st.target["passes"]  # passes were shared
     assert st.target["seconds"] > 0 and st.draft["tokens"] >= st.draft["rows"]
+
+
+LONG = " ".join(PROMPTS[:3])  # well over MIN_SHARED_PREFIX tokens
+
+
+def _prompt_len(engine, prompt):
+    return len(encode_prompt(engine.target.tokenizer, prompt))
+
+
+@pytest.mark.parametrize("method", ["ar", "token_sd", "semspec"])
+def test_samples_of_one_prompt_are_prefilled_once_with_the_same_results(engines, method):
+    from semspec.scheduler import Scheduler
+
+    e = engines["half"]
+    reqs = [Request(LONG, cfg(method, temperature=0.8, seed=s), key=s) for s in range(4)]
+    sched = Scheduler(e, 4)
+    shared = {d.key: d.result for d in sched.run(reqs, cfg(method))}
+    _same(shared, _alone(e, reqs))  # copied caches decode exactly as prefilled ones
+    assert len({r.text for r in shared.values()}) > 1  # four seeds, not four copies
+    n = _prompt_len(e, LONG)
+    st = sched.stats
+    # the first sample feeds the prompt, the three others only its last token
+    assert st.target["prefill_tokens"] == n + 3 and st.target["shared_prefix_tokens"] == 3 * (n - 1)
+    if method != "ar":  # the draft's prompt too
+        assert st.draft["shared_prefix_tokens"] == 3 * (n - 1)
+
+
+def test_a_common_prefix_is_shared_and_the_rest_fed(engines):
+    from semspec.scheduler import MIN_SHARED_PREFIX, Scheduler
+
+    e = engines["plain"]
+    system = [{"role": "system", "content": LONG}]
+    reqs = [Request(system + [{"role": "user", "content": q}], cfg("ar"), key=i)
+            for i, q in enumerate(["What is 7 times 6?", "Then add them up."])]
+    sched = Scheduler(e, 2)
+    shared = {d.key: d.result for d in sched.run(reqs, cfg("ar"))}
+    _same(shared, _alone(e, reqs))
+    a, b = (encode_prompt(e.target.tokenizer, r.prompt) for r in reqs)
+    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert common >= MIN_SHARED_PREFIX
+    assert sched.stats.target["shared_prefix_tokens"] == common
+    assert sched.stats.target["prefill_tokens"] == len(a) + len(b) - common
+
+
+def test_a_prompt_waits_for_its_twin_in_a_chunked_prefill(engines):
+    from semspec.scheduler import Scheduler
+
+    e = engines["plain"]
+    reqs = [Request(LONG, cfg("ar", temperature=0.8, seed=s), key=s) for s in range(2)]
+    sched = Scheduler(e, 2, max_prefill_tokens=8)
+    shared = {d.key: d.result for d in sched.run(reqs, cfg("ar"))}
+    _same(shared, _alone(e, reqs))
+    n = _prompt_len(e, LONG)
+    assert sched.stats.target["prefill_tokens"] == n + 1  # not fed twice, chunk by chunk
