@@ -15,6 +15,8 @@ Public API (imported from the submodules, so that ``import semspec.types`` stays
   ``truncated_copy``; ``register_embedded``.
 - ``semspec.probes`` — ``Probe`` (MLP + sigmoid, safetensors + JSON metadata), ``ProbePair``,
   ``step_features`` (the pooled states the engine computes), ``train_probe``.
-- ``semspec.steps`` — ``StepDetector``, ``split_steps``, ``extract_answer``.
+- ``semspec.steps`` — ``StepDetector``, ``split_steps``.
+- ``semspec.answers`` — ``final_answer`` / ``extract_answer`` (a text's final answer),
+  ``split_reasoning``, ``reference_from``, ``is_correct`` (math-verify, numeric fallback).
 - ``semspec.benchmark`` — every method side by side, quality beside speed (``semjobs bench``).
 """

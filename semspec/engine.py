@@ -163,12 +163,14 @@ class Engine:
 
     def generate_many(self, prompts: Iterable, config: GenerationConfig | None = None, batch_size: int = 8,
                       max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
-                      stats: PassStats | None = None) -> Iterator[Finished]:
+                      stats: PassStats | None = None, share_prefixes: bool = True) -> Iterator[Finished]:
         """Decode up to ``batch_size`` prompts at once, yielding a :class:`Finished` (key,
         result or error) as each one ends. ``prompts``: texts, message lists or
         :class:`Request` (with a config and key of its own); read lazily, one as each slot
         frees. A prompt that fails (bad input, context overflow) fails alone. ``stats``,
-        when given, is filled with the counts of the passes run (``PassStats``)."""
+        when given, is filled with the counts of the passes run (``PassStats``).
+        ``share_prefixes``: prompts that begin alike copy each other's cached prefix
+        (``semspec.scheduler``); off, each is prefilled in full."""
         default = config or GenerationConfig()
 
         def requests():
@@ -178,7 +180,8 @@ class Engine:
                 else:
                     yield Request(p.prompt, p.config, i) if isinstance(p, Request) else Request(p, key=i)
 
-        yield from Scheduler(self, batch_size, max_prefill_tokens, stats=stats).run(requests(), default)
+        yield from Scheduler(self, batch_size, max_prefill_tokens, stats=stats,
+                             share_prefixes=share_prefixes).run(requests(), default)
 
     def generate(self, messages: list[dict] | str, config: GenerationConfig | None = None) -> GenerationResult:
         """One prompt: ``generate_many`` with a batch of one; errors are raised."""

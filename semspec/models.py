@@ -511,21 +511,24 @@ def truncated_copy(loaded: LoadedModel, num_layers: int, identity_suffix: str | 
 # --------------------------------------------------------------------------- chat template
 
 
-def render_prompt(tokenizer, messages: list[dict] | str, add_generation_prompt: bool = True) -> str:
+def render_prompt(tokenizer, messages: list[dict] | str, add_generation_prompt: bool = True,
+                  template_kwargs: dict | None = None) -> str:
     """The prompt text for ``messages`` (a string is one user message), through the
-    tokenizer's chat template when it has one, else a plain ``role: content`` transcript."""
+    tokenizer's chat template when it has one (``template_kwargs`` are passed to it), else a
+    plain ``role: content`` transcript."""
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
     if not messages or not any(str(m.get("content") or "").strip() for m in messages):
         raise ValueError("empty prompt: no message has any content")
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             **(template_kwargs or {}))
     text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
     return text + ("\nassistant: " if add_generation_prompt else "")
 
 
-def encode_prompt(tokenizer, messages: list[dict] | str) -> list[int]:
+def encode_prompt(tokenizer, messages: list[dict] | str, template_kwargs: dict | None = None) -> list[int]:
     """Token ids of the rendered prompt (special tokens come from the template itself)."""
-    text = render_prompt(tokenizer, messages)
+    text = render_prompt(tokenizer, messages, template_kwargs=template_kwargs)
     ids = tokenizer(text, add_special_tokens=not getattr(tokenizer, "chat_template", None))["input_ids"]
     return list(ids)

@@ -92,13 +92,16 @@ def _take_chunk(feed: Feed, n: int) -> Feed:
 
 class Scheduler:
     def __init__(self, engine, batch_size: int, max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
-                 max_verify_wait: int = DEFAULT_MAX_VERIFY_WAIT, stats: PassStats | None = None):
+                 max_verify_wait: int = DEFAULT_MAX_VERIFY_WAIT, stats: PassStats | None = None,
+                 share_prefixes: bool = True):
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self.engine = engine
         self.batch_size = batch_size
         self.max_prefill_tokens = max(1, max_prefill_tokens)
         self.max_verify_wait = max_verify_wait
+        # off: every prompt is prefilled in full (what sharing saves is measured against it)
+        self.min_shared_prefix = MIN_SHARED_PREFIX if share_prefixes else None
         t_tap = d_tap = None
         if engine.probes is not None:
             t_tap = engine.probes.target.resolved_layer(engine.target.num_layers)
@@ -190,7 +193,7 @@ class Scheduler:
         to its first pass."""
         for stream in entry.seq.streams:
             donor, n = self._best_donor(stream, active)
-            if n >= MIN_SHARED_PREFIX:
+            if donor is not None and n >= self.min_shared_prefix:
                 stream.adopt_prefix(donor, n)
                 self.stats.add_shared(stream.runner is self.runners.target, n)
         finished = self._send(entry, None)
@@ -199,9 +202,8 @@ class Scheduler:
         else:
             active.append(entry)
 
-    @staticmethod
-    def _donors(stream, active: list[_Active]):
-        if not stream.shares_prefix or stream.cached:
+    def _donors(self, stream, active: list[_Active]):
+        if self.min_shared_prefix is None or not stream.shares_prefix or stream.cached:
             return
         for a in active:
             for d in a.seq.streams:
@@ -224,7 +226,7 @@ class Scheduler:
             for a, d in self._donors(stream, active):
                 later = stream.shareable_from(d)[1]
                 prefilling = a.request is not None and a.request.stream is d and a.request.phase == "prefill"
-                if prefilling and later >= MIN_SHARED_PREFIX and later > have:
+                if prefilling and later >= self.min_shared_prefix and later > have:
                     return True
         return False
 

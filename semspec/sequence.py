@@ -27,10 +27,11 @@ from typing import Generator
 
 import torch
 
+from .answers import final_answer, split_reasoning
 from .models import encode_prompt
 from .probes import pool
 from .sampling import make_generator, probs_from_logits, sample, sample_logits, uniform
-from .steps import IncrementalText, StepDetector, extract_answer
+from .steps import IncrementalText, StepDetector
 from .head import is_head
 from .stream import HeadStream, PassRequest, PassResult, Sample, Stream
 from .types import Counters, GenerationConfig, GenerationResult, StepRecord
@@ -63,7 +64,7 @@ class Sequence:
         self.t0 = time.perf_counter()
         tgt = engine.target
         try:
-            prompt = encode_prompt(tgt.tokenizer, messages)
+            prompt = encode_prompt(tgt.tokenizer, messages, config.chat_template_kwargs)
         except ValueError as e:
             raise PromptError(str(e)) from e
         if not prompt:
@@ -219,9 +220,12 @@ class Sequence:
         d = getattr(self, "D", None)
         c.draft_forward_passes = d.forward_passes if d is not None else 0
         text = self.T.lm.tokenizer.decode(self.T.ids[self.prompt_len:], skip_special_tokens=True)
+        reasoning, content = split_reasoning(text, self.think_end)
         return GenerationResult(
             text=text,
-            final_answer=extract_answer(text, self.think_end),
+            final_answer=final_answer(text, self.think_end),
+            reasoning=reasoning,
+            content=content,
             steps=list(self.steps),
             counters=c,
             wall_seconds=time.perf_counter() - self.t0,
@@ -260,7 +264,7 @@ class DraftingSequence(Sequence):
         if self.same_tok:
             d_prompt = list(self.T.ids)
         else:
-            d_prompt = encode_prompt(self.draft.tokenizer, messages)
+            d_prompt = encode_prompt(self.draft.tokenizer, messages, config.chat_template_kwargs)
             dmax = self.draft.max_context
             if dmax is not None and len(d_prompt) >= dmax:
                 raise PromptError(f"prompt of {len(d_prompt)} tokens does not fit the draft's context of {dmax}")

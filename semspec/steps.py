@@ -1,4 +1,4 @@
-"""Reasoning steps: where a step ends, splitting text into steps, final answers.
+"""Reasoning steps: where a step ends, splitting text into steps.
 
 A step ends with the token whose text *completes* the delimiter (default a blank line,
 ``"\\n\\n"``). Tokenizers merge punctuation and newlines (``".\\n\\n"``, ``"\\n\\n\\n"``), so
@@ -9,7 +9,6 @@ end-of-thinking marker (e.g. ``"</think>"``) also ends a step.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 THINK_END_CANDIDATES = ("</think>",)
@@ -112,53 +111,4 @@ def detect_think_end(tokenizer) -> str | None:
     for m in THINK_END_CANDIDATES:
         if m in vocab:
             return m
-    return None
-
-
-_NUM = r"-?[\d,]*\.?\d+"
-
-
-def _clean_number(s: str) -> str:
-    s = s.strip().strip("$ ").rstrip(".")
-    if re.fullmatch(r"-?[\d,]+(\.\d+)?", s):
-        s = s.replace(",", "")
-    return s
-
-
-def _last_boxed(text: str) -> str | None:
-    i = text.rfind("\\boxed")
-    if i == -1:
-        return None
-    j = text.find("{", i)
-    if j == -1:
-        return None
-    depth = 0
-    for k in range(j, len(text)):
-        if text[k] == "{":
-            depth += 1
-        elif text[k] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[j + 1:k]
-    return None
-
-
-def extract_answer(text: str, think_end: str | None = None) -> str | None:
-    """The final answer: the last ``\\boxed{...}``, else ``#### N``, else "the answer is N".
-    With an end-of-thinking marker, only the text after it is searched first."""
-    if think_end and think_end in text:
-        after = text.rsplit(think_end, 1)[1]
-        found = extract_answer(after)
-        if found is not None:
-            return found
-        return after.strip() or None
-    boxed = _last_boxed(text)
-    if boxed is not None and boxed.strip():
-        return _clean_number(boxed)
-    m = re.findall(r"####\s*\$?\s*(" + _NUM + ")", text)
-    if m:
-        return _clean_number(m[-1])
-    m = re.findall(r"answer\s+is\s*:?\s*\$?\s*(" + _NUM + ")", text, flags=re.IGNORECASE)
-    if m:
-        return _clean_number(m[-1])
     return None

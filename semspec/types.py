@@ -44,6 +44,8 @@ class GenerationConfig:
     # End-of-thinking marker: "auto" uses "</think>" when the target's vocabulary has it,
     # None or "" disables. After it the target writes the rest itself.
     think_end: str | None = "auto"
+    # Extra arguments of the tokenizer's chat template (e.g. {"enable_thinking": True}).
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 @dataclass
@@ -91,7 +93,11 @@ COUNT_FIELDS = tuple(f.name for f in fields(Counters) if f.name != "phase_second
 @dataclass
 class GenerationResult:
     text: str  # everything the model generated (reasoning + answer)
-    final_answer: str | None  # extracted answer, when one is found
+    final_answer: str | None  # semspec.answers.final_answer(text), when it finds one
+    # semspec.answers.split_reasoning(text): keyword-only, so that fields with defaults can
+    # sit here and positional constructors still work
+    reasoning: str = field(default="", kw_only=True)
+    content: str = field(default="", kw_only=True)  # the part that states the answer
     steps: list[StepRecord]
     counters: Counters
     wall_seconds: float

@@ -6,11 +6,10 @@ from ``results.json``'s per-prompt records. Definitions are in :data:`DEFINITION
 
 from __future__ import annotations
 
-import re
 import statistics
 from typing import Any
 
-from semspec.steps import extract_answer
+from semspec.answers import is_correct
 
 DEFINITIONS: dict[str, str] = {
     "speedup_vs_ar": "median over prompts of ar wall-clock / method wall-clock (same prompt, same run)",
@@ -30,7 +29,8 @@ DEFINITIONS: dict[str, str] = {
     "answer_agreement_vs_ar": "fraction of prompts whose final answer equals ar's (same prompt, same seed); "
                               "'no answer found' counts as an answer of its own",
     "identical_to_ar": "fraction of prompts whose whole output text equals ar's (greedy lossless methods: 1.0)",
-    "accuracy": "fraction of prompts whose final answer equals the GSM8K reference (after ####)",
+    "accuracy": "fraction of prompts whose final answer is the reference (GSM8K: after ####), "
+                "checked by semspec.answers.is_correct (math-verify, 1/2 = 0.5)",
     "answers_found": "fraction of prompts with an extractable final answer",
     "output_length_vs_ar": "total generated tokens / ar's total generated tokens",
     "output_length_vs_ar_median": "median over prompts of generated tokens / ar's generated tokens",
@@ -38,42 +38,11 @@ DEFINITIONS: dict[str, str] = {
                           "(one untimed teacher-forced target pass over prompt + re-tokenized output)",
     "ar_self_agreement": "answer agreement between ar and a second ar run with other seeds (sampling only; "
                          "greedy: 1.0 by construction): the noise floor for answer agreement",
-    "final_answer": "the last \\boxed{}, '#### N' or 'the answer is N' (semspec.steps.extract_answer), "
-                    "else the last number in the output; numbers normalised (no $ or commas, 18.0 -> 18)",
+    "final_answer": "semspec.answers.final_answer: the last \\boxed{}, '#### N', 'the answer is N', the last "
+                    "number of the last concluding sentence ('Therefore, ...', 'So, ...'), else the last number "
+                    "in the output; numbers normalised (no $ or commas, 18.0 -> 18, 624 dollars -> 624)",
     "phase_share": "time per engine phase / wall-clock (prefill, draft, verify, judge, target_write, other)",
 }
-
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def normalize_answer(ans: str | None) -> str | None:
-    if ans is None:
-        return None
-    s = str(ans).strip().strip("$ ").rstrip(".").strip()
-    s = s.replace("\\$", "").replace("$", "").strip()
-    if re.fullmatch(r"-?[\d,]+(\.\d+)?", s):
-        s = s.replace(",", "")
-        if "." in s:
-            s = s.rstrip("0").rstrip(".")
-    return s or None
-
-
-def final_answer(text: str, think_end: str | None = None) -> str | None:
-    """The output's final answer: the engine's pattern rules, else the last number in it."""
-    ans = extract_answer(text, think_end)
-    if ans is None:
-        nums = _NUMBER.findall(text)
-        ans = nums[-1] if nums else None
-    return normalize_answer(ans)
-
-
-def reference_answer(answer_field: str | None) -> str | None:
-    """A GSM8K reference: the number after ``####`` in the ``answer`` field."""
-    if not answer_field:
-        return None
-    m = re.findall(r"####\s*(.+)", answer_field)
-    return normalize_answer(m[-1]) if m else None
-
 
 def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
@@ -184,7 +153,7 @@ def method_figures(records: list[dict | None], ar: list[dict | None], prompts: l
         "step_acceptance_rate": _ratio(sa, sd),
         "answer_agreement_vs_ar": agreement(records, ar),
         "identical_to_ar": _identical(records, ar),
-        "accuracy": (sum(1 for r, ref in scored if r["answer"] == ref) / len(scored)) if scored else None,
+        "accuracy": (sum(bool(is_correct(r["answer"], ref)) for r, ref in scored) / len(scored)) if scored else None,
         "answers_found": sum(1 for r in done if r["answer"] is not None) / len(done),
         "output_length_vs_ar": _ratio(gen, ar_gen),
         "output_length_vs_ar_median": _median(len_ratios),

@@ -29,12 +29,11 @@ from typing import Any, Callable
 
 import torch
 
+from semspec.answers import final_answer, reference_from
 from semspec.assets import GSM8K_TEST
 from semspec.head import is_head
 from semspec.models import encode_prompt
 from semspec.types import SAMPLING_TEMPERATURE, SAMPLING_TOP_P, GenerationConfig
-
-from .metrics import final_answer, reference_answer
 
 DEFAULT_PROMPTS = str(GSM8K_TEST)  # GSM8K test split shipped with the engine (semspec/assets/gsm8k)
 ALL_METHODS = ("ar", "token_sd", "hf_assisted", "step_judge", "semspec", "hf_generate")
@@ -113,8 +112,7 @@ def load_prompts(path: str | os.PathLike = DEFAULT_PROMPTS, limit: int | None = 
             text = rec.get("question") or rec.get("prompt") or rec.get("messages")
             if not text:
                 raise ValueError(f"{path}:{i + 1}: no 'question', 'prompt' or 'messages' field")
-            ref = rec.get("reference")
-            ref = str(ref) if ref is not None else reference_answer(rec.get("answer"))
+            ref = reference_from(rec["reference"] if rec.get("reference") is not None else rec.get("answer"))
             out.append({"id": str(rec.get("id", i)), "line": i, "prompt": text, "reference": ref})
             if limit is not None and len(out) >= limit:
                 break

@@ -22,11 +22,11 @@ from typing import Any, Callable
 
 import torch
 
+from semspec.answers import final_answer, is_correct
 from semspec.models import encode_prompt, pick_dtype
 from semspec.scheduler import PassStats
 from semspec.types import GenerationConfig, Request
 
-from .metrics import final_answer
 
 BATCH_METHODS = ("ar", "token_sd", "step_judge", "semspec", "hf_generate")
 
@@ -128,7 +128,8 @@ def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: torch.dt
     fig: dict[str, Any] = {
         "tokens_per_s": gen / wall, "items_per_s": len(recs) / wall, "wall_s": wall,
         "generated_tokens": gen, "items": len(recs), "dtype": str(dtype).removeprefix("torch."),
-        "accuracy": sum(final_answer(r["text"]) == ref for r, ref in refs) / len(refs) if refs else None,
+        "accuracy": sum(bool(is_correct(final_answer(r["text"]), ref)) for r, ref in refs) / len(refs)
+        if refs else None,
     }
     drafted = sum(r.get("steps_drafted", 0) for r in recs)
     if drafted:

@@ -72,6 +72,15 @@ def test_ar_basics(tiny_target, ar_result):
     assert set(c.phase_seconds) >= {"prefill", "target_write"}
 
 
+def test_result_answer_fields_come_from_semspec_answers(ar_result):
+    from semspec.answers import final_answer, split_reasoning
+
+    r = ar_result
+    assert r.final_answer == final_answer(r.text)  # the bench's function: service and bench agree
+    assert (r.reasoning, r.content) == split_reasoning(r.text)
+    assert r.content and r.content in r.text
+
+
 def test_greedy_token_sd_equals_ar(tiny_target, tiny_draft, ar_result):
     r = Engine(tiny_target, tiny_draft).generate(PROMPT, cfg("token_sd", draft_tokens=3))
     assert r.text == ar_result.text

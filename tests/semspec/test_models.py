@@ -52,6 +52,20 @@ def test_chat_template(tiny_target):
         render_prompt(tok, [])
 
 
+def test_chat_template_kwargs_reach_the_template_and_the_engine(tiny_target):
+    from semspec.engine import Engine
+    from semspec.types import GenerationConfig
+
+    tok = tiny_target.tokenizer
+    assert render_prompt(tok, "q", template_kwargs={"enable_thinking": True}).endswith("assistant\n<think>\n")
+    assert not render_prompt(tok, "q").endswith("<think>\n")
+    engine = Engine(tiny_target)
+    plain, thinking = (engine.generate("What is 2+2?", GenerationConfig(method="ar", max_new_tokens=2,
+                                                                          chat_template_kwargs=kw))
+                       for kw in (None, {"enable_thinking": True}))
+    assert thinking.counters.prompt_tokens > plain.counters.prompt_tokens
+
+
 def test_truncated_copy_matches_first_layers(tiny_target):
     d = truncated_copy(tiny_target, 1)
     assert d.num_layers == 1 and d.tokenizer is tiny_target.tokenizer

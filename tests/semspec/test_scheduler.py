@@ -179,6 +179,9 @@ def test_samples_of_one_prompt_are_prefilled_once_with_the_same_results(engines,
     assert len({r.text for r in shared.values()}) > 1  # four seeds, not four copies
     n = _prompt_len(e, LONG)
     st = sched.stats
+    unshared = Scheduler(e, 4, share_prefixes=False)
+    _same({d.key: d.result for d in unshared.run(reqs, cfg(method))}, shared)
+    assert unshared.stats.target["prefill_tokens"] == 4 * n and "shared_prefix_tokens" not in unshared.stats.target
     # the first sample feeds the prompt, the three others only its last token
     assert st.target["prefill_tokens"] == n + 3 and st.target["shared_prefix_tokens"] == 3 * (n - 1)
     if method != "ar":  # the draft's prompt too

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from semspec.steps import StepDetector, extract_answer, split_steps
+from semspec.steps import StepDetector, split_steps
 
 
 def _feed(det, pieces):
@@ -38,17 +38,6 @@ def test_split_steps_roundtrip():
     assert "".join(steps) == t
     assert steps[0] == "\n\nStep one.\n\n" and steps[-1] == "\nThe answer is 4."
     assert len(steps) == 3
-
-
-def test_extract_answer():
-    assert extract_answer("so \\boxed{1,234} done") == "1234"
-    assert extract_answer("x \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
-    assert extract_answer("blah\n#### 72") == "72"
-    assert extract_answer("The answer is $18.") == "18"
-    assert extract_answer("So the answer is: -3.5") == "-3.5"
-    assert extract_answer("#### 5 then the answer is 7") == "5"
-    assert extract_answer("no number here") is None
-    assert extract_answer("think 3 </think> The answer is 9", think_end="</think>") == "9"
 
 
 def test_incremental_text_is_always_the_whole_decode(tiny_target):
