@@ -9,10 +9,16 @@ import time
 
 import click
 
+from jobs.export import FORMATS, ONLY
+from jobs.schema import MAX_SAMPLES
+
 EXIT_INVALID_INPUT = 2
 
 
 def generation_options(f):
+    f = click.option("--n", "samples", type=click.IntRange(1, MAX_SAMPLES), default=1, show_default=True,
+                     help="Samples per input, each an item of its own with its own seed "
+                     "(a line's own `n`, or `n` in a Batch body, wins). Needs --temperature > 0.")(f)
     f = click.option("--name", default=None, help="Job name (default: the file name).")(f)
     f = click.option("--seed", type=int, default=None, help="Sampling seed.")(f)
     f = click.option("--temperature", type=float, default=None,
@@ -29,21 +35,25 @@ def db_option(f):
                         help="Database URL (default: SEMJOBS_DATABASE_URL).")(f)
 
 
-def _config(method, max_new_tokens, temperature, seed) -> dict:
+def _config(method, max_new_tokens, temperature, seed, samples) -> dict:
     from jobs.submit import job_config
 
     try:
-        return job_config(method, max_new_tokens, temperature, seed)
+        config = job_config(method, max_new_tokens, temperature, seed)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--method") from None
+    if samples > 1 and config["temperature"] == 0:
+        raise click.BadParameter(f"{samples} samples of greedy decoding would be {samples} copies; "
+                                 "give --temperature above 0 (e.g. 0.6)", param_hint="--n")
+    return config
 
 
-def _store(file, config, queue, name, url, status, validation=None):
+def _store(file, config, queue, name, url, status, samples, validation=None):
     from jobs.submit import InvalidInput, store_job
 
     try:
         return store_job(file, config, queue=queue, name=name, url=url, status=status,
-                         validation=validation)
+                         validation=validation, samples=samples)
     except InvalidInput as e:
         for line in e.lines():
             click.echo(line, err=True)
@@ -63,15 +73,17 @@ def _require_job(job_id: str, url: str | None) -> dict:
 @click.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @generation_options
-def submit(file, method, max_new_tokens, temperature, seed, name) -> None:
-    """Validate FILE, store the job and its items, enqueue them; prints the job id last."""
+def submit(file, method, max_new_tokens, temperature, seed, name, samples) -> None:
+    """Validate FILE, store the job and its items, enqueue them; prints the job id last.
+
+    Example: semjobs submit prompts.jsonl --method semspec --n 4 --temperature 0.6"""
     from jobs.submit import enqueue_job
     from worker.queues import queue_name
 
-    config = _config(method, max_new_tokens, temperature, seed)
+    config = _config(method, max_new_tokens, temperature, seed, samples)
     queue = queue_name()
     t0 = time.perf_counter()
-    job_id, n = _store(file, config, queue, name, None, "pending")
+    job_id, n = _store(file, config, queue, name, None, "pending", samples)
     from worker.tasks import publisher
 
     try:
@@ -131,19 +143,36 @@ def status(job, as_json, watch, interval, limit, db_url) -> None:
 
 @click.command()
 @click.argument("job")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="Results: .jsonl (or .parquet).")
+@click.option("-o", "--output", required=True, type=click.Path(),
+              help="Results: a file (jsonl, parquet, batch) or an empty directory (hf).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="jsonl (one row per sample), parquet, batch (the OpenAI Batch output shape, "
+              "an input's samples as choices) or hf (a datasets directory with a dataset card). "
+              "Default: parquet for a .parquet OUTPUT, batch for jobs of Batch lines, else jsonl.")
+@click.option("--only", type=click.Choice(ONLY), default=None,
+              help="Keep only the samples whose final answer is right (or wrong) by the input's reference.")
+@click.option("--majority", is_flag=True,
+              help="Keep one sample per input: the first giving its most frequent answer.")
 @click.option("--errors", type=click.Path(dir_okay=False), default=None,
               help="Failed/cancelled items (default: OUTPUT's name + .errors.jsonl, "
               "written only when there are any).")
 @click.option("--steps", is_flag=True, help="Include the per-step log in each line.")
 @db_option
-def export(job, output, errors, steps, db_url) -> None:
-    """Write one line per finished item, keyed by the input's id."""
+def export(job, output, fmt, only, majority, errors, steps, db_url) -> None:
+    """Write one row per finished sample, keyed by the input's id and the sample.
+
+    Example (rejection sampling): semjobs export JOB --only correct --format hf -o data/correct"""
+    _require_job(job, db_url)
+    _export(job, output, errors, db_url, steps, fmt=fmt, only=only, majority=majority)
+
+
+def _export(job_id, output, errors, url, steps, **filters) -> None:
     from jobs.export import export_job
 
-    _require_job(job, db_url)
-    rep = export_job(job, output, errors, url=db_url, with_steps=steps)
+    try:
+        rep = export_job(job_id, output, errors, url=url, with_steps=steps, **filters)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
     _print_export(rep)
 
 
@@ -215,14 +244,13 @@ def retry(job, include_pending, db_url) -> None:
               "database (after a crash or Ctrl-C) instead of starting a new one.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Items decoded at once (default: SEMJOBS_BATCH_SIZE).")
-def run(file, output, errors, method, max_new_tokens, temperature, seed, name, db_url,
+def run(file, output, errors, method, max_new_tokens, temperature, seed, name, samples, db_url,
         steps, resume, batch_size) -> None:
     """Embedded mode: no servers; process FILE in this process into a SQLite file, then
     export. Same tables, same per-item code as the workers.
 
     Example: semjobs run examples/prompts.jsonl -o out/results.jsonl --batch-size 16"""
     from db import migrate
-    from jobs.export import export_job
     from jobs.schema import validate_file
     from jobs.submit import find_resumable, unfinished_seqs
     from semjobs.settings import settings
@@ -232,16 +260,17 @@ def run(file, output, errors, method, max_new_tokens, temperature, seed, name, d
     url = db_url or settings.embedded_database_url
     if batch_size is not None:
         settings.batch_size = batch_size
-    config = _config(method, max_new_tokens, temperature, seed)
+    config = _config(method, max_new_tokens, temperature, seed, samples)
     migrate.upgrade(url)
-    validation = validate_file(file, settings.max_line_bytes)
-    job_id = find_resumable(validation, config, url=url) if resume and validation.ok else None
+    validation = validate_file(file, settings.max_line_bytes, samples)
+    job_id = (find_resumable(validation, config, samples=samples, url=url)
+              if resume and validation.ok else None)
     if job_id is not None:
         seqs = unfinished_seqs(job_id, url=url)
-        click.echo(f"resuming job {job_id}: {len(seqs)} of {validation.n_items} items left; "
+        click.echo(f"resuming job {job_id}: {len(seqs)} of {validation.n_samples} items left; "
                    f"database {url}", err=True)
     else:
-        job_id, n = _store(file, config, "embedded", name, url, "queued", validation)
+        job_id, n = _store(file, config, "embedded", name, url, "queued", samples, validation)
         seqs = list(range(n))
         click.echo(f"job {job_id}: {n} items, method {config['method']}; database {url}",
                    err=True)
@@ -257,7 +286,6 @@ def run(file, output, errors, method, max_new_tokens, temperature, seed, name, d
         click.echo(f"\ninterrupted: finished items of job {job_id} are kept in {url}; "
                    f"export them with `semjobs export {job_id} --db {url} -o OUT`", err=True)
         sys.exit(130)
-    rep = export_job(job_id, output, errors, url=url, with_steps=steps)
     click.echo(f"done in {time.perf_counter() - t0:.1f}s", err=True)
-    _print_export(rep)
+    _export(job_id, output, errors, url, steps)
     click.echo(job_id)

@@ -1,7 +1,7 @@
 """SQLAlchemy 2.x models. The schema itself is created only by the Alembic migrations in
 `migrations/`; these classes describe it for queries (a test checks that both agree).
 
-Tables: jobs, items (unique per job by input id and by position), outputs (one per item:
+Tables: jobs, items (unique per job by input id and sample, and by position), outputs (one per item:
 the unique key makes the commit of a result idempotent), step_log (one row per reasoning
 step, the fields of `semspec.types.StepRecord`), item_stats (per-item throughput, the
 fields of `semspec.types.Counters` plus wall time) and workers (one heartbeat row per
@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -72,7 +73,7 @@ class Job(Base):
 class Item(Base):
     __tablename__ = "items"
     __table_args__ = (
-        UniqueConstraint("job_id", "item_id", name="uq_items_job_item"),
+        UniqueConstraint("job_id", "item_id", "sample", name="uq_items_job_item_sample"),
         UniqueConstraint("job_id", "seq", name="uq_items_job_seq"),
         Index("ix_items_job_status", "job_id", "status"),
         Index("ix_items_worker", "worker"),  # added in 0003: the reaper's look-up
@@ -83,6 +84,8 @@ class Item(Base):
     seq: Mapped[int] = mapped_column(Integer)  # 0-based position in the input file
     line: Mapped[int] = mapped_column(Integer)  # 1-based line number in the input file
     item_id: Mapped[str] = mapped_column(String(512))  # the input's id, as text
+    # which of the input's samples (0-based; added in 0004): each sample is an item of its own
+    sample: Mapped[int] = mapped_column(Integer, server_default="0")
     status: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
@@ -104,6 +107,11 @@ class Output(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     text: Mapped[str] = mapped_column(Text)
     final_answer: Mapped[str | None] = mapped_column(Text)
+    # Added in 0004; NULL on rows written before it. The trace before its answer, the answer
+    # part, and whether final_answer matches the input's reference (NULL: no reference).
+    reasoning: Mapped[str | None] = mapped_column(Text)
+    content: Mapped[str | None] = mapped_column(Text)
+    correct: Mapped[bool | None] = mapped_column(Boolean)
     finish_reason: Mapped[str] = mapped_column(String(16))
     models: Mapped[dict] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

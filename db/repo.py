@@ -44,7 +44,8 @@ def create_job(
     batch_size: int = 2000,
     status: str = "pending",
 ) -> int:
-    """Insert the job and its items (dicts with seq, line, item_id, request) in batches.
+    """Insert the job and its items (dicts with seq, line, item_id, request and optionally
+    sample) in batches.
     Nothing is committed here: the caller commits once, so a failure leaves no rows."""
     session.add(
         Job(
@@ -79,11 +80,11 @@ def _copy_items(session: Session, job_id: str, items: Iterable[dict], batch_size
     n = 0
     with dbapi_conn.cursor() as cur:
         with cur.copy(
-            "COPY items (job_id, seq, line, item_id, status, attempts, request) FROM STDIN"
+            "COPY items (job_id, seq, line, item_id, sample, status, attempts, request) FROM STDIN"
         ) as copy:
             for row in items:
-                copy.write_row((job_id, row["seq"], row["line"], row["item_id"], "pending", 0,
-                                json.dumps(row["request"], ensure_ascii=False)))
+                copy.write_row((job_id, row["seq"], row["line"], row["item_id"], row.get("sample", 0),
+                                "pending", 0, json.dumps(row["request"], ensure_ascii=False)))
                 n += 1
     return n
 
@@ -112,6 +113,7 @@ class Claim:
     seq: int
     attempts: int
     request: dict
+    sample: int = 0
 
 
 def get_job(session: Session, job_id: str) -> Job | None:
@@ -173,12 +175,12 @@ def claim_item(session: Session, job_id: str, seq: int, worker: str | None) -> C
             started_at=utcnow(),
             worker=worker,
         )
-        .returning(Item.id, Item.attempts, Item.request)
+        .returning(Item.id, Item.attempts, Item.request, Item.sample)
     ).first()
     session.commit()
     if row is None:
         return None
-    return Claim(pk=row[0], seq=seq, attempts=row[1], request=row[2])
+    return Claim(pk=row[0], seq=seq, attempts=row[1], request=row[2], sample=row[3])
 
 
 def cancel_leftovers(session: Session, job_id: str, seqs: Iterable[int]) -> int:
@@ -210,19 +212,24 @@ def fail_item(session: Session, pk: int, error: str) -> None:
     session.commit()
 
 
-def save_result(session: Session, job_id: str, pk: int, result: Any) -> bool:
-    """Store a GenerationResult for item `pk` in one transaction, committed. False when
-    another delivery already stored one (the output's primary key is the item)."""
+def output_values(result: Any, correct: bool | None) -> dict[str, Any]:
+    """A GenerationResult's outputs row (without the keys and the time)."""
+    return {"text": result.text, "final_answer": result.final_answer, "reasoning": result.reasoning,
+            "content": result.content, "correct": correct, "finish_reason": result.finish_reason,
+            "models": dict(result.models or {})}
+
+
+def save_result(session: Session, job_id: str, pk: int, result: Any, correct: bool | None = None) -> bool:
+    """Store a GenerationResult for item `pk` in one transaction, committed; `correct`:
+    its final answer checked against the input's reference. False when another delivery
+    already stored one (the output's primary key is the item)."""
     conn = session.connection()
     if conn.dialect.name == "postgresql":
-        return _save_result_pg(session, conn, job_id, pk, result)
+        return _save_result_pg(session, conn, job_id, pk, result, correct)
     try:
         conn.execute(
-            insert(Output).values(
-                item_pk=pk, job_id=job_id, text=result.text, final_answer=result.final_answer,
-                finish_reason=result.finish_reason, models=dict(result.models or {}),
-                created_at=utcnow(),
-            )
+            insert(Output).values(item_pk=pk, job_id=job_id, created_at=utcnow(),
+                                  **output_values(result, correct))
         )
         if result.steps:
             conn.execute(
@@ -275,8 +282,10 @@ def stat_values(result: Any) -> dict[str, Any]:
 # no-op: the other inserts and the update only run when the output row was inserted.
 _SAVE_PG = text(f"""
 WITH o AS (
-    INSERT INTO outputs (item_pk, job_id, text, final_answer, finish_reason, models, created_at)
-    VALUES (:pk, :job_id, :text, :final_answer, :finish_reason, CAST(:models AS json), :now)
+    INSERT INTO outputs (item_pk, job_id, text, final_answer, reasoning, content, correct,
+                         finish_reason, models, created_at)
+    VALUES (:pk, :job_id, :text, :final_answer, :reasoning, :content, :correct,
+            :finish_reason, CAST(:models AS json), :now)
     ON CONFLICT (item_pk) DO NOTHING
     RETURNING item_pk
 ), s AS (
@@ -294,14 +303,14 @@ WHERE id = :pk AND EXISTS (SELECT 1 FROM o)
 """)
 
 
-def _save_result_pg(session: Session, conn, job_id: str, pk: int, result: Any) -> bool:
+def _save_result_pg(session: Session, conn, job_id: str, pk: int, result: Any, correct: bool | None) -> bool:
     steps = [step_row(s) for s in result.steps]
     stats = stat_values(result)
     stats["phase_seconds"] = json.dumps(stats["phase_seconds"])
+    out = output_values(result, correct)
+    out["models"] = json.dumps(out["models"])
     res = conn.execute(_SAVE_PG, {
-        "pk": pk, "job_id": job_id, "text": result.text, "final_answer": result.final_answer,
-        "finish_reason": result.finish_reason, "models": json.dumps(dict(result.models or {})),
-        "now": utcnow(), "steps": json.dumps(steps), **stats,
+        "pk": pk, "job_id": job_id, **out, "now": utcnow(), "steps": json.dumps(steps), **stats,
     })
     session.commit()
     return res.rowcount == 1
@@ -461,6 +470,17 @@ def iter_export(session: Session, job_id: str, batch: int = 1000) -> Iterator[tu
     )
     for item, out, stats in session.execute(stmt):
         yield item, out, stats
+
+
+def answers(session: Session, job_id: str) -> Iterator[tuple]:
+    """(input id, sample, final answer, correct) of every finished item, in input order."""
+    stmt = (
+        select(Item.item_id, Item.sample, Output.final_answer, Output.correct)
+        .join(Output, Output.item_pk == Item.id)
+        .where(Item.job_id == job_id)
+        .order_by(Item.seq)
+    )
+    yield from session.execute(stmt)
 
 
 def steps_for(session: Session, item_pk: int) -> list[StepLog]:

@@ -1,11 +1,15 @@
-"""Export: one line per finished item keyed by the input's id; failed and cancelled items go
-to an errors file. Jobs submitted as OpenAI Batch lines are exported in the Batch output
-shape (`custom_id`, `response.body` a chat.completion, `error`). A `.parquet` output path
-writes the same records as a Parquet table (nested fields as JSON text)."""
+"""Export: one row per finished sample keyed by the input's id and the sample's index;
+failed and cancelled samples go to an errors file. Formats: JSONL, Parquet (nested fields as
+JSON text; loads with `datasets.load_dataset("parquet", ...)`), the OpenAI Batch output
+shape (one line per input, its samples as `choices`; the default for jobs submitted as
+Batch lines) and a Hugging Face dataset directory (`datasets.load_from_disk`) with a dataset
+card made from the job's manifest. `--only correct|incorrect` and `--majority` filter the
+samples (rejection sampling, self-consistency)."""
 
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -13,7 +17,11 @@ from typing import Any, Iterator
 from db import repo
 from db.models import Item, ItemStats, Job, Output
 from db.session import session_factory
+from jobs import accuracy
 from jobs.schema import OPENAI_BATCH
+
+FORMATS = ("jsonl", "parquet", "batch", "hf")
+ONLY = ("correct", "incorrect")
 
 
 @dataclass
@@ -50,84 +58,159 @@ def _steps(session, item: Item) -> list[dict]:
     ]
 
 
-def result_line(job: Job, item: Item, out: Output, stats: ItemStats | None,
-                steps: list[dict] | None = None) -> dict:
-    req = item.request
-    if job.input_format == OPENAI_BATCH:
-        created = int(out.created_at.timestamp()) if out.created_at else 0
-        body = {
-            "id": f"chatcmpl-{job.id}-{item.seq}",
-            "object": "chat.completion",
-            "created": created,
-            "model": (out.models or {}).get("target") or req.get("meta", {}).get("model") or "semjobs",
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": out.text},
-                "finish_reason": "length" if out.finish_reason == "length" else "stop",
-            }],
-            "usage": _usage(stats),
-            # semjobs extension: the parsed answer and the decoding stats of this item.
-            "semjobs": {"final_answer": out.final_answer, "method": job.config.get("method"),
-                        "stats": _stats(stats)},
-        }
-        if steps is not None:
-            body["semjobs"]["steps"] = steps
-        return {
-            "id": f"batch_req_{job.id}_{item.seq}",
-            "custom_id": req["id"],
-            "response": {"status_code": 200, "request_id": f"{job.id}-{item.seq}", "body": body},
-            "error": None,
-        }
-    line = {
+@dataclass
+class Kept:
+    """A finished sample the export writes."""
+
+    item: Item
+    out: Output
+    stats: ItemStats | None
+    steps: list[dict] | None = None
+
+
+def _choice(item: Item, out: Output) -> dict:
+    return {
+        "index": item.sample,
+        "message": {"role": "assistant", "content": out.text},
+        "finish_reason": "length" if out.finish_reason == "length" else "stop",
+        # semjobs extension: this sample's parsed answer and its check
+        "semjobs": {"final_answer": out.final_answer, "correct": out.correct},
+    }
+
+
+def batch_line(job: Job, done: list[Kept]) -> dict:
+    """One OpenAI Batch output line for an input: its finished samples as `choices`."""
+    first = done[0]
+    req, stats = first.item.request, [k.stats for k in done]
+    created = max(int(k.out.created_at.timestamp()) for k in done if k.out.created_at) if any(
+        k.out.created_at for k in done) else 0
+    usage = {"prompt_tokens": first.stats.prompt_tokens if first.stats else 0,
+             "completion_tokens": sum(st.generated_tokens for st in stats if st)}
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    body = {
+        "id": f"chatcmpl-{job.id}-{first.item.seq}",
+        "object": "chat.completion",
+        "created": created,
+        "model": (first.out.models or {}).get("target") or req.get("meta", {}).get("model") or "semjobs",
+        "choices": [_choice(k.item, k.out) for k in done],
+        "usage": usage,
+        # semjobs extension: the decoding stats of each sample
+        "semjobs": {"method": job.config.get("method"), "stats": [_stats(st) for st in stats]},
+    }
+    if any(k.steps is not None for k in done):
+        body["semjobs"]["steps"] = [k.steps for k in done]
+    return {
+        "id": f"batch_req_{job.id}_{first.item.seq}",
+        "custom_id": str(req["id"]),
+        "response": {"status_code": 200, "request_id": f"{job.id}-{first.item.seq}", "body": body},
+        "error": None,
+    }
+
+
+# The columns of a sample's row, in order (the README's "Output" section lists them too).
+EXPORT_FIELDS = {
+    "id": "the input's id",
+    "sample": "which of the input's samples (0-based; `--n`)",
+    "output": "everything the model generated",
+    "reasoning": "the trace before the answer: before the end-of-thinking marker, else all but the last step",
+    "content": "the answer part: after the marker, else the trace's last step",
+    "final_answer": "the answer parsed from the output (semspec.answers), or null",
+    "reference": "the input's reference answer (its `answer`, or `metadata.answer`), or null",
+    "correct": "final_answer checked against reference (math-verify), null without a reference",
+    "finish_reason": "eos or length",
+    "usage": "prompt, completion and total tokens",
+    "method": "the decoding method",
+    "stats": "the engine's counters, wall time, phase times and tokens/s of this sample",
+    "models": "the models' identities (path and sha256)",
+}
+
+
+def result_line(job: Job, kept: Kept) -> dict:
+    """One sample's row (JSONL, Parquet and the Hugging Face dataset): EXPORT_FIELDS in order,
+    then the input's own extra fields (`meta`) and the step log when asked for."""
+    item, out, stats, req = kept.item, kept.out, kept.stats, kept.item.request
+    values = {
         "id": req["id"],
+        "sample": item.sample,
         "output": out.text,
+        # rows stored before these columns existed: the whole output is the reasoning
+        "reasoning": out.reasoning if out.reasoning is not None else out.text,
+        "content": out.content if out.content is not None else "",
         "final_answer": out.final_answer,
+        "reference": req.get("reference"),
+        "correct": out.correct,
         "finish_reason": out.finish_reason,
         "usage": _usage(stats),
         "method": job.config.get("method"),
         "stats": _stats(stats),
         "models": out.models,
     }
+    line = {k: values[k] for k in EXPORT_FIELDS}
     if req.get("meta"):
         line["meta"] = req["meta"]
-    if steps is not None:
-        line["steps"] = steps
+    if kept.steps is not None:
+        line["steps"] = kept.steps
     return line
 
 
-def error_line(job: Job, item: Item) -> dict:
+def error_line(job: Job, item: Item, batch: bool) -> dict:
     message = item.error or ("cancelled" if item.status == "cancelled" else "failed")
-    if job.input_format == OPENAI_BATCH:
+    if batch:
         return {
             "id": f"batch_req_{job.id}_{item.seq}",
-            "custom_id": item.request["id"],
+            "custom_id": str(item.request["id"]),
             "response": None,
-            "error": {"code": item.status, "message": message},
+            "error": {"code": item.status, "message": message, "sample": item.sample},
         }
-    return {"id": item.request["id"], "status": item.status, "error": message,
+    return {"id": item.request["id"], "sample": item.sample, "status": item.status, "error": message,
             "attempts": item.attempts, "line": item.line}
 
 
-def iter_lines(job_id: str, *, url: str | None = None, with_steps: bool = False
-               ) -> Iterator[tuple[str, dict]]:
-    """("result" | "error" | "unfinished", line) in input order."""
+def _select(done: list[Kept], only: str | None, majority: bool) -> list[Kept]:
+    """An input's finished samples after the filters: its majority answer's first sample,
+    then those right (or wrong) by its reference."""
+    if majority:
+        pick = accuracy.majority([accuracy.Answer(str(k.item.item_id), k.item.sample, k.out.final_answer,
+                                                  k.out.correct) for k in done])
+        done = [k for k in done if pick is not None and k.item.sample == pick.sample]
+    if only is not None:
+        done = [k for k in done if k.out.correct is (only == "correct")]
+    return done
+
+
+def iter_inputs(job_id: str, *, url: str | None = None, with_steps: bool = False,
+                only: str | None = None, majority: bool = False
+                ) -> Iterator[tuple[Job, list[Kept], list[Item], int]]:
+    """Per input, in input order: (job, its finished samples kept by the filters, its
+    failed and cancelled samples, how many are not finished yet)."""
     with session_factory(url)() as session:
         job = repo.get_job(session, job_id)
         if job is None:
             raise KeyError(job_id)
         steps_session = session_factory(url)() if with_steps else None
         try:
-            for item, out, stats in repo.iter_export(session, job_id):
-                if item.status == "done" and out is not None:
-                    steps = _steps(steps_session, item) if with_steps else None
-                    yield "result", result_line(job, item, out, stats, steps)
-                elif item.status in ("failed", "cancelled"):
-                    yield "error", error_line(job, item)
-                else:
-                    yield "unfinished", {"id": item.request["id"], "status": item.status}
+            group: list[tuple] = []
+            for row in repo.iter_export(session, job_id):
+                if group and row[0].item_id != group[0][0].item_id:
+                    yield job, *_settle(group, steps_session, only, majority)
+                    group = []
+                group.append(row)
+            if group:
+                yield job, *_settle(group, steps_session, only, majority)
         finally:
             if steps_session is not None:
                 steps_session.close()
+
+
+def _settle(group: list[tuple], steps_session, only, majority) -> tuple[list[Kept], list[Item], int]:
+    done = [Kept(item, out, stats) for item, out, stats in group if item.status == "done" and out is not None]
+    errors = [item for item, _, _ in group if item.status in ("failed", "cancelled")]
+    unfinished = len(group) - len(done) - len(errors)
+    done = _select(done, only, majority)
+    if steps_session is not None:
+        for k in done:
+            k.steps = _steps(steps_session, k.item)
+    return done, errors, unfinished
 
 
 class _ParquetSink:
@@ -157,7 +240,7 @@ class _ParquetSink:
 
     def close(self) -> None:
         self.flush()
-        if self.writer is not None:
+        if self.writer is not None and self.writer.is_open:
             self.writer.close()
 
 
@@ -172,10 +255,6 @@ class _JsonlSink:
         self.f.close()
 
 
-def _sink(path: Path):
-    return _ParquetSink(path) if path.suffix == ".parquet" else _JsonlSink(path)
-
-
 def _sibling(out: Path, suffix: str) -> Path:
     stem = out.name[: -len(out.suffix)] if out.suffix else out.name
     return out.with_name(f"{stem}{suffix}")
@@ -185,13 +264,13 @@ def default_errors_path(out: Path) -> Path:
     return _sibling(out, ".errors.jsonl")
 
 
-def write_manifest(job_id: str, path: Path, *, url: str | None = None) -> None:
-    """Reproducibility manifest beside the export: input file hash, models and their
-    identities (path + sha256, probes included), the generation config, counts, timings."""
+def manifest_of(job_id: str, *, url: str | None = None) -> dict:
+    """Reproducibility manifest: input file hash, models and their identities (path +
+    sha256, probes included), the generation config, counts, timings, answers."""
     from jobs.status import job_status
 
     st = job_status(job_id, url=url)
-    manifest = {
+    return {
         "job": {k: st[k] for k in ("id", "name", "status", "method", "input_format", "queue",
                                    "n_items", "created_at", "started_at", "finished_at")},
         "config": st["config"],
@@ -200,39 +279,120 @@ def write_manifest(job_id: str, path: Path, *, url: str | None = None) -> None:
         "totals": {k: st[k] for k in ("generated_tokens", "prompt_tokens", "elapsed_s",
                                       "tokens_per_s", "decode_tokens_per_s")},
         "acceptance": st["acceptance"],
+        "answers": st["answers"],
     }
-    path.write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+
+
+def dataset_card(manifest: dict, rows: int, only: str | None, majority: bool) -> str:
+    """README.md of an exported dataset: what made it, with which settings, how right it is."""
+    job, cfg, counts = manifest["job"], manifest["config"], manifest["counts"]
+    ids = manifest.get("identities") or manifest.get("models") or {}
+    filters = [f for f in (f"only {only}" if only else None, "majority vote" if majority else None) if f]
+    lines = [
+        f"# {job['name'] or job['id']}", "",
+        f"Generated by semjobs {manifest.get('semjobs_version', '')} (job `{job['id']}`, "
+        f"method `{job['method']}`): {rows} rows, one per kept sample"
+        + (f" ({', '.join(filters)})" if filters else "") + ".", "",
+        "## Models", "",
+        *[f"- {role}: `{ident}`" for role, ident in ids.items()], "",
+        "## Settings", "",
+        *[f"- {k}: `{v}`" for k, v in cfg.items()],
+        f"- samples per input: {manifest.get('samples_per_input', 1)}",
+        f"- input: `{manifest['input']['path']}` (sha256 `{manifest['input']['sha256']}`)", "",
+        "## Counts", "",
+        *[f"- {k}: {v}" for k, v in counts.items()],
+    ]
+    ans = manifest.get("answers")
+    if ans:
+        lines += ["", "## Answers (checked against the inputs' references)", "",
+                  f"- accuracy: {ans['accuracy']} over {ans['samples_checked']} samples of {ans['inputs']} inputs",
+                  *[f"- pass@{k}: {v}" for k, v in ans["pass_at_k"].items()],
+                  f"- majority-vote accuracy: {ans['majority_accuracy']}"]
+    lines += ["", "Columns: see the semjobs README (Output). Nested fields (usage, stats, models, meta, "
+              "steps) are JSON text.", ""]
+    return "\n".join(lines)
+
+
+def _write_hf(parquet: Path | None, out: Path, card: str) -> None:
+    import datasets
+
+    if parquet is not None:
+        ds = datasets.Dataset.from_parquet(str(parquet))
+    else:  # nothing kept: an empty dataset with the rows' columns
+        ds = datasets.Dataset.from_dict({k: [] for k in EXPORT_FIELDS})
+    ds.save_to_disk(str(out))
+    (out / "README.md").write_text(card, encoding="utf-8")
+
+
+def resolve_format(fmt: str | None, out: Path, job: Job) -> str:
+    """The export format: as asked, else from OUT's suffix, else the job's input shape."""
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+        return fmt
+    if out.suffix == ".parquet":
+        return "parquet"
+    return "batch" if job.input_format == OPENAI_BATCH else "jsonl"
 
 
 def export_job(job_id: str, out: str | Path, errors: str | Path | None = None, *,
-               url: str | None = None, with_steps: bool = False,
-               manifest: bool = True) -> ExportReport:
-    """Write results to `out` and failed/cancelled items to `errors` (default: beside `out`,
-    created only when there are any), and OUT's name + .manifest.json."""
+               url: str | None = None, with_steps: bool = False, manifest: bool = True,
+               fmt: str | None = None, only: str | None = None, majority: bool = False) -> ExportReport:
+    """Write the job's finished samples to `out` in `fmt` (default: from `out` and the job),
+    failed/cancelled ones to `errors` (default: beside `out`, created only when there are
+    any), and OUT's name + .manifest.json. `only` ("correct" | "incorrect") and `majority`
+    filter the samples; asking for them on a job without references is an error."""
     out = Path(out)
+    with session_factory(url)() as session:
+        job = repo.get_job(session, job_id)
+        if job is None:
+            raise KeyError(job_id)
+        fmt = resolve_format(fmt, out, job)
+    if only is not None and only not in ONLY:
+        raise ValueError(f"--only takes {' or '.join(ONLY)}, not {only!r}")
+    meta = manifest_of(job_id, url=url)
+    if only is not None and meta["answers"] is None:
+        raise ValueError("no output of this job was checked against a reference (its inputs carry "
+                         "no `answer`), so none is correct or incorrect")
     errors_path = Path(errors) if errors else None
     report = ExportReport(out=out)
-    sink = _sink(out)
+    tmp = None
+    if fmt == "hf":
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise ValueError(f"{out} exists and is not an empty directory")
+        tmp = tempfile.TemporaryDirectory()
+        sink = _ParquetSink(Path(tmp.name) / "rows.parquet")
+    else:
+        sink = _ParquetSink(out) if fmt == "parquet" else _JsonlSink(out)
     err_f = open(errors_path, "w", encoding="utf-8") if errors_path else None
     try:
-        for kind, line in iter_lines(job_id, url=url, with_steps=with_steps):
-            if kind == "result":
-                sink.write(line)
-                report.results += 1
-            elif kind == "error":
+        for job_row, kept, failed, unfinished in iter_inputs(job_id, url=url, with_steps=with_steps,
+                                                             only=only, majority=majority):
+            if fmt == "batch" and kept:
+                sink.write(batch_line(job_row, kept))
+            elif fmt != "batch":
+                for k in kept:
+                    sink.write(result_line(job_row, k))
+            report.results += len(kept)
+            for item in failed:
                 if err_f is None:
                     errors_path = default_errors_path(out)
                     err_f = open(errors_path, "w", encoding="utf-8")
-                err_f.write(json.dumps(line, ensure_ascii=False) + "\n")
+                err_f.write(json.dumps(error_line(job_row, item, fmt == "batch"), ensure_ascii=False) + "\n")
                 report.errors += 1
-            else:
-                report.unfinished += 1
+            report.unfinished += unfinished
+        sink.close()
+        if tmp is not None:
+            _write_hf(sink.path if sink.writer is not None else None, out,
+                      dataset_card(meta, report.results, only, majority))
     finally:
         sink.close()
         if err_f is not None:
             err_f.close()
+        if tmp is not None:
+            tmp.cleanup()
     report.errors_path = errors_path
     if manifest:
         report.manifest_path = _sibling(out, ".manifest.json")
-        write_manifest(job_id, report.manifest_path, url=url)
+        report.manifest_path.write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return report

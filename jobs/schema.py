@@ -22,6 +22,9 @@ ROLES = ("system", "developer", "user", "assistant")
 # Per-item decoding parameters a line may carry; they override the job's settings.
 PARAM_TYPES = {"max_new_tokens": int, "temperature": float, "top_p": float, "seed": int}
 MAX_ID_CHARS = 512
+MAX_SAMPLES = 64  # samples per input (`n`): more is many jobs' worth of one prompt
+# Fields of a plain line that ask for something rather than being kept as its metadata.
+CONTROL_FIELDS = ("id", "prompt", "messages", "n", "chat_template_kwargs", *PARAM_TYPES)
 MAX_REPORTED_ERRORS = 50
 
 
@@ -47,13 +50,19 @@ class Record:
     messages: list[dict[str, str]] | None = None
     params: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    n: int | None = None  # samples asked for by the line itself (else the job's)
+    reference: str | None = None  # the answer to check outputs against, when the line has one
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @property
     def key(self) -> str:
         return str(self.id)
 
+    def samples(self, default: int) -> int:
+        return self.n if self.n is not None else default
+
     def request(self) -> dict[str, Any]:
-        """The normalised request stored in items.request."""
+        """The normalised request stored in items.request (the same for each sample)."""
         req: dict[str, Any] = {"id": self.id}
         if self.prompt is not None:
             req["prompt"] = self.prompt
@@ -61,6 +70,10 @@ class Record:
             req["messages"] = self.messages
         if self.params:
             req["params"] = self.params
+        if self.chat_template_kwargs:
+            req["chat_template_kwargs"] = self.chat_template_kwargs
+        if self.reference is not None:
+            req["reference"] = self.reference
         if self.meta:
             req["meta"] = self.meta
         return req
@@ -70,10 +83,11 @@ class Record:
 class Validation:
     path: Path
     format: str | None
-    n_items: int
+    n_items: int  # inputs
     sha256: str
     errors: list[InputError]
     n_errors: int
+    n_samples: int = 0  # items to store: every input's samples
 
     @property
     def ok(self) -> bool:
@@ -157,6 +171,35 @@ def _check_param(obj: dict, key: str, name: str, kind: type) -> Any:
     return float(value)
 
 
+def _check_n(value: Any, name: str) -> int:
+    if not _is_int(value):
+        raise _Bad(name, f"must be an integer, got {type(value).__name__}")
+    if not 1 <= value <= MAX_SAMPLES:
+        raise _Bad(name, f"must be between 1 and {MAX_SAMPLES}")
+    return value
+
+
+def _check_template_kwargs(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Bad(name, f"must be an object, got {type(value).__name__}")
+    return value
+
+
+def _reference(*places: tuple[str, Any]) -> str | None:
+    """The reference answer: the first `answer` found in ``places`` ((field name, object)
+    pairs, e.g. the line and its metadata). A GSM8K answer text gives the number after ####."""
+    from semspec.answers import reference_from
+
+    for name, obj in places:
+        if not isinstance(obj, dict) or obj.get("answer") is None:
+            continue
+        value = obj["answer"]
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise _Bad(f"{name}answer", f"must be a string or a number, got {type(value).__name__}")
+        return reference_from(value)
+    return None
+
+
 def _parse_plain(obj: dict, line: int) -> Record:
     rid = _check_id(obj.get("id"), "id")
     has_prompt, has_messages = "prompt" in obj, "messages" in obj
@@ -177,7 +220,12 @@ def _parse_plain(obj: dict, line: int) -> Record:
     for key, kind in PARAM_TYPES.items():
         if key in obj and obj[key] is not None:
             rec.params[key] = _check_param(obj, key, key, kind)
-    rec.meta = {k: v for k, v in obj.items() if k not in ("id", "prompt", "messages", *PARAM_TYPES)}
+    if obj.get("n") is not None:
+        rec.n = _check_n(obj["n"], "n")
+    if obj.get("chat_template_kwargs") is not None:
+        rec.chat_template_kwargs = _check_template_kwargs(obj["chat_template_kwargs"], "chat_template_kwargs")
+    rec.reference = _reference(("", obj), ("metadata.", obj.get("metadata")))
+    rec.meta = {k: v for k, v in obj.items() if k not in CONTROL_FIELDS}
     return rec
 
 
@@ -200,11 +248,16 @@ def _parse_batch(obj: dict, line: int) -> Record:
                      ("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed")):
         if body.get(src) is not None:
             rec.params[dst] = _check_param(body, src, f"body.{src}", PARAM_TYPES[dst])
-    n = body.get("n", 1)
-    if n != 1:
-        raise _Bad("body.n", "only n=1 is supported")
+    if body.get("n") is not None:
+        rec.n = _check_n(body["n"], "body.n")
+    if body.get("chat_template_kwargs") is not None:  # vLLM's extension of the request body
+        rec.chat_template_kwargs = _check_template_kwargs(body["chat_template_kwargs"],
+                                                          "body.chat_template_kwargs")
+    rec.reference = _reference(("metadata.", obj.get("metadata")), ("body.metadata.", body.get("metadata")))
     if body.get("model") is not None:
         rec.meta["model"] = body["model"]
+    if isinstance(obj.get("metadata"), dict):
+        rec.meta["metadata"] = obj["metadata"]
     return rec
 
 
@@ -261,9 +314,11 @@ def iter_records(path: Path, max_line_bytes: int, hasher=None) -> Iterator[Recor
             yield InputError(lineno, e.field, e.message)
 
 
-def validate_file(path: str | Path, max_line_bytes: int) -> Validation:
-    """Check the whole file without storing anything: every problem, with line and field."""
+def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1) -> Validation:
+    """Check the whole file without storing anything: every problem, with line and field.
+    ``samples``: the job's samples per input, for lines that do not say."""
     path = Path(path)
+    n_samples = 0
     hasher = hashlib.sha256()
     seen: dict[str, int] = {}
     errors: list[InputError] = []
@@ -294,6 +349,7 @@ def validate_file(path: str | Path, max_line_bytes: int) -> Validation:
             continue
         seen[key] = rec.line
         n += 1
+        n_samples += rec.samples(samples)
     if n == 0 and n_errors == 0:
         err(InputError(0, None, "the file holds no items"))
-    return Validation(path, fmt, n, hasher.hexdigest(), errors, n_errors)
+    return Validation(path, fmt, n, hasher.hexdigest(), errors, n_errors, n_samples)

@@ -4,7 +4,9 @@ Raw counts are stored; every ratio here is derived and named for what it is:
 - tokens_per_s: generated tokens / seconds since the job started (service throughput);
 - decode_tokens_per_s: generated tokens / summed per-item wall time (engine speed);
 - step_acceptance: accepted drafted steps / drafted steps;
-- token_acceptance: accepted drafted tokens / drafted tokens (no bonus tokens counted).
+- token_acceptance: accepted drafted tokens / drafted tokens (no bonus tokens counted);
+- answers: accuracy, pass@k and majority-vote accuracy where inputs had references
+  (`jobs.accuracy`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from db import repo
+from jobs import accuracy
 from db.models import JOB_ACTIVE
 from db.session import session_factory
 
@@ -34,6 +37,7 @@ def job_status(job_id: str, *, url: str | None = None) -> dict[str, Any] | None:
         counts = repo.counts(session, job_id)
         sums = repo.stat_sums(session, job_id)
         last = repo.last_finished_at(session, job_id)
+        answers = accuracy.summary(accuracy.Answer(*row) for row in repo.answers(session, job_id))
     started = repo.as_utc(job.started_at)
     finished = repo.as_utc(job.finished_at)
     now = datetime.now(timezone.utc)
@@ -70,6 +74,7 @@ def job_status(job_id: str, *, url: str | None = None) -> dict[str, Any] | None:
             "target_forward_passes": int(sums["target_forward_passes"]),
             "draft_forward_passes": int(sums["draft_forward_passes"]),
         },
+        "answers": answers,
         "config": job.config,
         "manifest": job.manifest,
         "created_at": _iso(job.created_at),
@@ -123,6 +128,14 @@ def render(st: dict[str, Any]) -> str:
     lines.append(
         f"  forward    target {a['target_forward_passes']}, draft {a['draft_forward_passes']}"
     )
+    ans = st.get("answers")
+    if ans:
+        k = max(ans["pass_at_k"], key=int)
+        lines.append(
+            f"  answers    {ans['accuracy'] * 100:.1f}% correct of {ans['samples_checked']} checked"
+            f" ({ans['inputs']} inputs), pass@{k} {ans['pass_at_k'][k] * 100:.1f}%,"
+            f" majority vote {ans['majority_accuracy'] * 100:.1f}%"
+        )
     return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ Celery) and `semjobs run` (no queue: the items are processed in this process).""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import uuid
 from pathlib import Path
@@ -55,9 +56,25 @@ def job_config(
     return dataclasses.asdict(cfg)
 
 
-def item_config(job_cfg: dict, request: dict) -> GenerationConfig:
-    """Per-item config: the job's, with the item's own parameters (batch lines) on top."""
-    return GenerationConfig(**{**job_cfg, **request.get("params", {})})
+def sample_seed(seed: int, input_id: str | int, sample: int) -> int:
+    """The seed of one sample of an input: sample 0 keeps the seed as given (so a job of one
+    sample per input, and an explicit per-line seed, mean what they always meant); later
+    samples get one derived from the seed, the input's id and the sample index, so a rerun
+    reproduces every sample and no two samples share a seed."""
+    if sample == 0:
+        return seed
+    digest = hashlib.sha256(f"{seed}:{input_id}:{sample}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFF_FFFF
+
+
+def item_config(job_cfg: dict, request: dict, sample: int = 0) -> GenerationConfig:
+    """Per-item config: the job's, with the item's own parameters (batch lines) on top, and
+    the seed of this sample."""
+    cfg = GenerationConfig(**{**job_cfg, **request.get("params", {})})
+    cfg.seed = sample_seed(cfg.seed, request["id"], sample)
+    if request.get("chat_template_kwargs"):
+        cfg.chat_template_kwargs = request["chat_template_kwargs"]
+    return cfg
 
 
 def chunks(seqs: Iterable[int], size: int) -> Iterator[list[int]]:
@@ -71,7 +88,7 @@ def chunks(seqs: Iterable[int], size: int) -> Iterator[list[int]]:
         yield batch
 
 
-def manifest_for(path: Path, validation: Validation, queue: str) -> dict:
+def manifest_for(path: Path, validation: Validation, queue: str, samples: int) -> dict:
     return {
         "input": {
             "path": str(path.resolve()),
@@ -79,6 +96,7 @@ def manifest_for(path: Path, validation: Validation, queue: str) -> dict:
             "bytes": os.path.getsize(path),
             "items": validation.n_items,
         },
+        "samples_per_input": samples,
         "models": {
             "target": settings.target_model or "embedded",
             "draft": settings.draft_model or "embedded",
@@ -91,14 +109,18 @@ def manifest_for(path: Path, validation: Validation, queue: str) -> dict:
     }
 
 
-def _rows(path: Path) -> Iterator[dict]:
+def _rows(path: Path, samples: int) -> Iterator[dict]:
+    """One row per sample of every input; an input's samples are adjacent (one chunk
+    usually holds them all, so their prompt is prefilled once)."""
     seq = 0
     for rec in iter_records(path, settings.max_line_bytes):
         if isinstance(rec, InputError):  # the file changed since validation
             raise RuntimeError(f"{path} changed while being submitted: {rec}")
         assert isinstance(rec, Record)
-        yield {"seq": seq, "line": rec.line, "item_id": rec.key, "request": rec.request()}
-        seq += 1
+        request = rec.request()
+        for sample in range(rec.samples(samples)):
+            yield {"seq": seq, "line": rec.line, "item_id": rec.key, "sample": sample, "request": request}
+            seq += 1
 
 
 def store_job(
@@ -110,13 +132,14 @@ def store_job(
     url: str | None = None,
     status: str = "pending",
     validation: Validation | None = None,
+    samples: int = 1,
 ) -> tuple[str, int]:
     """Validate `path` completely (unless `validation` of it is given), then store job +
-    items. Raises InvalidInput (and writes nothing) when any line is bad. Returns (job id,
-    number of items)."""
+    items: `samples` per input (a line's own `n` wins). Raises InvalidInput (and writes
+    nothing) when any line is bad. Returns (job id, number of items)."""
     path = Path(path)
     if validation is None:
-        validation = validate_file(path, settings.max_line_bytes)
+        validation = validate_file(path, settings.max_line_bytes, samples)
     if not validation.ok:
         raise InvalidInput(validation)
     job_id = uuid.uuid4().hex[:12]
@@ -129,20 +152,22 @@ def store_job(
             input_format=validation.format,
             queue=queue,
             config=config,
-            manifest=manifest_for(path, validation, queue),
-            items=_rows(path),
+            manifest=manifest_for(path, validation, queue, samples),
+            items=_rows(path, samples),
             batch_size=settings.insert_batch_size,
             status=status,
         )
-        if n != validation.n_items:
+        if n != validation.n_samples:
             session.rollback()
             raise RuntimeError(f"{path} changed while being submitted")
         session.commit()
     return job_id, n
 
 
-def find_resumable(validation: Validation, config: dict, *, url: str | None = None) -> str | None:
-    """The newest unfinished job of the same input file (sha256) and config, if any."""
+def find_resumable(validation: Validation, config: dict, *, samples: int = 1,
+                   url: str | None = None) -> str | None:
+    """The newest unfinished job of the same input file (sha256), config and samples per
+    input, if any."""
     from sqlalchemy import select
 
     from db.models import JOB_ACTIVE, Job
@@ -152,7 +177,7 @@ def find_resumable(validation: Validation, config: dict, *, url: str | None = No
             select(Job).where(Job.status.in_(JOB_ACTIVE)).order_by(Job.created_at.desc())
         ):
             if job.manifest.get("input", {}).get("sha256") == validation.sha256 \
-                    and job.config == config:
+                    and job.config == config and job.manifest.get("samples_per_input", 1) == samples:
                 return job.id
     return None
 

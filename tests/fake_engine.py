@@ -5,7 +5,8 @@ Select it with SEMJOBS_ENGINE_FACTORY=tests.fake_engine:InstantEngine.load (the 
 root must be importable, e.g. PYTHONPATH=.). Knobs, read from the environment at load time:
 - FAKE_ENGINE_DELAY_S: seconds each item takes (items of one batch run side by side, as in
   the real engine), to kill a worker mid-job;
-- a prompt containing "FAIL" raises, to exercise failed items.
+- a prompt containing "FAIL" raises, to exercise failed items;
+- a nonzero seed changes the text and adds seed % 3 to the answer (samples differ).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import sys
 import time
 
+from semspec.answers import split_reasoning
 from semspec.types import Counters, Finished, GenerationConfig, GenerationResult, StepRecord
 
 
@@ -74,7 +76,10 @@ class InstantEngine:
             raise ValueError("fake engine asked to fail")
         words = prompt.split()[: max(1, config.max_new_tokens)]
         step1 = "Let me think. " + " ".join(words[: len(words) // 2 + 1])
-        step2 = f"The answer is {len(words)}."
+        if config.seed:  # other seeds (a job's later samples) think and answer otherwise
+            step1 += f" (seed {config.seed})"
+        answer = len(words) + (config.seed % 3 if config.seed else 0)
+        step2 = f"The answer is {answer}."
         steps = [
             StepRecord(0, "draft", step1, drafted_tokens=len(step1.split()),
                        accepted_tokens=len(step1.split()), decision="accepted",
@@ -91,6 +96,7 @@ class InstantEngine:
                      drafted_tokens=steps[0].drafted_tokens + 3,
                      accepted_tokens=steps[0].accepted_tokens, steps_drafted=2, steps_accepted=1)
         c.add_time("draft", 0.0)
-        return GenerationResult(text=text, final_answer=str(len(words)), steps=steps, counters=c,
-                                wall_seconds=time.perf_counter() - t0, finish_reason="eos",
+        reasoning, content = split_reasoning(text)
+        return GenerationResult(text=text, final_answer=str(answer), reasoning=reasoning, content=content,
+                                steps=steps, counters=c, wall_seconds=time.perf_counter() - t0, finish_reason="eos",
                                 models=dict(self.identities))

@@ -20,6 +20,7 @@ from db import repo
 from db.session import session_factory
 from jobs.submit import item_config
 from semjobs.settings import settings
+from semspec.answers import is_correct
 from worker import engine as engines
 from worker.batching import batch_loop
 
@@ -95,7 +96,8 @@ class _Chunk:
     def __init__(self, session, job_id, seqs, worker, config, loop, report, on_item):
         self.session, self.job_id, self.seqs, self.worker = session, job_id, seqs, worker
         self.config, self.loop, self.report, self.on_item = config, loop, report, on_item
-        self.in_flight: dict[Future, tuple[int, int]] = {}  # future -> (item pk, seq)
+        # future -> (item pk, seq, the input's reference answer)
+        self.in_flight: dict[Future, tuple[int, int, str | None]] = {}
 
     def run(self, deadline, should_stop) -> None:
         i = 0
@@ -140,13 +142,14 @@ class _Chunk:
             self.report.failed += 1
             return False
         request = claim.request
-        fut = self.loop.submit(request.get("messages") or request["prompt"], item_config(self.config, request))
-        self.in_flight[fut] = (claim.pk, seq)
+        fut = self.loop.submit(request.get("messages") or request["prompt"],
+                               item_config(self.config, request, claim.sample))
+        self.in_flight[fut] = (claim.pk, seq, request.get("reference"))
         return True
 
     def settle_finished(self) -> None:
         for fut in [f for f in self.in_flight if f.done()]:
-            pk, seq = self.in_flight.pop(fut)
+            pk, seq, reference = self.in_flight.pop(fut)
             error = fut.exception()
             if error is not None:  # the engine failed on this item: record it, go on
                 tail = "".join(traceback.format_exception_only(type(error), error)).strip()
@@ -156,7 +159,9 @@ class _Chunk:
                     self.on_item("failed", seq)
                 continue
             # committed at once: other items of the batch may decode for minutes more
-            if repo.save_result(self.session, self.job_id, pk, fut.result()):
+            result = fut.result()
+            correct = is_correct(result.final_answer, reference)
+            if repo.save_result(self.session, self.job_id, pk, result, correct):
                 self.report.done += 1
             else:
                 self.report.duplicates += 1

@@ -58,6 +58,12 @@ def test_batch_lines_ok(tmp_path):
         ({"id": "b", "prompt": "x", "temperature": "hot"}, 2, "temperature", "number"),
         ({"id": "b", "prompt": "x", "max_new_tokens": 0}, 2, "max_new_tokens", "positive"),
         (batch_line("b"), 2, None, "one format"),
+        ({"id": "b", "prompt": "x", "n": 0}, 2, "n", "between 1 and 64"),
+        ({"id": "b", "prompt": "x", "n": 65}, 2, "n", "between 1 and 64"),
+        ({"id": "b", "prompt": "x", "n": "4"}, 2, "n", "integer"),
+        ({"id": "b", "prompt": "x", "chat_template_kwargs": "think"}, 2, "chat_template_kwargs", "object"),
+        ({"id": "b", "prompt": "x", "answer": {"n": 1}}, 2, "answer", "string or a number"),
+        ({"id": "b", "prompt": "x", "metadata": {"answer": True}}, 2, "metadata.answer", "string or a number"),
     ],
 )
 def test_bad_plain_lines(tmp_path, bad, line, field, words):
@@ -78,7 +84,10 @@ def test_bad_plain_lines(tmp_path, bad, line, field, words):
         ({"custom_id": "b", "method": "POST", "url": "/v1/chat/completions"}, "body", "missing"),
         (batch_line("b", max_tokens="5"), "body.max_tokens", "integer"),
         (batch_line("b", temperature=3), "body.temperature", "between"),
-        (batch_line("b", n=2), "body.n", "n=1"),
+        (batch_line("b", n=0), "body.n", "between 1 and"),
+        (batch_line("b", n=2.0), "body.n", "integer"),
+        (batch_line("b", chat_template_kwargs=[1]), "body.chat_template_kwargs", "object"),
+        ({**batch_line("b"), "metadata": {"answer": [1]}}, "metadata.answer", "string or a number"),
         (batch_line(7), "custom_id", "string"),
         (batch_line("a"), "custom_id", "duplicate"),
         (batch_line("b", messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
@@ -113,3 +122,34 @@ def test_empty_file_is_an_error(tmp_path):
     p = write(tmp_path, ["", "  "])
     v = validate_file(p, 1000)
     assert not v.ok and "no items" in str(v.errors[0])
+
+
+def _records(path):
+    from jobs.schema import iter_records
+
+    return list(iter_records(path, 10_000))
+
+
+def test_samples_references_and_template_kwargs_are_read(tmp_path):
+    gsm8k = "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs.\nShe makes 9 * 2 = $<<9*2=18>>18.\n#### 18"
+    p = write(tmp_path, [
+        {"id": "a", "prompt": "q", "answer": gsm8k, "n": 3, "chat_template_kwargs": {"enable_thinking": True}},
+        {"id": "b", "prompt": "q", "metadata": {"answer": 0.5, "source": "x"}},
+        {"id": "c", "prompt": "q", "extra": 1},
+    ])
+    v = validate_file(p, 10_000, samples=2)
+    assert v.ok and v.n_items == 3 and v.n_samples == 3 + 2 + 2
+    a, b, c = (r.request() for r in _records(p))
+    assert a["reference"] == "18" and a["chat_template_kwargs"] == {"enable_thinking": True}
+    assert a["meta"] == {"answer": gsm8k}  # the input's own fields travel to the export; n does not
+    assert b["reference"] == "0.5" and b["meta"] == {"metadata": {"answer": 0.5, "source": "x"}}
+    assert "reference" not in c and c["meta"] == {"extra": 1}
+
+
+def test_batch_lines_take_n_and_a_reference_from_metadata(tmp_path):
+    p = write(tmp_path, [{**batch_line("a", n=4), "metadata": {"answer": "#### 7"}},
+                         batch_line("b", metadata={"answer": 3}, chat_template_kwargs={"x": 1})])
+    v = validate_file(p, 10_000)
+    assert v.ok and v.n_samples == 4 + 1
+    a, b = (r.request() for r in _records(p))
+    assert a["reference"] == "7" and b["reference"] == "3" and b["chat_template_kwargs"] == {"x": 1}

@@ -78,5 +78,5 @@ def test_store_job_streams_items_in_batches(db_url, tmp_path, monkeypatch):
         assert len(job.manifest["input"]["sha256"]) == 64
         items = s.scalars(select(Item).where(Item.job_id == job_id).order_by(Item.seq)).all()
         assert [i.item_id for i in items] == [f"q{i}" for i in range(50)]
-        assert items[3].request == {"id": "q3", "prompt": "question 3", "meta": {"answer": 3}}
+        assert items[3].request == {"id": "q3", "prompt": "question 3", "reference": "3", "meta": {"answer": 3}}
         assert items[3].line == 4 and items[3].status == "pending" and items[3].attempts == 0
