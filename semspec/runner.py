@@ -142,6 +142,7 @@ class ModelRunner:
             return ContextOverflow(f"sequence of {end} tokens exceeds the model's context of {self.max_context}")
         return None
 
+    @torch.inference_mode()  # the cache grows inside passes, so its tensors are inference tensors
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         """Give slot ``dst`` the first ``length`` cached tokens of slot ``src`` (a shared
         prompt prefix): keys and values are copied, so both slots stay independent."""

@@ -72,6 +72,22 @@ def test_mixed_batches_with_rollbacks_match_transformers(arch_model, tap):
     assert r.lengths[slot["b"]] == len(seqs["b"]) and r.passes == 4
 
 
+def test_a_copied_prefix_decodes_as_if_prefilled(arch_model):
+    lm = arch_model
+    r = ModelRunner(lm, slots=3, capacity=8)
+    prompt = list(range(5, 80))  # beyond the first 64 positions: the cache grows inside the pass
+    assert r.capacity < len(prompt)
+    donor, other = r.alloc(), r.alloc()
+    r.forward([Feed(donor, prompt, [len(prompt) - 1])])
+    r.copy_prefix(donor, other, len(prompt) - 1)
+    assert r.lengths[other] == len(prompt) - 1
+    out = r.forward([Feed(other, prompt[-1:] + [40], [0, 1]), Feed(donor, [41], [0])])
+    torch.testing.assert_close(out.logits[:2], _reference(lm, prompt + [40])[0][-2:], **TOL)
+    torch.testing.assert_close(out.logits[2], _reference(lm, prompt + [41])[0][-1], **TOL)
+    with pytest.raises(ValueError):
+        r.copy_prefix(donor, other, len(prompt) + 5)  # more than the donor holds
+
+
 def test_freed_slot_starts_empty_and_context_is_enforced(arch_model):
     lm = arch_model
     r = ModelRunner(lm, slots=2)
