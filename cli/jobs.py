@@ -21,7 +21,10 @@ def generation_options(f):
                      "(a line's own `n`, or `n` in a Batch body, wins). Needs --temperature > 0.")(f)
     f = click.option("--name", default=None, help="Job name (default: the file name).")(f)
     f = click.option("--seed", type=int, default=None, help="Sampling seed.")(f)
-    f = click.option("--temperature", type=float, default=None,
+    f = click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None,
+                     help="Nucleus sampling: draw from the smallest set of tokens holding this "
+                     "much probability (default 1: all).")(f)
+    f = click.option("--temperature", type=click.FloatRange(0, 2), default=None,
                      help="0 = greedy (default from SEMJOBS_TEMPERATURE).")(f)
     f = click.option("--max-new-tokens", type=int, default=None,
                      help="Tokens to generate per item (default from SEMJOBS_MAX_NEW_TOKENS).")(f)
@@ -35,11 +38,11 @@ def db_option(f):
                         help="Database URL (default: SEMJOBS_DATABASE_URL).")(f)
 
 
-def _config(method, max_new_tokens, temperature, seed, samples) -> dict:
+def _config(method, max_new_tokens, temperature, top_p, seed, samples) -> dict:
     from jobs.submit import job_config
 
     try:
-        config = job_config(method, max_new_tokens, temperature, seed)
+        config = job_config(method, max_new_tokens, temperature, seed, top_p)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--method") from None
     if samples > 1 and config["temperature"] == 0:
@@ -73,14 +76,14 @@ def _require_job(job_id: str, url: str | None) -> dict:
 @click.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @generation_options
-def submit(file, method, max_new_tokens, temperature, seed, name, samples) -> None:
+def submit(file, method, max_new_tokens, temperature, top_p, seed, name, samples) -> None:
     """Validate FILE, store the job and its items, enqueue them; prints the job id last.
 
-    Example: semjobs submit prompts.jsonl --method semspec --n 4 --temperature 0.6"""
+    Example: semjobs submit prompts.jsonl --method semspec --n 4 --temperature 0.6 --top-p 0.95"""
     from jobs.submit import enqueue_job
     from worker.queues import queue_name
 
-    config = _config(method, max_new_tokens, temperature, seed, samples)
+    config = _config(method, max_new_tokens, temperature, top_p, seed, samples)
     queue = queue_name()
     t0 = time.perf_counter()
     job_id, n = _store(file, config, queue, name, None, "pending", samples)
@@ -244,7 +247,7 @@ def retry(job, include_pending, db_url) -> None:
               "database (after a crash or Ctrl-C) instead of starting a new one.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Items decoded at once (default: SEMJOBS_BATCH_SIZE).")
-def run(file, output, errors, method, max_new_tokens, temperature, seed, name, samples, db_url,
+def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, name, samples, db_url,
         steps, resume, batch_size) -> None:
     """Embedded mode: no servers; process FILE in this process into a SQLite file, then
     export. Same tables, same per-item code as the workers.
@@ -252,6 +255,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, seed, name, s
     Example: semjobs run examples/prompts.jsonl -o out/results.jsonl --batch-size 16"""
     from db import migrate
     from jobs.schema import validate_file
+    from jobs.status import answers_line, job_status
     from jobs.submit import find_resumable, unfinished_seqs
     from semjobs.settings import settings
     from worker.engine import EngineLoadError
@@ -260,7 +264,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, seed, name, s
     url = db_url or settings.embedded_database_url
     if batch_size is not None:
         settings.batch_size = batch_size
-    config = _config(method, max_new_tokens, temperature, seed, samples)
+    config = _config(method, max_new_tokens, temperature, top_p, seed, samples)
     migrate.upgrade(url)
     validation = validate_file(file, settings.max_line_bytes, samples)
     job_id = (find_resumable(validation, config, samples=samples, url=url)
@@ -288,4 +292,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, seed, name, s
         sys.exit(130)
     click.echo(f"done in {time.perf_counter() - t0:.1f}s", err=True)
     _export(job_id, output, errors, url, steps)
+    answers = job_status(job_id, url=url)["answers"]
+    if answers:
+        click.echo(f"answers: {answers_line(answers)}", err=True)
     click.echo(job_id)

@@ -8,6 +8,7 @@ samples (rejection sampling, self-consistency)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from dataclasses import dataclass
@@ -107,22 +108,28 @@ def batch_line(job: Job, done: list[Kept]) -> dict:
     }
 
 
-# The columns of a sample's row, in order (the README's "Output" section lists them too).
+# The columns of a sample's row, in order: name -> (column type in Parquet and the
+# dataset, what it holds). The README's "Output" table lists the same fields. Nested values
+# (usage, stats, models, meta, steps) are JSON text there; ids are text.
 EXPORT_FIELDS = {
-    "id": "the input's id",
-    "sample": "which of the input's samples (0-based; `--n`)",
-    "output": "everything the model generated",
-    "reasoning": "the trace before the answer: before the end-of-thinking marker, else all but the last step",
-    "content": "the answer part: after the marker, else the trace's last step",
-    "final_answer": "the answer parsed from the output (semspec.answers), or null",
-    "reference": "the input's reference answer (its `answer`, or `metadata.answer`), or null",
-    "correct": "final_answer checked against reference (math-verify), null without a reference",
-    "finish_reason": "eos or length",
-    "usage": "prompt, completion and total tokens",
-    "method": "the decoding method",
-    "stats": "the engine's counters, wall time, phase times and tokens/s of this sample",
-    "models": "the models' identities (path and sha256)",
+    "id": ("string", "the input's id"),
+    "sample": ("int64", "which of the input's samples (0-based; `--n`)"),
+    "output": ("string", "everything the model generated"),
+    "reasoning": ("string", "the trace before the answer: before the end-of-thinking marker, "
+                            "else all but its last line"),
+    "content": ("string", "the answer part: after the marker, else the trace's last line"),
+    "final_answer": ("string", "the answer parsed from the output (semspec.answers), or null"),
+    "reference": ("string", "the input's reference answer (its `answer`, or `metadata.answer`), or null"),
+    "correct": ("bool", "final_answer checked against reference (math-verify); false when no answer "
+                        "was found, null without a reference"),
+    "finish_reason": ("string", "eos or length"),
+    "usage": ("string", "prompt, completion and total tokens"),
+    "method": ("string", "the decoding method"),
+    "stats": ("string", "the engine's counters, wall time, phase times and tokens/s of this sample"),
+    "models": ("string", "the models' identities (path and sha256)"),
 }
+# Columns after them: the input's other fields, and the step log with --steps.
+OPTIONAL_FIELDS = {"meta": ("string", "the input's other fields"), "steps": ("string", "the per-step log")}
 
 
 def result_line(job: Job, kept: Kept) -> dict:
@@ -213,34 +220,47 @@ def _settle(group: list[tuple], steps_session, only, majority) -> tuple[list[Kep
     return done, errors, unfinished
 
 
-class _ParquetSink:
-    def __init__(self, path: Path, batch: int = 2000):
-        import pyarrow  # noqa: F401  (fail early when missing)
+def _parquet_schema():
+    import pyarrow as pa
 
-        self.path, self.batch, self.rows, self.writer = path, batch, [], None
+    types = {"string": pa.string(), "int64": pa.int64(), "bool": pa.bool_()}
+    return pa.schema([(name, types[kind]) for name, (kind, _) in {**EXPORT_FIELDS, **OPTIONAL_FIELDS}.items()])
+
+
+def _column_value(value: Any) -> Any:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return value
+
+
+class _ParquetSink:
+    """Rows in batches under one fixed schema, so a column that is null in the first batch (no
+    references yet) or a field only later rows have (`meta`) cannot break a later batch."""
+
+    def __init__(self, path: Path, batch: int = 2000):
+        import pyarrow.parquet as pq
+
+        self.path, self.batch, self.rows = path, batch, []
+        self.schema = _parquet_schema()
+        self.writer = pq.ParquetWriter(str(path), self.schema)
 
     def write(self, line: dict) -> None:
-        self.rows.append({k: (json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v)
-                          for k, v in line.items()})
+        row = {k: _column_value(line.get(k)) for k in self.schema.names}
+        row["id"] = str(row["id"])
+        self.rows.append(row)
         if len(self.rows) >= self.batch:
             self.flush()
 
     def flush(self) -> None:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        if not self.rows:
-            return
-        keys = list(dict.fromkeys(k for r in self.rows for k in r))
-        table = pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in self.rows])
-        if self.writer is None:
-            self.writer = pq.ParquetWriter(str(self.path), table.schema)
-        self.writer.write_table(table.cast(self.writer.schema))
-        self.rows = []
+        rows, self.rows = self.rows, []  # taken first: a failed write is not retried on close
+        if rows:
+            self.writer.write_table(pa.Table.from_pylist(rows, schema=self.schema))
 
     def close(self) -> None:
-        self.flush()
-        if self.writer is not None and self.writer.is_open:
+        if self.writer.is_open:
+            self.flush()
             self.writer.close()
 
 
@@ -313,13 +333,14 @@ def dataset_card(manifest: dict, rows: int, only: str | None, majority: bool) ->
     return "\n".join(lines)
 
 
-def _write_hf(parquet: Path | None, out: Path, card: str) -> None:
+def _write_hf(parquet: Path, rows: int, out: Path, card: str) -> None:
     import datasets
 
-    if parquet is not None:
-        ds = datasets.Dataset.from_parquet(str(parquet))
-    else:  # nothing kept: an empty dataset with the rows' columns
-        ds = datasets.Dataset.from_dict({k: [] for k in EXPORT_FIELDS})
+    if not rows:  # datasets (5.2) can save a dataset without rows but not load it back
+        raise ValueError(f"no sample to export (after the filters): {out} was not written")
+    # the Arrow copy datasets makes goes beside the Parquet file (a temporary directory), not
+    # into the user's Hugging Face cache
+    ds = datasets.Dataset.from_parquet(str(parquet), cache_dir=str(parquet.parent / "cache"))
     ds.save_to_disk(str(out))
     (out / "README.md").write_text(card, encoding="utf-8")
 
@@ -354,18 +375,19 @@ def export_job(job_id: str, out: str | Path, errors: str | Path | None = None, *
     if only is not None and meta["answers"] is None:
         raise ValueError("no output of this job was checked against a reference (its inputs carry "
                          "no `answer`), so none is correct or incorrect")
-    errors_path = Path(errors) if errors else None
-    report = ExportReport(out=out)
-    tmp = None
-    if fmt == "hf":
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise ValueError(f"{out} exists and is not an empty directory")
-        tmp = tempfile.TemporaryDirectory()
-        sink = _ParquetSink(Path(tmp.name) / "rows.parquet")
-    else:
-        sink = _ParquetSink(out) if fmt == "parquet" else _JsonlSink(out)
-    err_f = open(errors_path, "w", encoding="utf-8") if errors_path else None
-    try:
+    report = ExportReport(out=out, errors_path=Path(errors) if errors else None)
+    with contextlib.ExitStack() as stack:
+        if fmt == "hf":
+            if out.exists() and (not out.is_dir() or any(out.iterdir())):
+                raise ValueError(f"{out} exists and is not an empty directory")
+            rows_path = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "rows.parquet"
+            sink = _ParquetSink(rows_path)
+        else:
+            sink = _ParquetSink(out) if fmt == "parquet" else _JsonlSink(out)
+        stack.callback(sink.close)
+        err_f = None
+        if report.errors_path is not None:
+            err_f = stack.enter_context(open(report.errors_path, "w", encoding="utf-8"))
         for job_row, kept, failed, unfinished in iter_inputs(job_id, url=url, with_steps=with_steps,
                                                              only=only, majority=majority):
             if fmt == "batch" and kept:
@@ -375,23 +397,15 @@ def export_job(job_id: str, out: str | Path, errors: str | Path | None = None, *
                     sink.write(result_line(job_row, k))
             report.results += len(kept)
             for item in failed:
-                if err_f is None:
-                    errors_path = default_errors_path(out)
-                    err_f = open(errors_path, "w", encoding="utf-8")
+                if err_f is None:  # created only when there is something to put in it
+                    report.errors_path = default_errors_path(out)
+                    err_f = stack.enter_context(open(report.errors_path, "w", encoding="utf-8"))
                 err_f.write(json.dumps(error_line(job_row, item, fmt == "batch"), ensure_ascii=False) + "\n")
                 report.errors += 1
             report.unfinished += unfinished
         sink.close()
-        if tmp is not None:
-            _write_hf(sink.path if sink.writer is not None else None, out,
-                      dataset_card(meta, report.results, only, majority))
-    finally:
-        sink.close()
-        if err_f is not None:
-            err_f.close()
-        if tmp is not None:
-            tmp.cleanup()
-    report.errors_path = errors_path
+        if fmt == "hf":
+            _write_hf(rows_path, report.results, out, dataset_card(meta, report.results, only, majority))
     if manifest:
         report.manifest_path = _sibling(out, ".manifest.json")
         report.manifest_path.write_text(json.dumps(meta, indent=2, default=str) + "\n")

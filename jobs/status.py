@@ -128,15 +128,16 @@ def render(st: dict[str, Any]) -> str:
     lines.append(
         f"  forward    target {a['target_forward_passes']}, draft {a['draft_forward_passes']}"
     )
-    ans = st.get("answers")
-    if ans:
-        k = max(ans["pass_at_k"], key=int)
-        lines.append(
-            f"  answers    {ans['accuracy'] * 100:.1f}% correct of {ans['samples_checked']} checked"
-            f" ({ans['inputs']} inputs), pass@{k} {ans['pass_at_k'][k] * 100:.1f}%,"
-            f" majority vote {ans['majority_accuracy'] * 100:.1f}%"
-        )
+    if st.get("answers"):
+        lines.append(f"  answers    {answers_line(st['answers'])}")
     return "\n".join(lines)
+
+
+def answers_line(ans: dict[str, Any]) -> str:
+    k = max(ans["pass_at_k"], key=int)
+    return (f"{ans['accuracy'] * 100:.1f}% correct of {ans['samples_checked']} checked"
+            f" ({ans['inputs']} inputs), pass@{k} {ans['pass_at_k'][k] * 100:.1f}%,"
+            f" majority vote {ans['majority_accuracy'] * 100:.1f}%")
 
 
 def progress_line(st: dict[str, Any], width: int = 30) -> str:

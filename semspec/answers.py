@@ -21,6 +21,8 @@ With an end-of-thinking marker in the text, only the text after it is searched.
 
 from __future__ import annotations
 
+import functools
+import logging
 import re
 from fractions import Fraction
 
@@ -182,13 +184,22 @@ def reference_from(value: str | int | float | None) -> str | None:
 # milliseconds: short answers, without powers of powers, huge exponents or factorials,
 # which sympy would evaluate exactly for minutes.
 _MAX_VERIFY_CHARS = 100
-_SLOW_TO_EVALUATE = re.compile(r"\^.*\^|\^\s*\{?\s*\d{6,}|\d{5,}\s*!|\\binom")
+_SLOW_TO_EVALUATE = re.compile(r"\^.*\^|\^\s*\{?\s*\d{6,}|!|\\binom")  # any factorial: (10!)! never ends
+
+
+@functools.cache
+def _silence_timeout_warning() -> None:
+    """math-verify warns once per process that its timeouts are off: here that is on purpose
+    (see above), and the warning would only puzzle whoever reads a worker's log."""
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).addFilter(lambda r: not r.getMessage().startswith("Timeout is disabled"))
 
 
 def _math_verify(reference: str, answer: str) -> bool | None:
     """math-verify's verdict; None when it cannot parse a side as math or is not asked."""
     if any(len(s) > _MAX_VERIFY_CHARS or _SLOW_TO_EVALUATE.search(s) for s in (reference, answer)):
         return None
+    _silence_timeout_warning()
     # imported here: sympy and the LaTeX parser take a while to import, and most users of
     # this module (the engine, the service's API) only extract answers
     from math_verify import parse, verify
@@ -214,7 +225,8 @@ def _as_fraction(s: str) -> Fraction | None:
 
 
 def is_correct(answer: str | None, reference: str | None) -> bool | None:
-    """Whether ``answer`` is the ``reference`` answer; None when either is missing.
+    """Whether ``answer`` is the ``reference`` answer: None without a reference, False when
+    there is one but no answer was found (a trace cut off before it answered is wrong).
 
     Equal normalised strings are equal; otherwise math-verify decides (1/2 = 0.5 = \\frac{1}{2},
     2^{10} = 1024; decimals count as equal when they agree to 6 places, so 0.333 is not 1/3
@@ -222,11 +234,16 @@ def is_correct(answer: str | None, reference: str | None) -> bool | None:
     percentage is its number: "25%" matches "25", not "0.25".
     """
     a, r = normalize_answer(answer), normalize_answer(reference)
-    if a is None or r is None:
+    if r is None:
         return None
+    if a is None:
+        return False
     if a == r:
         return True
-    verdict = _math_verify(r, a)
+    try:
+        verdict = _math_verify(r, a)
+    except Exception:  # noqa: BLE001  (a checker failure must not lose the sample: compare numbers)
+        verdict = None
     if verdict is not None:
         return verdict
     fa, fr = _as_fraction(a), _as_fraction(r)

@@ -31,6 +31,7 @@ def sampled(tmp_path, sqlite_db, fake_engine):
     out = tmp_path / "all.jsonl"
     res = invoke("run", src, "-o", out, "--db", sqlite_db, "--n", 4, "--temperature", 0.7)
     assert res.exit_code == 0, res.output
+    assert "answers: " in res.output and "pass@4" in res.output  # the run's summary
     return res.output.strip().splitlines()[-1], [json.loads(x) for x in open(out)], sqlite_db, tmp_path
 
 
@@ -125,3 +126,28 @@ def test_the_readme_documents_every_export_field():
     readme = (ROOT / "README.md").read_text()
     table = readme[readme.index("## Output"):]
     assert all(f"| `{name}` |" in table for name in EXPORT_FIELDS)
+
+
+def test_parquet_batches_share_one_schema(tmp_path):
+    import pyarrow.parquet as pq
+
+    from jobs.export import _ParquetSink
+
+    sink = _ParquetSink(tmp_path / "x.parquet", batch=1)  # every row its own batch
+    sink.write({"id": 1, "sample": 0, "correct": None, "usage": {"total_tokens": 3}})
+    sink.write({"id": "b", "sample": 1, "correct": True, "meta": {"src": "x"}})
+    sink.close()
+    t = pq.read_table(tmp_path / "x.parquet")
+    assert t.column("id").to_pylist() == ["1", "b"] and t.column("correct").to_pylist() == [None, True]
+    assert t.column("meta").to_pylist() == [None, '{"src": "x"}']
+    assert t.column_names[: len(EXPORT_FIELDS)] == list(EXPORT_FIELDS)
+
+
+def test_an_empty_selection_writes_no_dataset(tmp_path, sqlite_db, fake_engine):
+    src = tmp_path / "q.jsonl"
+    src.write_text(json.dumps({"id": "a", "prompt": "one two", "answer": 999}) + "\n")
+    res = invoke("run", src, "-o", tmp_path / "o.jsonl", "--db", sqlite_db)
+    job_id = res.output.strip().splitlines()[-1]
+    res = invoke("export", job_id, "--db", sqlite_db, "-o", tmp_path / "none", "--format", "hf", "--only", "correct")
+    assert res.exit_code == 1 and "no sample to export" in res.output
+    assert not (tmp_path / "none").exists()

@@ -80,3 +80,17 @@ def test_store_job_streams_items_in_batches(db_url, tmp_path, monkeypatch):
         assert [i.item_id for i in items] == [f"q{i}" for i in range(50)]
         assert items[3].request == {"id": "q3", "prompt": "question 3", "reference": "3", "meta": {"answer": 3}}
         assert items[3].line == 4 and items[3].status == "pending" and items[3].attempts == 0
+
+
+def test_each_sample_gets_its_own_reproducible_seed_and_the_template_kwargs():
+    from jobs.submit import item_config, sample_seed
+
+    job = job_config("ar", 8, temperature=0.6, seed=5)
+    req = {"id": "q1", "prompt": "x", "chat_template_kwargs": {"enable_thinking": True}}
+    seeds = [item_config(job, req, s).seed for s in range(4)]
+    assert seeds[0] == 5 and len(set(seeds)) == 4  # sample 0 keeps the job's seed
+    assert seeds == [item_config(job, req, s).seed for s in range(4)]  # a rerun draws the same
+    assert sample_seed(5, "q2", 1) != seeds[1]  # another input, other seeds
+    assert item_config(job, {**req, "params": {"seed": 9}}, 0).seed == 9  # a line's own seed wins
+    assert item_config(job, req, 1).chat_template_kwargs == {"enable_thinking": True}
+    assert item_config(job, {"id": "q1", "prompt": "x"}).chat_template_kwargs is None
