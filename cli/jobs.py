@@ -194,11 +194,17 @@ def _print_export(rep) -> None:
 @click.argument("job")
 @db_option
 def cancel(job, db_url) -> None:
-    """Cancel a job: pending items are dropped, running items finish."""
+    """Cancel a job: pending items are dropped, running items finish.
+
+    Example: semjobs cancel 3f2a9c1b7d4e"""
     from db import repo
+    from db.models import JOB_ACTIVE
     from db.session import session_factory
 
-    _require_job(job, db_url)
+    st = _require_job(job, db_url)
+    if st["status"] not in JOB_ACTIVE:
+        click.echo(f"job {job} is already {st['status']}: nothing was cancelled")
+        return
     with session_factory(db_url)() as session:
         n = repo.cancel_job(session, job)
     click.echo(f"job {job} cancelled; {n} pending items will not run")

@@ -8,6 +8,7 @@ check) and a running sha256 in memory.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import math
@@ -290,6 +291,8 @@ def iter_lines(path: Path, max_line_bytes: int, hasher=None) -> Iterator[tuple[i
             lineno += 1
             if hasher is not None:
                 hasher.update(raw)
+            if lineno == 1 and raw.startswith(codecs.BOM_UTF8):  # saved by a Windows editor
+                raw = raw[len(codecs.BOM_UTF8):]
             if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
                 while True:  # skip the rest of the line
                     rest = f.readline(1 << 20)

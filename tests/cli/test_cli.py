@@ -43,6 +43,14 @@ def test_run_exports_every_id_and_status_reports(ran, tmp_path):
     assert len(manifest["input"]["sha256"]) == 64 and manifest["config"]["max_new_tokens"] == 8
 
 
+def test_cancel_of_a_finished_job_says_nothing_was_cancelled(ran):
+    job_id, _, db = ran
+    res = invoke("cancel", job_id, "--db", db)
+    assert res.exit_code == 0 and "already completed: nothing was cancelled" in res.output
+    st = json.loads(invoke("status", job_id, "--json", "--db", db).output)
+    assert st["status"] == "completed"
+
+
 def test_export_parquet_with_steps(ran, tmp_path):
     job_id, _, db = ran
     pq_path = tmp_path / "out.parquet"

@@ -153,3 +153,11 @@ def test_batch_lines_take_n_and_a_reference_from_metadata(tmp_path):
     assert v.ok and v.n_samples == 4 + 1
     a, b = (r.request() for r in _records(p))
     assert a["reference"] == "7" and b["reference"] == "3" and b["chat_template_kwargs"] == {"x": 1}
+
+
+def test_a_windows_file_is_valid_bom_crlf_and_no_final_newline(tmp_path):
+    p = tmp_path / "win.jsonl"
+    p.write_bytes(b'\xef\xbb\xbf{"id": 1, "prompt": "a"}\r\n\r\n{"id": 2, "prompt": "b"}')
+    v = validate_file(p, 10_000)
+    assert v.ok and v.n_items == 2, v.errors
+    assert [r.prompt for r in _records(p)] == ["a", "b"]
