@@ -87,7 +87,7 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, name, samples
     queue = queue_name()
     t0 = time.perf_counter()
     job_id, n = _store(file, config, queue, name, None, "pending", samples)
-    from worker.tasks import publisher
+    from worker.publish import publisher
 
     try:
         with publisher(queue) as send:
@@ -220,7 +220,7 @@ def retry(job, include_pending, db_url) -> None:
     from db import repo
     from db.session import session_factory
     from jobs.submit import enqueue_job
-    from worker.tasks import publisher
+    from worker.publish import publisher
 
     st = _require_job(job, db_url)
     with session_factory(db_url)() as session:

@@ -23,6 +23,7 @@ from celery.utils.log import get_logger
 from db import repo
 from db.session import session_factory
 from semjobs.settings import settings
+from worker.recovery import recover
 
 log = get_logger(__name__)
 _name: str | None = None
@@ -50,8 +51,6 @@ def start(worker: str) -> None:
 
 def tick() -> None:
     """One beat, then one reaper pass over the other workers."""
-    from worker.recovery import recover
-
     with session_factory()() as session:
         repo.beat(session, _name)
     released = recover()

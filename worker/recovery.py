@@ -17,6 +17,7 @@ from db import repo
 from db.session import session_factory
 from jobs.submit import chunks
 from semjobs.settings import settings
+from worker import publish
 
 Publisher = Callable[[str], AbstractContextManager[Callable[[str, list[int]], None]]]
 
@@ -27,7 +28,7 @@ def recover(url: str | None = None, dead_after_s: float | None = None,
     The release commits only after the messages are published: if publishing fails, the
     items stay held by the dead worker and the next run tries again."""
     if publisher is None:
-        from worker.tasks import publisher
+        publisher = publish.publisher
     if dead_after_s is None:
         dead_after_s = settings.worker_dead_after_s
     with session_factory(url)() as session:

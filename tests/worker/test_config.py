@@ -36,3 +36,17 @@ def test_importing_the_worker_loads_no_engine_and_no_torch():
         "assert 'torch' not in sys.modules, 'torch imported by the worker parent'"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_the_heartbeat_code_does_not_import_the_task_module():
+    """liveness -> recovery -> publish, never back to worker.tasks (which imports liveness),
+    not even inside a function."""
+    import ast
+
+    from tests.conftest import ROOT
+
+    for module in ("liveness", "recovery", "publish"):
+        tree = ast.parse((ROOT / "worker" / f"{module}.py").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert "worker.tasks" not in imported and "worker.process" not in imported, module

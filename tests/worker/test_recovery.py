@@ -54,7 +54,7 @@ def crashed(pg_db, tmp_path):
 
 
 def recording_publisher(sent, delay_s=0.0):
-    """Stands in for `worker.tasks.publisher`: records (queue, job, seqs) per message."""
+    """Stands in for `worker.publish.publisher`: records (queue, job, seqs) per message."""
     lock = threading.Lock()
 
     @contextmanager
