@@ -56,10 +56,15 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--top-p", default=SAMPLING_TOP_P, show_default=True, type=float)
 @click.option("--max-new-tokens", default=256, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int, help="Prompt i uses seed+i, for every method.")
-@click.option("--taus", default=None, help="semspec thresholds, e.g. 0,0.3 (default: the engine's default only).")
+@click.option("--taus", default=None,
+              help="semspec's floor on p_T: reject a step below it, e.g. 0,0.3 (default: the engine's, 0).")
 @click.option("--attempts", default=None,
               help="semspec drafts tried per step before the target writes it, e.g. 1,3; crossed with --taus "
                    "(default: the engine's, 1).")
+@click.option("--ratio-floors", default=None,
+              help="semspec's floor on p_T/p_D, the paper's rule (reject below it, else accept with "
+                   "probability min(1, p_T/p_D)), e.g. 0,0.6; crossed with --taus and --attempts "
+                   "(default: the engine's, 0).")
 @click.option("--target", default=None, help="Target model spec (default: the embedded SmolLM2).")
 @click.option("--draft", default=None,
               help="Draft model spec (default: the embedded draft when shipped); 'first:K' = the target's first K layers.")
@@ -88,7 +93,7 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="With --batch-size: the models' number type (auto: the fastest for each size).")
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
-          target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens, judge_threshold, threads, device,
+          ratio_floors, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens, judge_threshold, threads, device,
           cache_dir, no_warmup, no_loglik, quiet, batch_sizes, dtype) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
 
@@ -108,7 +113,7 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     settings = BenchSettings(
         prompts=prompts, limit=limit, offset=offset,
         methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
-        taus=_floats(taus), attempts=_ints(attempts),
+        taus=_floats(taus), attempts=_ints(attempts), ratio_floors=_floats(ratio_floors),
         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
         step_delimiter=_unescape(step_delimiter), max_step_tokens=max_step_tokens, draft_tokens=draft_tokens,
         judge_threshold=judge_threshold,
@@ -127,6 +132,7 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
 
     try:
         plan_runs(settings.methods, settings.taus, settings.temperature, attempts=settings.attempts,
+                  ratio_floors=settings.ratio_floors,
                   compare_drafts=settings.compare_drafts)
         prompt_list = load_prompts(prompts, limit, offset)
     except ValueError as e:

@@ -145,9 +145,10 @@ def train(data_dir, out_dir, holdout, seed, lr):
         click.echo(f"acceptance rule on {rule['n_draft_steps']} held-out draft steps (target-meaning frequency: "
                    f"all draft steps {fmt(rule['draft_target_frequency'])}, "
                    f"target's own steps {fmt(rule['target_own_frequency'])}):")
-        for row in rule["by_tau"]:
+        for row in [*rule["by_tau"], *rule.get("by_ratio_floor", [])]:
             p, o = row["probes"], row["oracle"]
-            click.echo(f"  tau {row['tau']:.2f}: probes accept {fmt(p['acceptance'])}, kept frequency "
+            floor = f"tau {row['tau']:.2f}" if "tau" in row else f"ratio floor {row['ratio_floor']:.2f}"
+            click.echo(f"  {floor}: probes accept {fmt(p['acceptance'])}, kept frequency "
                        f"{fmt(p['kept_target_frequency'])}; labels (oracle) accept {fmt(o['acceptance'])}, "
                        f"kept frequency {fmt(o['kept_target_frequency'])}")
     click.echo(f"probes, report.json and calibration.png in {out_dir}")

@@ -34,7 +34,7 @@ from .sampling import make_generator, probs_from_logits, sample, sample_logits, 
 from .steps import IncrementalText, StepDetector
 from .head import is_head
 from .stream import HeadStream, PassRequest, PassResult, Sample, Stream
-from .types import Counters, GenerationConfig, GenerationResult, StepRecord
+from .types import ANSWER_BY, Counters, GenerationConfig, GenerationResult, StepRecord
 
 Program = Generator[PassRequest, PassResult, None]
 
@@ -78,6 +78,8 @@ class Sequence:
             raise ValueError("max_new_tokens must be at least 1")
         if config.draft_attempts < 1:
             raise ValueError("draft_attempts must be at least 1")
+        if config.answer_by not in ANSWER_BY:
+            raise ValueError(f"answer_by must be one of {', '.join(ANSWER_BY)}, not {config.answer_by!r}")
         self.prompt_len = len(prompt)
         self.T = Stream(runners.target, prompt)
         self.budget = config.max_new_tokens if max_ctx is None else min(config.max_new_tokens, max_ctx - len(prompt))
@@ -430,10 +432,27 @@ class DraftingSequence(Sequence):
     def advance(self) -> Program:
         if self.remaining() <= 0:
             return self.finish("length")
+        if self.phase == "answer" and self.cfg.answer_by == "draft" and not self.draft_out_of_room():
+            yield from self.draft_write_step()
+            return
         if self.phase == "answer" or self.draft_out_of_room():
             yield from self.target_write_step("target_only")
             return
         yield from self.speculate_step()
+
+    def draft_write_step(self) -> Program:
+        """One step of the answer written by the draft and kept unverified (the paper's way
+        after the end-of-thinking marker): no target pass; the step log says "draft_only".
+        It counts in neither the drafted nor the accepted steps, which are verified ones."""
+        step = yield from self.draft_step()
+        t_ids = self.target_tokens_for(step)
+        self.T.append(t_ids)
+        self.mark_draft_accepted(step.text)
+        self.close_step("draft", "draft_only", drafted=len(step.tokens), accepted=len(step.tokens))
+        if step.end == "eos":
+            self.finish("eos")
+        elif self.remaining() <= 0 or not t_ids:
+            self.finish("length")
 
     def draft_out_of_room(self, extra: int = 0) -> bool:
         """True when drafting one more step could overflow either model's context
@@ -489,7 +508,7 @@ class SemSpecSequence(DraftingSequence):
         p_d = self.probes.draft.predict(step.pooled)
         ratio = p_t / max(p_d, 1e-6)
         accept_prob = min(1.0, ratio)
-        if cfg.tau > 0 and (p_t < cfg.tau or ratio < cfg.tau):
+        if p_t < cfg.tau or ratio < cfg.ratio_floor:
             accept_prob = 0.0
         accepted = accept_prob >= 1.0 or uniform(self.coin) < accept_prob
         return accepted, {"p_target": p_t, "p_draft": p_d, "accept_prob": accept_prob}

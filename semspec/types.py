@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 METHODS = ("ar", "token_sd", "step_judge", "semspec")
+ANSWER_BY = ("target", "draft")
 # Step rule when neither the caller nor the loaded probes say otherwise: reasoning models
 # separate steps with a blank line.
 DEFAULT_STEP_DELIMITER = "\n\n"
@@ -31,8 +32,12 @@ class GenerationConfig:
     # cut the way they were trained on), else DEFAULT_STEP_DELIMITER / DEFAULT_MAX_STEP_TOKENS.
     step_delimiter: str | None = None
     max_step_tokens: int | None = None
-    # semspec: hard floor; reject when p_T or p_T/p_D falls below it (0 disables).
+    # semspec: reject a step whose p_T (the target probe's estimate that the target would
+    # have written something of the same meaning) is below it (0 disables).
     tau: float = 0.0
+    # semspec, the paper's rule: reject a step whose p_T / p_D is below it, else accept it
+    # with probability min(1, p_T / p_D), as always (0 disables the floor).
+    ratio_floor: float = 0.0
     # semspec: drafted steps tried per step before the target writes it. 1 is the paper's
     # rule; each retry keeps a step the probes accept instead of the target's own, trading
     # target-likeness for speed (docs/benchmarks.md measures both).
@@ -42,8 +47,11 @@ class GenerationConfig:
     # step_judge: accept a drafted step when the target's 0-9 score is at least this.
     judge_threshold: int = 7
     # End-of-thinking marker: "auto" uses "</think>" when the target's vocabulary has it,
-    # None or "" disables. After it the target writes the rest itself.
+    # None or "" disables.
     think_end: str | None = "auto"
+    # semspec and step_judge: who writes the answer after the marker. "target"; or "draft",
+    # the paper's way: the draft's answer steps are kept unverified (no target pass).
+    answer_by: str = "target"
     # Extra arguments of the tokenizer's chat template (e.g. {"enable_thinking": True}).
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -56,7 +64,8 @@ class StepRecord:
     drafted_tokens: int  # tokens the draft proposed for this step (0 if none)
     accepted_tokens: int  # drafted tokens kept
     # "accepted", "rejected" (draft thrown away, target rewrote), "target_only" (no draft
-    # involved) or "token_verified" (token_sd: every token checked by the target)
+    # involved), "draft_only" (the draft's answer after the end-of-thinking marker, kept
+    # unverified: answer_by="draft") or "token_verified" (token_sd: every token checked)
     decision: str
     p_target: float | None = None
     p_draft: float | None = None

@@ -19,6 +19,7 @@ otherwise carries its adaptive number of assistant tokens over from call to call
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import time
@@ -50,6 +51,7 @@ class BenchSettings:
     methods: tuple[str, ...] = DEFAULT_METHODS
     taus: tuple[float, ...] | None = None  # None: semspec at its default setting only
     attempts: tuple[int, ...] | None = None  # semspec draft attempts per step; None: the default only
+    ratio_floors: tuple[float, ...] | None = None  # semspec's p_T/p_D floor (the paper's rule); None: the default
     temperature: float = SAMPLING_TEMPERATURE
     top_p: float = SAMPLING_TOP_P
     max_new_tokens: int = 256
@@ -75,22 +77,21 @@ def draft_name(spec: str) -> str:
     return spec.split(":", 1)[1] if spec.startswith("embedded:") else Path(spec).name or spec
 
 
+# semspec's settings the bench crosses: GenerationConfig field -> its name in run labels
+SEMSPEC_GRID = {"tau": "tau", "ratio_floor": "ratio_floor", "draft_attempts": "attempts"}
+
+
 @dataclass
 class MethodRun:
     label: str  # key in results: "ar", "ar_2", "semspec", "semspec@tau=0.3", ...
     method: str  # an engine method or "hf_assisted"
-    tau: float | None = None
-    attempts: int | None = None
+    knobs: dict[str, Any] = field(default_factory=dict)  # GenerationConfig fields set for this run
     seed_offset: int = 0
     default_setting: bool = True
     draft: str | None = None  # a spec of settings.compare_drafts; None: the main draft
 
     def meta(self) -> dict[str, Any]:
-        d = {"method": self.method, "default_setting": self.default_setting}
-        if self.tau is not None:
-            d["tau"] = self.tau
-        if self.attempts is not None:
-            d["draft_attempts"] = self.attempts
+        d = {"method": self.method, "default_setting": self.default_setting, **self.knobs}
         if self.draft is not None:
             d["draft"] = self.draft
         return d
@@ -125,34 +126,38 @@ def load_prompts(path: str | os.PathLike = DEFAULT_PROMPTS, limit: int | None = 
 
 
 def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
-              default_tau: float | None = None, attempts=None, compare_drafts=()) -> list[MethodRun]:
+              default_tau: float | None = None, attempts=None, compare_drafts=(), ratio_floors=None
+              ) -> list[MethodRun]:
     """The labelled runs: ``ar`` always (speed-ups are against it), ``ar_2`` when sampling,
-    ``semspec`` once per (tau, draft attempts) pair (the engine's defaults are labelled plain
-    ``semspec``, others e.g. ``semspec@tau=0.1`` or ``semspec@tau=0,attempts=3``), and each
-    drafting method at its defaults once more per draft of ``compare_drafts``."""
+    ``semspec`` once per combination of ``taus`` x ``ratio_floors`` x draft ``attempts``
+    (the engine's defaults are labelled plain ``semspec``, others by what differs, e.g.
+    ``semspec@tau=0.1`` or ``semspec@ratio_floor=0.6,attempts=3``), and each drafting method
+    at its defaults once more per draft of ``compare_drafts``."""
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(ALL_METHODS)}")
-    default_tau = GenerationConfig().tau if default_tau is None else default_tau
-    default_attempts = GenerationConfig().draft_attempts
+    defaults = GenerationConfig()
+    if default_tau is not None:
+        defaults.tau = default_tau
+    if any(int(k) < 1 for k in attempts or ()):
+        raise ValueError(f"draft attempts must be at least 1, not {min(int(k) for k in attempts)}")
+    grid = {"tau": [float(t) for t in taus or [defaults.tau]],
+            "ratio_floor": [float(r) for r in ratio_floors or [defaults.ratio_floor]],
+            "draft_attempts": [int(k) for k in attempts or [defaults.draft_attempts]]}
     runs = [MethodRun("ar", "ar")]
     if temperature > 0:
         runs.append(MethodRun("ar_2", "ar", seed_offset=AR2_SEED_OFFSET))
     for m in methods:
         if m == "ar":
             continue
-        if m == "semspec":
-            for tau in (taus if taus else [default_tau]):
-                for k in (attempts if attempts else [default_attempts]):
-                    tau, k = float(tau), int(k)
-                    if k < 1:
-                        raise ValueError(f"draft attempts must be at least 1, not {k}")
-                    odd = ([f"tau={tau:g}"] if abs(tau - default_tau) >= 1e-12 else []) + \
-                        ([f"attempts={k}"] if k != default_attempts else [])
-                    runs.append(MethodRun("semspec@" + ",".join(odd) if odd else "semspec", "semspec",
-                                          tau=tau, attempts=k, default_setting=not odd))
-        else:
+        if m != "semspec":
             runs.append(MethodRun(m, m))
+            continue
+        for values in itertools.product(*grid.values()):
+            knobs = dict(zip(grid, values))
+            odd = [f"{SEMSPEC_GRID[k]}={v:g}" for k, v in knobs.items() if abs(v - getattr(defaults, k)) >= 1e-12]
+            runs.append(MethodRun("semspec@" + ",".join(odd) if odd else "semspec", "semspec",
+                                  knobs=knobs, default_setting=not odd))
     for spec in compare_drafts:
         for m in methods:
             if m in ENGINE_DRAFT_METHODS:
@@ -168,10 +173,7 @@ def config_for(run: MethodRun, s: BenchSettings, prompt_index: int, max_new_toke
         top_p=s.top_p if s.temperature > 0 else 1.0,
         seed=s.seed + prompt_index + run.seed_offset,
     )
-    if run.tau is not None:
-        kw["tau"] = run.tau
-    if run.attempts is not None:
-        kw["draft_attempts"] = run.attempts
+    kw.update(run.knobs)
     for name in ("step_delimiter", "max_step_tokens", "draft_tokens", "judge_threshold"):
         if getattr(s, name) is not None:
             kw[name] = getattr(s, name)
@@ -354,6 +356,7 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
     say = progress or (lambda _m: None)
     prompts = prompts if prompts is not None else load_prompts(settings.prompts, settings.limit, settings.offset)
     plan = plan_runs(settings.methods, settings.taus, settings.temperature, attempts=settings.attempts,
+                     ratio_floors=settings.ratio_floors,
                      compare_drafts=settings.compare_drafts)
     engines = {None: engine}
     for spec in settings.compare_drafts:

@@ -1,7 +1,8 @@
 """How the acceptance rule behaves on held-out steps that the draft sampled.
 
 The engine keeps a drafted step with probability min(1, p_T / p_D), and rejects it outright
-when a floor τ > 0 is set and p_T or the ratio falls below it (`semspec.sequence`). For every
+when p_T is below the floor τ or the ratio below ``ratio_floor`` (the paper's rule; both 0
+by default; `semspec.sequence`). For every
 held-out step the draft sampled in calibration we know the label estimates of both
 probabilities (L_T, L_D: the shares of each model's N samples in the step's meaning
 cluster), so the rule can be scored twice, once with the probes' predictions and once with
@@ -24,14 +25,12 @@ from typing import Sequence
 import numpy as np
 
 
-def acceptance_probability(p_target, p_draft, tau: float = 0.0) -> np.ndarray:
-    """min(1, p_T / p_D) per step, zero where a floor τ > 0 rejects it (the engine's rule)."""
+def acceptance_probability(p_target, p_draft, tau: float = 0.0, ratio_floor: float = 0.0) -> np.ndarray:
+    """min(1, p_T / p_D) per step, zero where p_T < τ or the ratio < ``ratio_floor`` (the
+    engine's rule)."""
     p_t = np.asarray(p_target, dtype=float)
     ratio = p_t / np.maximum(np.asarray(p_draft, dtype=float), 1e-6)
-    accept = np.minimum(1.0, ratio)
-    if tau > 0:
-        accept = np.where((p_t < tau) | (ratio < tau), 0.0, accept)
-    return accept
+    return np.where((p_t < tau) | (ratio < ratio_floor), 0.0, np.minimum(1.0, ratio))
 
 
 def _kept_stats(accept: np.ndarray, label_t: np.ndarray) -> dict:
@@ -50,6 +49,7 @@ def evaluate_rule(
     pred_draft: Sequence[float],
     sources: Sequence[str],
     taus: Sequence[float] = (0.0, 0.05, 0.1, 0.2),
+    ratio_floors: Sequence[float] = (0.5, 0.6, 0.7),
 ) -> dict:
     """Score the acceptance rule on aligned rows (one per sampled step; `sources` says who
     sampled it). Only the draft's steps are decided by the rule; the target's own steps give
@@ -73,5 +73,13 @@ def evaluate_rule(
                 "oracle": _kept_stats(acceptance_probability(d_lt, d_ld, tau), d_lt),
             }
             for tau in taus
+        ],
+        "by_ratio_floor": [  # the paper's rule, at the floors its variants use
+            {
+                "ratio_floor": float(r),
+                "probes": _kept_stats(acceptance_probability(d_pt, d_pd, ratio_floor=r), d_lt),
+                "oracle": _kept_stats(acceptance_probability(d_lt, d_ld, ratio_floor=r), d_lt),
+            }
+            for r in ratio_floors
         ],
     }

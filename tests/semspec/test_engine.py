@@ -291,6 +291,35 @@ def test_tau_floor_rejects(tiny_target, tiny_draft, ar_result):
     assert r.counters.steps_accepted == r.counters.steps_drafted > 0
 
 
+def test_ratio_floor_is_the_papers_rule_and_tau_floors_p_target_alone(tiny_target, tiny_draft, ar_result):
+    e = Engine(tiny_target, tiny_draft, ProbePair.constant(0.5, 0.4, 64, 64))  # p_T/p_D = 1.25
+    for kw, accepted in (({"ratio_floor": 1.2}, True), ({"ratio_floor": 1.3}, False),
+                         ({"tau": 0.6, "ratio_floor": 0.0}, False), ({"tau": 0.4}, True)):
+        r = e.generate(PROMPT, cfg("semspec", **kw))
+        assert r.counters.steps_drafted > 0, kw
+        assert r.counters.steps_accepted == (r.counters.steps_drafted if accepted else 0), kw
+        if not accepted:
+            assert r.text == ar_result.text and all(s.accept_prob == 0.0 for s in r.steps if s.p_target)
+
+
+def test_the_draft_writes_the_answer_with_answer_by_draft(accept_engine):
+    free = accept_engine.generate(PROMPT, cfg("semspec", think_end=None))
+    marker = free.steps[1].text[-2:]
+    by = {who: accept_engine.generate(PROMPT, cfg("semspec", think_end=marker, answer_by=who))
+          for who in ("target", "draft")}
+    r = by["draft"]
+    idx = next(i for i, s in enumerate(r.steps) if marker in s.text)
+    after = r.steps[idx + 1:]
+    assert after and all(s.author == "draft" and s.decision == "draft_only" for s in after)
+    # no target pass after the marker, and the unverified steps count in no acceptance figure
+    assert r.counters.target_forward_passes < by["target"].counters.target_forward_passes
+    assert r.counters.steps_drafted == sum(s.decision in ("accepted", "rejected") for s in r.steps)
+    upto = r.text.index(marker) + len(marker)
+    assert r.text[:upto] == by["target"].text[:upto] and r.text != by["target"].text
+    with pytest.raises(ValueError, match="answer_by"):
+        accept_engine.generate(PROMPT, cfg("semspec", answer_by="judge"))
+
+
 def test_end_of_thinking_marker_hands_over_to_the_target(accept_engine):
     free = accept_engine.generate(PROMPT, cfg("semspec", think_end=None))
     marker = free.steps[1].text[-2:]  # something the draft writes in its second step

@@ -7,9 +7,12 @@ from semspec.calibration.rule_eval import acceptance_probability, evaluate_rule
 def test_acceptance_probability_is_the_engine_rule():
     acc = acceptance_probability([0.2, 0.5, 0.0, 0.3], [0.4, 0.25, 0.5, 0.0])
     assert acc == pytest.approx([0.5, 1.0, 0.0, 1.0])
-    # A floor rejects outright when p_T or the ratio falls below it.
+    # tau rejects outright when p_T falls below it, whatever the ratio
     floored = acceptance_probability([0.2, 0.05, 0.3], [0.4, 0.01, 0.3], tau=0.1)
     assert floored == pytest.approx([0.5, 0.0, 1.0])
+    # the paper's rule: below the ratio floor rejected, above it min(1, ratio)
+    paper = acceptance_probability([0.2, 0.35, 0.05], [0.4, 0.5, 0.01], ratio_floor=0.6)
+    assert paper == pytest.approx([0.0, 0.7, 1.0])
 
 
 def test_evaluate_rule_compares_probes_with_label_oracle():

@@ -79,8 +79,11 @@ def test_train_probes_on_synthetic_data(tmp_path):
     assert report["meaning_overlap"]["prefixes"] == 12 * 3  # every prefix, no model involved
     rule = report["acceptance_rule_held_out"]
     assert rule["n_draft_steps"] == 3 * 3 * 8  # held-out questions x prefixes x draft samples
-    for row in rule["by_tau"]:
+    for row in rule["by_tau"] + rule["by_ratio_floor"]:
         assert 0.0 <= row["probes"]["acceptance"] <= 1.0 and 0.0 <= row["oracle"]["acceptance"] <= 1.0
+    # a floor on the ratio only takes steps away
+    assert all(r["probes"]["acceptance"] <= rule["by_tau"][0]["probes"]["acceptance"] + 1e-12
+               for r in rule["by_ratio_floor"])
     # Held-out questions are whole questions.
     assert report["questions"] == {"train": 9, "held_out": 3}
     pair = ProbePair.load(tmp_path / "probes")
