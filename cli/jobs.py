@@ -9,7 +9,7 @@ import time
 
 import click
 
-from jobs.export import FORMATS, ONLY
+from jobs.export_fields import FORMATS, ONLY
 from jobs.schema import MAX_SAMPLES
 
 EXIT_INVALID_INPUT = 2
@@ -35,7 +35,8 @@ def generation_options(f):
 
 def db_option(f):
     return click.option("--db", "db_url", default=None,
-                        help="Database URL (default: SEMJOBS_DATABASE_URL).")(f)
+                        help="Database URL (default: SEMJOBS_DATABASE_URL when set, else the "
+                        "database of the last `run` or `submit` here, else the embedded SQLite file).")(f)
 
 
 def _config(method, max_new_tokens, temperature, top_p, seed, samples) -> dict:
@@ -52,25 +53,41 @@ def _config(method, max_new_tokens, temperature, top_p, seed, samples) -> dict:
 
 
 def _store(file, config, queue, name, url, status, samples, validation=None):
+    from jobs.locate import remember
     from jobs.submit import InvalidInput, store_job
+    from semjobs.settings import settings
 
     try:
-        return store_job(file, config, queue=queue, name=name, url=url, status=status,
-                         validation=validation, samples=samples)
+        job_id, n = store_job(file, config, queue=queue, name=name, url=url, status=status,
+                              validation=validation, samples=samples)
     except InvalidInput as e:
         for line in e.lines():
             click.echo(line, err=True)
         click.echo(f"error: {e}; nothing was stored", err=True)
         sys.exit(EXIT_INVALID_INPUT)
+    remember(job_id, url or settings.database_url)
+    return job_id, n
 
 
-def _require_job(job_id: str, url: str | None) -> dict:
+def _locate(job: str | None, db_url: str | None) -> tuple[dict, str]:
+    """(the job's status, its database): the job named, else the newest (jobs.locate)."""
+    from jobs.locate import database_url, newest_job
     from jobs.status import job_status
 
-    st = job_status(job_id, url=url)
+    url = database_url(db_url)
+    job = job or newest_job(url)
+    if job is None:
+        raise click.ClickException(f"no job in {_shown(url)}; give --db or run a job first")
+    st = job_status(job, url=url)
     if st is None:
-        raise click.ClickException(f"no job {job_id!r}")
-    return st
+        raise click.ClickException(f"no job {job!r} in {_shown(url)}")
+    return st, url
+
+
+def _shown(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
 
 
 @click.command()
@@ -106,27 +123,15 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, name, samples
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", is_flag=True, help="Show a live progress bar until the job ends.")
 @click.option("--interval", type=float, default=1.0, show_default=True)
-@click.option("--limit", type=int, default=20, show_default=True, help="Jobs in the table.")
 @db_option
-def status(job, as_json, watch, interval, limit, db_url) -> None:
-    """One job's progress, or a table of recent jobs."""
-    from db.models import JOB_ACTIVE
-    from jobs.status import progress_line, recent_jobs, render
+def status(job, as_json, watch, interval, db_url) -> None:
+    """One job's progress (default: the newest job): counts, tokens/s, acceptance, answers.
 
-    if job is None:
-        rows = recent_jobs(limit, url=db_url)
-        if as_json:
-            click.echo(json.dumps(rows, indent=2))
-            return
-        click.echo(f"{'JOB':<14}{'STATUS':<11}{'DONE':>8}{'FAILED':>8}{'TOTAL':>8}  "
-                   f"{'METHOD':<10}{'CREATED':<26}NAME")
-        for r in rows:
-            c = r["counts"]
-            click.echo(f"{r['id']:<14}{r['status']:<11}{c['done']:>8}{c['failed']:>8}"
-                       f"{r['n_items']:>8}  {r['method']:<10}{(r['created_at'] or '')[:25]:<26}"
-                       f"{r['name'] or ''}")
-        return
-    st = _require_job(job, db_url)
+    Example: semjobs status --watch"""
+    from db.models import JOB_ACTIVE
+    from jobs.status import job_status, progress_line, render
+
+    st, url = _locate(job, db_url)
     if watch:
         tty = sys.stdout.isatty()
         while True:
@@ -135,7 +140,7 @@ def status(job, as_json, watch, interval, limit, db_url) -> None:
             if st["status"] not in JOB_ACTIVE:
                 break
             time.sleep(interval)
-            st = _require_job(job, db_url)
+            st = job_status(st["id"], url=url)
         if tty:
             click.echo()
     if as_json:
@@ -144,8 +149,32 @@ def status(job, as_json, watch, interval, limit, db_url) -> None:
         click.echo(render(st))
 
 
+@click.command("jobs")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--limit", type=int, default=20, show_default=True, help="How many jobs, newest first.")
+@db_option
+def jobs_command(as_json, limit, db_url) -> None:
+    """Recent jobs: state, items, tokens/s, step acceptance, age.
+
+    Example: semjobs jobs --limit 5"""
+    from jobs.locate import database_url
+    from jobs.status import fmt_duration, recent_jobs
+
+    rows = recent_jobs(limit, url=database_url(db_url))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(f"{'JOB':<14}{'STATUS':<11}{'DONE':>7}{'FAILED':>7}{'TOTAL':>7}{'TOK/S':>8}{'STEPS OK':>9}"
+               f"{'AGE':>10}  {'METHOD':<10}NAME")
+    for r in rows:
+        c, acc = r["counts"], r["step_acceptance"]
+        click.echo(f"{r['id']:<14}{r['status']:<11}{c['done']:>7}{c['failed']:>7}{r['n_items']:>7}"
+                   f"{r['tokens_per_s'] or 0:>8.1f}{'-' if acc is None else f'{acc:.0%}':>9}"
+                   f"{fmt_duration(r['age_s']):>10}  {r['method']:<10}{r['name'] or ''}")
+
+
 @click.command()
-@click.argument("job")
+@click.argument("job", required=False)
 @click.option("-o", "--output", required=True, type=click.Path(),
               help="Results: a file (jsonl, parquet, batch) or an empty directory (hf).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
@@ -164,9 +193,10 @@ def status(job, as_json, watch, interval, limit, db_url) -> None:
 def export(job, output, fmt, only, majority, errors, steps, db_url) -> None:
     """Write one row per finished sample, keyed by the input's id and the sample.
 
-    Example (rejection sampling): semjobs export JOB --only correct --format hf -o data/correct"""
-    _require_job(job, db_url)
-    _export(job, output, errors, db_url, steps, fmt=fmt, only=only, majority=majority)
+    JOB defaults to the newest job. Example (rejection sampling):
+    semjobs export --only correct --format hf -o data/correct"""
+    st, url = _locate(job, db_url)
+    _export(st["id"], output, errors, url, steps, fmt=fmt, only=only, majority=majority)
 
 
 def _export(job_id, output, errors, url, steps, **filters) -> None:
@@ -191,6 +221,24 @@ def _print_export(rep) -> None:
 
 
 @click.command()
+@click.argument("job", required=False)
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory for report.md, the PNGs and manifest.json.")
+@db_option
+def report(job, out_dir, db_url) -> None:
+    """A job's report (default: the newest job): PNGs of step acceptance by position, of step
+    lengths and of throughput over time, its figures as Markdown, and its manifest.
+
+    Example: semjobs report -o out/report"""
+    from jobs.report import write_report
+
+    st, url = _locate(job, db_url)
+    out = write_report(st["id"], out_dir, url=url)
+    click.echo(f"report of job {st['id']} in {out}: report.md, step_acceptance.png, step_lengths.png, "
+               "throughput.png, manifest.json")
+
+
+@click.command()
 @click.argument("job")
 @db_option
 def cancel(job, db_url) -> None:
@@ -201,7 +249,7 @@ def cancel(job, db_url) -> None:
     from db.models import JOB_ACTIVE
     from db.session import session_factory
 
-    st = _require_job(job, db_url)
+    st, db_url = _locate(job, db_url)
     if st["status"] not in JOB_ACTIVE:
         click.echo(f"job {job} is already {st['status']}: nothing was cancelled")
         return
@@ -222,7 +270,7 @@ def retry(job, include_pending, db_url) -> None:
     from jobs.submit import enqueue_job
     from worker.publish import publisher
 
-    st = _require_job(job, db_url)
+    st, db_url = _locate(job, db_url)
     with session_factory(db_url)() as session:
         seqs = repo.reset_failed(session, job)
         if include_pending:

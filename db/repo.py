@@ -487,3 +487,22 @@ def steps_for(session: Session, item_pk: int) -> list[StepLog]:
     return list(
         session.scalars(select(StepLog).where(StepLog.item_pk == item_pk).order_by(StepLog.step_index))
     )
+
+
+def step_outcomes(session: Session, job_id: str) -> list[tuple]:
+    """(step index, author, decision, target tokens) of every logged step of the job."""
+    return list(session.execute(
+        select(StepLog.step_index, StepLog.author, StepLog.decision, StepLog.target_tokens)
+        .where(StepLog.job_id == job_id)
+    ))
+
+
+def completions(session: Session, job_id: str) -> list[tuple]:
+    """(finished at, generated tokens) of the job's finished items, in the order they finished."""
+    rows = session.execute(
+        select(Item.finished_at, ItemStats.generated_tokens)
+        .join(ItemStats, ItemStats.item_pk == Item.id)
+        .where(Item.job_id == job_id, Item.status == "done")
+        .order_by(Item.finished_at)
+    )
+    return [(as_utc(ts), n) for ts, n in rows]

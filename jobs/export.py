@@ -19,10 +19,9 @@ from db import repo
 from db.models import Item, ItemStats, Job, Output
 from db.session import session_factory
 from jobs import accuracy
+from jobs.export_fields import EXPORT_FIELDS, FORMATS, ONLY, OPTIONAL_FIELDS
 from jobs.schema import OPENAI_BATCH
 
-FORMATS = ("jsonl", "parquet", "batch", "hf")
-ONLY = ("correct", "incorrect")
 
 
 @dataclass
@@ -106,30 +105,6 @@ def batch_line(job: Job, done: list[Kept]) -> dict:
         "response": {"status_code": 200, "request_id": f"{job.id}-{first.item.seq}", "body": body},
         "error": None,
     }
-
-
-# The columns of a sample's row, in order: name -> (column type in Parquet and the
-# dataset, what it holds). The README's "Output" table lists the same fields. Nested values
-# (usage, stats, models, meta, steps) are JSON text there; ids are text.
-EXPORT_FIELDS = {
-    "id": ("string", "the input's id"),
-    "sample": ("int64", "which of the input's samples (0-based; `--n`)"),
-    "output": ("string", "everything the model generated"),
-    "reasoning": ("string", "the trace before the answer: before the end-of-thinking marker, "
-                            "else all but its last line"),
-    "content": ("string", "the answer part: after the marker, else the trace's last line"),
-    "final_answer": ("string", "the answer parsed from the output (semspec.answers), or null"),
-    "reference": ("string", "the input's reference answer (its `answer`, or `metadata.answer`), or null"),
-    "correct": ("bool", "final_answer checked against reference (math-verify); false when no answer "
-                        "was found, null without a reference"),
-    "finish_reason": ("string", "eos or length"),
-    "usage": ("string", "prompt, completion and total tokens"),
-    "method": ("string", "the decoding method"),
-    "stats": ("string", "the engine's counters, wall time, phase times and tokens/s of this sample"),
-    "models": ("string", "the models' identities (path and sha256)"),
-}
-# Columns after them: the input's other fields, and the step log with --steps.
-OPTIONAL_FIELDS = {"meta": ("string", "the input's other fields"), "steps": ("string", "the per-step log")}
 
 
 def result_line(job: Job, kept: Kept) -> dict:

@@ -84,14 +84,22 @@ def job_status(job_id: str, *, url: str | None = None) -> dict[str, Any] | None:
 
 
 def recent_jobs(limit: int = 20, *, url: str | None = None) -> list[dict[str, Any]]:
+    """The newest jobs with their counts, throughput, step acceptance and age."""
+    now = datetime.now(timezone.utc)
     with session_factory(url)() as session:
-        jobs = repo.list_jobs(session, limit)
         rows = []
-        for job in jobs:
-            c = repo.counts(session, job.id)
+        for job in repo.list_jobs(session, limit):
+            sums = repo.stat_sums(session, job.id)
+            started, finished = repo.as_utc(job.started_at), repo.as_utc(job.finished_at)
+            elapsed = ((finished or now) - started).total_seconds() if started else 0.0
             rows.append({
                 "id": job.id, "name": job.name, "status": job.status, "method": job.method,
-                "n_items": job.n_items, "counts": c, "created_at": _iso(job.created_at),
+                "n_items": job.n_items, "counts": repo.counts(session, job.id),
+                "generated_tokens": int(sums["generated_tokens"]),
+                "tokens_per_s": _ratio(sums["generated_tokens"], elapsed),
+                "step_acceptance": _ratio(sums["steps_accepted"], sums["steps_drafted"]),
+                "created_at": _iso(job.created_at),
+                "age_s": round((now - repo.as_utc(job.created_at)).total_seconds(), 1),
             })
     return rows
 

@@ -55,6 +55,9 @@ class Settings(BaseSettings):
 
     # Embedded mode (`semjobs run`): no servers, one SQLite file.
     embedded_database_url: str = "sqlite:///semjobs.sqlite"
+    # Where `run` and `submit` record the job they stored and its database, so the other
+    # commands find it without flags (jobs.locate); None: cache_dir / "last_run.json".
+    last_run_file: Path | None = None
 
     # Worker behaviour (README "Workers that die" says why each exists).
     # Queue of this deployment's model pair; None derives "semjobs.<target>+<draft>".

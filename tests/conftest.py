@@ -78,6 +78,16 @@ def pg_db(pg_url):
     return pg_url
 
 
+@pytest.fixture(autouse=True)
+def last_run_file(tmp_path, monkeypatch):
+    """Where this test's commands record their last job (jobs.locate), not the user's cache."""
+    from semjobs.settings import settings
+
+    path = tmp_path / "last_run.json"
+    monkeypatch.setattr(settings, "last_run_file", path)
+    return path
+
+
 @pytest.fixture
 def sqlite_db(tmp_path):
     from db import migrate
@@ -127,7 +137,7 @@ def fake_engine(monkeypatch):
 
 
 @pytest.fixture
-def service_env(pg_db, redis_url, queue):
+def service_env(pg_db, redis_url, queue, last_run_file):
     """Environment for `semjobs` subprocesses talking to this test's database and queue."""
     env = dict(os.environ)
     env.update(
@@ -137,6 +147,7 @@ def service_env(pg_db, redis_url, queue):
         SEMJOBS_QUEUE=queue,
         SEMJOBS_ENGINE_FACTORY=FAKE_ENGINE,
         SEMJOBS_CHUNK_SIZE="4",
+        SEMJOBS_LAST_RUN_FILE=str(last_run_file),
     )
     return env
 

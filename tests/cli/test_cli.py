@@ -35,12 +35,33 @@ def test_run_exports_every_id_and_status_reports(ran, tmp_path):
     assert "3 done" in text and "acceptance" in text
     watch = invoke("status", job_id, "--watch", "--db", db).output
     assert "[" + "#" * 30 + "] 3/3" in watch
-    table = invoke("status", "--db", db).output
-    assert job_id in table
+    table = invoke("jobs", "--db", db).output
+    assert job_id in table and "completed" in table and "TOK/S" in table
     manifest = json.loads((tmp_path / "out.manifest.json").read_text())
     assert manifest["job"]["id"] == job_id and manifest["counts"]["done"] == 3
     assert manifest["identities"]["target"].startswith("fake-instant")
     assert len(manifest["input"]["sha256"]) == 64 and manifest["config"]["max_new_tokens"] == 8
+
+
+def test_commands_find_the_job_just_run_without_flags(ran, tmp_path, monkeypatch):
+    from semjobs.settings import settings
+
+    job_id, out, db = ran
+    monkeypatch.chdir(tmp_path)  # the recorded SQLite path is absolute
+    st = json.loads(invoke("status", "--json").output)
+    assert st["id"] == job_id and st["status"] == "completed"
+    assert json.loads(invoke("jobs", "--json").output)[0]["id"] == job_id
+    res = invoke("export", "-o", tmp_path / "again.jsonl")
+    assert res.exit_code == 0 and (tmp_path / "again.jsonl").read_text() == out.read_text()
+    # SEMJOBS_DATABASE_URL, when set, wins: the full stack's Postgres
+    monkeypatch.setattr(settings, "database_url", f"sqlite:///{tmp_path / 'empty.sqlite'}")
+    from db import migrate
+
+    migrate.upgrade(settings.database_url)
+    res = invoke("status")
+    assert res.exit_code == 1 and "no job in sqlite:///" in res.output
+    res = invoke("status", "nope", "--db", "postgresql+psycopg://u:secret@127.0.0.1:1/x")
+    assert res.exit_code == 1 and "secret" not in res.output
 
 
 def test_cancel_of_a_finished_job_says_nothing_was_cancelled(ran):

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import main
-from jobs.export import EXPORT_FIELDS
+from jobs.export_fields import EXPORT_FIELDS
 
 
 def invoke(*args):

@@ -1,0 +1,60 @@
+"""Which database, and which job, a command means when the user does not say.
+
+The database: `--db` when given; else `SEMJOBS_DATABASE_URL` when it is set (the full stack:
+Postgres); else the database of the last `semjobs run` or `submit` on this machine (recorded in
+`settings.last_run_file`); else the embedded SQLite file. The job: the one named, else the
+newest job in that database. So after `semjobs run`, `semjobs status`, `jobs`, `export` and
+`report` find that job with no flags.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+from db import repo
+from db.session import session_factory
+from semjobs.settings import settings
+
+LAST_RUN_FILE = "last_run.json"
+
+
+def _last_run_path() -> Path:
+    return Path(settings.last_run_file or Path(settings.cache_dir) / LAST_RUN_FILE)
+
+
+def remember(job_id: str, url: str) -> None:
+    """Record the job a command just stored and its database (a relative SQLite path made
+    absolute, so the record holds from any directory)."""
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
+        url = u.set(database=str(Path(u.database).resolve())).render_as_string(hide_password=False)
+    path = _last_run_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"job": job_id, "database": url}) + "\n")
+
+
+def _configured() -> bool:
+    """Whether the deployment names its database (the environment, a .env file, code)."""
+    default = type(settings).model_fields["database_url"].default
+    return "SEMJOBS_DATABASE_URL" in os.environ or settings.database_url != default
+
+
+def database_url(explicit: str | None = None) -> str:
+    if explicit:
+        return explicit
+    if _configured():
+        return settings.database_url
+    try:
+        return json.loads(_last_run_path().read_text())["database"]
+    except (OSError, ValueError, KeyError):
+        return settings.embedded_database_url
+
+
+def newest_job(url: str) -> str | None:
+    with session_factory(url)() as session:
+        jobs = repo.list_jobs(session, 1)
+    return jobs[0].id if jobs else None

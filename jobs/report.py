@@ -1,0 +1,148 @@
+"""A job's report for whoever the result is handed to: PNGs of step acceptance by step
+position, of the lengths of kept steps, and of throughput over the job's life, the job's
+figures as Markdown, and its manifest. Read from the database only (the engine's step log
+and per-item stats), so it works while the job runs and long after."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from db import repo
+from db.session import session_factory
+from jobs.export import manifest_of
+from jobs.status import answers_line, fmt_duration, job_status, render
+
+MAX_POSITION = 40  # steps further into a trace are rare; they share the last bar
+VERIFIED = ("accepted", "rejected")  # the decisions the acceptance rule made
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_acceptance(steps: list[tuple], path: Path) -> None:
+    """Share of drafted steps kept, by step position, with how many were drafted there."""
+    plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+    drafted, kept = Counter(), Counter()
+    for index, _author, decision, _tokens in steps:
+        if decision in VERIFIED:
+            pos = min(index, MAX_POSITION)
+            drafted[pos] += 1
+            kept[pos] += decision == "accepted"
+    fig, ax = plt.subplots(figsize=(8, 4))
+    if drafted:
+        xs = sorted(drafted)
+        ax.bar(xs, [kept[x] / drafted[x] for x in xs], color="tab:blue")
+        ax.set_ylim(0, 1)
+        twin = ax.twinx()
+        twin.plot(xs, [drafted[x] for x in xs], color="tab:gray", marker=".", linewidth=1)
+        twin.set_ylim(bottom=0)
+        twin.set_ylabel("drafted steps", color="tab:gray")
+        ax.set_ylabel("share of drafted steps kept")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    else:
+        ax.text(0.5, 0.5, "no drafted steps (the target wrote every step)", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.set_xlabel(f"step position in the trace ({MAX_POSITION} = {MAX_POSITION} and later)")
+    ax.set_title("Step acceptance by position")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_step_lengths(steps: list[tuple], path: Path) -> None:
+    """Target tokens per step: drafted steps kept beside steps the target wrote."""
+    plt = _plt()
+    kept = [t for _, author, decision, t in steps if author == "draft" and t]
+    written = [t for _, author, decision, t in steps if author == "target" and t]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    top = max(kept + written + [1])
+    bins = range(0, top + 2, max(1, (top + 1) // 30))
+    if kept:
+        ax.hist(kept, bins=bins, alpha=0.7, label=f"kept drafted steps ({len(kept)})", color="tab:blue")
+    if written:
+        ax.hist(written, bins=bins, alpha=0.5, label=f"target-written steps ({len(written)})", color="tab:orange")
+    ax.set_xlabel("target tokens in the step")
+    ax.set_ylabel("steps")
+    ax.set_title("Step lengths")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_throughput(done: list[tuple], started, path: Path) -> None:
+    """Generated tokens over the job's life: cumulative, and per minute."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    if done and started is not None:
+        t = [(ts - started).total_seconds() / 60 for ts, _ in done]
+        total, cum = 0, []
+        for _, n in done:
+            total += n
+            cum.append(total)
+        ax.plot(t, cum, color="tab:blue")
+        ax.set_ylabel("generated tokens (cumulative)", color="tab:blue")
+        span = max(t[-1], 1e-9)
+        width = max(span / 30, 1 / 60)  # about 30 bars, at least a second each
+        per = Counter(int(x / width) for x in t)
+        tokens = Counter()
+        for x, (_, n) in zip(t, done):
+            tokens[int(x / width)] += n
+        twin = ax.twinx()
+        twin.bar([(b + 0.5) * width for b in per], [tokens[b] / (width * 60) for b in per], width=width * 0.9,
+                 alpha=0.3, color="tab:green")
+        twin.set_ylabel("tokens/s (items finished in the bar)", color="tab:green")
+    else:
+        ax.text(0.5, 0.5, "no finished items yet", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("minutes since the job started")
+    ax.set_title("Throughput")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(st: dict, steps: list[tuple]) -> str:
+    decisions = Counter(d for _, _, d, _ in steps)
+    lines = [f"# Job {st['id']} — {st['name'] or ''}".rstrip(" —"), "", "```", render(st), "```", "",
+             "| figure | value |", "|---|---|",
+             f"| status | {st['status']} |", f"| method | {st['method']} |",
+             f"| items | {st['n_items']} ({st['counts']['done']} done, {st['counts']['failed']} failed) |",
+             f"| generated tokens | {st['generated_tokens']} |",
+             f"| tokens/s (service) | {st['tokens_per_s']} |",
+             f"| tokens/s (per item) | {st['decode_tokens_per_s']} |",
+             f"| elapsed | {fmt_duration(st['elapsed_s'])} |",
+             f"| step acceptance | {st['acceptance']['step_acceptance']} |",
+             f"| steps by decision | {', '.join(f'{k} {v}' for k, v in sorted(decisions.items())) or '-'} |"]
+    if st.get("answers"):
+        lines.append(f"| answers | {answers_line(st['answers'])} |")
+    lines += ["", "![step acceptance](step_acceptance.png)", "", "![step lengths](step_lengths.png)", "",
+              "![throughput](throughput.png)", "", "Manifest (models, hashes, settings): `manifest.json`.", ""]
+    return "\n".join(lines)
+
+
+def write_report(job_id: str, out_dir: str | Path, *, url: str | None = None) -> Path:
+    """Write report.md, the three PNGs and manifest.json into ``out_dir``; returns it."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    st = job_status(job_id, url=url)
+    if st is None:
+        raise KeyError(job_id)
+    with session_factory(url)() as session:
+        steps = repo.step_outcomes(session, job_id)
+        done = repo.completions(session, job_id)
+        started = repo.as_utc(repo.get_job(session, job_id).started_at)
+    plot_acceptance(steps, out / "step_acceptance.png")
+    plot_step_lengths(steps, out / "step_lengths.png")
+    plot_throughput(done, started, out / "throughput.png")
+    (out / "report.md").write_text(markdown(st, steps), encoding="utf-8")
+    (out / "manifest.json").write_text(json.dumps(manifest_of(job_id, url=url), indent=2, default=str) + "\n")
+    return out

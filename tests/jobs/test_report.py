@@ -1,0 +1,28 @@
+"""`semjobs report`: the PNGs, the Markdown figures and the manifest of a job, from the
+database alone (SQLite, the instant test-double engine)."""
+
+import json
+
+from click.testing import CliRunner
+
+from cli.main import main
+from tests.conftest import ROOT
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_report_of_the_job_just_run(tmp_path, sqlite_db, fake_engine):
+    res = invoke("run", ROOT / "examples" / "prompts.jsonl", "-o", tmp_path / "o.jsonl", "--db", sqlite_db)
+    job_id = res.output.strip().splitlines()[-1]
+    res = invoke("report", "-o", tmp_path / "report")  # no job, no database named: the run's
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "report"
+    for png in ("step_acceptance.png", "step_lengths.png", "throughput.png"):
+        data = (out / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, png
+    md = (out / "report.md").read_text()
+    # the test double logs two steps per item: a kept draft, then a rejected one
+    assert job_id in md and "accepted 3, rejected 3" in md and "| step acceptance | 0.5 |" in md
+    assert json.loads((out / "manifest.json").read_text())["job"]["id"] == job_id
