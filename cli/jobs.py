@@ -136,7 +136,8 @@ def status(job, as_json, watch, interval, db_url) -> None:
         tty = sys.stdout.isatty()
         while True:
             line = progress_line(st)
-            click.echo(("\r" + line) if tty else line, nl=not tty)
+            # in a terminal: back to the line's start, the new line, clear what is left of the old
+            click.echo(f"\r{line}\x1b[K" if tty else line, nl=not tty)
             if st["status"] not in JOB_ACTIVE:
                 break
             time.sleep(interval)

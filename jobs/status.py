@@ -154,7 +154,9 @@ def progress_line(st: dict[str, Any], width: int = 30) -> str:
     settled = c["done"] + c["failed"] + c["cancelled"]
     filled = int(width * settled / total)
     bar = "#" * filled + "-" * (width - filled)
+    acc = st["acceptance"]["step_acceptance"]
     return (
         f"[{bar}] {settled}/{st['n_items']}  done {c['done']} failed {c['failed']}"
-        f"  {st['tokens_per_s'] or 0:.1f} tok/s  ETA {fmt_duration(st['eta_s'])}  {st['status']}"
+        f"  {st['generated_tokens']} tok  {st['tokens_per_s'] or 0:.1f} tok/s"
+        f"  steps kept {'-' if acc is None else f'{acc:.0%}'}  ETA {fmt_duration(st['eta_s'])}  {st['status']}"
     )
