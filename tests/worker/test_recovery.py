@@ -59,7 +59,7 @@ def recording_publisher(sent, delay_s=0.0):
 
     @contextmanager
     def publisher(queue):
-        def send(job_id, seqs):
+        def send(job_id, seqs, labels=None):
             time.sleep(delay_s)  # keeps the reaper's transaction open while others try
             with lock:
                 sent.append((queue, job_id, list(seqs)))

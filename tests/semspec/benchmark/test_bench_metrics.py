@@ -96,13 +96,13 @@ def test_plan_runs():
     with pytest.raises(ValueError, match="unknown method"):
         plan_runs(["beam"], None, 0.0)
     paper = plan_runs(["semspec"], None, temperature=0.6, ratio_floors=(0.0, 0.6))
-    assert [r.label for r in paper] == ["ar", "ar_2", "semspec", "semspec@ratio_floor=0.6"]
-    assert paper[-1].meta()["ratio_floor"] == 0.6 and not paper[-1].default_setting
+    assert [r.label for r in paper] == ["ar", "ar_2", "semspec@ratio_floor=0", "semspec"]
+    assert paper[2].meta()["ratio_floor"] == 0.0 and not paper[2].default_setting
     crossed = plan_runs(["semspec"], (0.0, 0.1), temperature=0.6, attempts=(1, 3))
     assert [r.label for r in crossed] == ["ar", "ar_2", "semspec", "semspec@attempts=3", "semspec@tau=0.1",
                                           "semspec@tau=0.1,attempts=3"]
     assert [r.default_setting for r in crossed[2:]] == [True, False, False, False]
-    assert crossed[3].meta() == {"method": "semspec", "default_setting": False, "tau": 0.0, "ratio_floor": 0.0,
+    assert crossed[3].meta() == {"method": "semspec", "default_setting": False, "tau": 0.0, "ratio_floor": 0.6,
                                  "draft_attempts": 3}
     with pytest.raises(ValueError, match="at least 1"):
         plan_runs(["semspec"], None, 0.6, attempts=(0,))
