@@ -1,5 +1,7 @@
 """`semjobs worker`: a Celery worker configured by the settings object."""
 
+import os
+
 import click
 
 
@@ -11,7 +13,8 @@ import click
 @click.option("--pool", type=click.Choice(["auto", "solo", "prefork", "threads"]), default="auto",
               show_default=True, help="auto: solo for one process, prefork (lazy model load "
               "in each child) for more.")
-@click.option("-n", "--hostname", default=None, help="Celery node name.")
+@click.option("-n", "--hostname", default=None,
+              help="Celery node name (default: semjobs-PID@HOST, unique per process).")
 @click.option("-l", "--loglevel", default="INFO", show_default=True)
 @click.option("--max-tasks-per-child", type=int, default=None)
 @click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -49,8 +52,9 @@ def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, t
         "worker", "-Q", ",".join(queues or [queue_name()]), "--concurrency", str(concurrency),
         "--pool", pool, "--loglevel", loglevel, "-E",
     ]
-    if hostname:
-        argv += ["--hostname", hostname]
+    # Celery's default, celery@HOST, would name a killed worker and its replacement alike
+    # (in Flower, in the heartbeats): the process id tells them apart.
+    argv += ["--hostname", hostname or f"semjobs-{os.getpid()}@%h"]
     if max_tasks_per_child:
         argv += ["--max-tasks-per-child", str(max_tasks_per_child)]
     app.worker_main(argv)

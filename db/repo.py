@@ -89,6 +89,15 @@ def _copy_items(session: Session, job_id: str, items: Iterable[dict], batch_size
     return n
 
 
+def item_labels(session: Session, job_id: str, seqs: Iterable[int] | None = None) -> dict[int, str]:
+    """Position -> the item's input id as people read it ("id", or "id#k" for sample k > 0),
+    of the job's items at ``seqs`` (default: all)."""
+    stmt = select(Item.seq, Item.item_id, Item.sample).where(Item.job_id == job_id)
+    if seqs is not None:
+        stmt = stmt.where(Item.seq.in_(list(seqs)))
+    return {seq: f"{item_id}#{sample}" if sample else item_id for seq, item_id, sample in session.execute(stmt)}
+
+
 def set_job_status(session: Session, job_id: str, status: str, *, only_from: Iterable[str]) -> bool:
     res = session.execute(
         update(Job).where(Job.id == job_id, Job.status.in_(tuple(only_from))).values(status=status)

@@ -196,18 +196,20 @@ def unfinished_seqs(job_id: str, *, url: str | None = None) -> list[int]:
 
 def enqueue_job(
     job_id: str,
-    enqueue: Callable[[str, list[int]], None],
+    enqueue: Callable[[str, list[int], list[str]], None],
     *,
     url: str | None = None,
     seqs: list[int] | None = None,
 ) -> int:
-    """Send the job's pending items (or `seqs`) to `enqueue` in chunks; job -> queued."""
+    """Send the job's pending items (or `seqs`) to `enqueue` in chunks, with their input ids
+    (for Flower); job -> queued."""
     with session_factory(url)() as session:
         if seqs is None:
             seqs = repo.pending_seqs(session, job_id)
+        labels = repo.item_labels(session, job_id, None if len(seqs) > 1000 else seqs)
         n = 0
         for chunk in chunks(seqs, settings.chunk_size):
-            enqueue(job_id, chunk)
+            enqueue(job_id, chunk, [labels[s] for s in chunk])
             n += 1
         repo.set_job_status(session, job_id, "queued", only_from=("pending",))
         session.commit()

@@ -14,9 +14,26 @@ from worker.celery import app
 RUN_CHUNK = "semjobs.run_chunk"  # the task (worker.tasks.run_chunk) each message asks for
 
 
+MAX_LABELS = 8  # input ids shown per chunk; a longer chunk says how many more
+
+
+def task_id(job_id: str, seqs: list[int]) -> str:
+    """Unique per message (a chunk sent again is a new task) and readable in Flower: the job
+    and the chunk's first position."""
+    return f"{job_id}-{seqs[0]}-{uuid()[:8]}"
+
+
+def chunk_repr(job_id: str, seqs: list[int], labels: list[str] | None) -> str:
+    """What Flower shows as the task's arguments: the job and the input ids of its items
+    (``id#k`` for sample k > 0), or their positions when the ids are not at hand."""
+    shown = labels if labels else [f"#{s}" for s in seqs]
+    more = f" (+{len(shown) - MAX_LABELS} more)" if len(shown) > MAX_LABELS else ""
+    return f"job {job_id}: {', '.join(shown[:MAX_LABELS])}{more}"
+
+
 @contextmanager
 def publisher(queue: str) -> Iterator[Callable[[str, list[int]], None]]:
-    """An `enqueue(job_id, seqs)` callable for `jobs.submit.enqueue_job`.
+    """An `enqueue(job_id, seqs, labels=None)` callable for `jobs.submit.enqueue_job`.
 
     It builds the `run_chunk` task messages itself (Celery protocol 2, `as_task_v2`) and
     publishes them straight to the queue on one held connection in pipelined batches: about
@@ -27,11 +44,10 @@ def publisher(queue: str) -> Iterator[Callable[[str, list[int]], None]]:
     amqp = app.amqp
     with app.producer_or_acquire() as producer, producer.batch(max_size=1000):
 
-        def send(job_id: str, seqs: list[int]) -> None:
+        def send(job_id: str, seqs: list[int], labels: list[str] | None = None) -> None:
             message = amqp.as_task_v2(
-                uuid(), RUN_CHUNK, args=(job_id, seqs), kwargs={}, ignore_result=True,
-                argsrepr=f"({job_id!r}, [{seqs[0]}..{seqs[-1]}] {len(seqs)} items)",
-                kwargsrepr="{}",
+                task_id(job_id, seqs), RUN_CHUNK, args=(job_id, seqs), kwargs={}, ignore_result=True,
+                argsrepr=chunk_repr(job_id, seqs, labels), kwargsrepr="{}",
             )
             producer.publish(
                 message.body, exchange="", routing_key=queue, serializer="json",
@@ -39,3 +55,12 @@ def publisher(queue: str) -> Iterator[Callable[[str, list[int]], None]]:
             )
 
         yield send
+
+
+def requeue(queue: str, job_id: str, seqs: list[int]) -> None:
+    """Send some of a job's items again as new chunks (a task handing back what it did not
+    start), labelled with their input ids like every other chunk."""
+    from jobs.submit import enqueue_job
+
+    with publisher(queue) as send:
+        enqueue_job(job_id, send, seqs=seqs)

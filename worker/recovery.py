@@ -19,7 +19,7 @@ from jobs.submit import chunks
 from semjobs.settings import settings
 from worker import publish
 
-Publisher = Callable[[str], AbstractContextManager[Callable[[str, list[int]], None]]]
+Publisher = Callable[[str], AbstractContextManager[Callable[[str, list[int], list[str]], None]]]
 
 
 def recover(url: str | None = None, dead_after_s: float | None = None,
@@ -39,7 +39,8 @@ def recover(url: str | None = None, dead_after_s: float | None = None,
         for queue, job_ids in by_queue.items():
             with publisher(queue) as send:
                 for job_id in job_ids:
+                    labels = repo.item_labels(session, job_id, released.items[job_id])
                     for chunk in chunks(released.items[job_id], settings.chunk_size):
-                        send(job_id, chunk)
+                        send(job_id, chunk, [labels[s] for s in chunk])
         session.commit()
     return released

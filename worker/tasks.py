@@ -12,7 +12,7 @@ from semjobs.settings import settings
 from worker import liveness
 from worker.celery import app
 from worker.engine import EngineLoadError
-from worker.publish import RUN_CHUNK
+from worker.publish import RUN_CHUNK, requeue
 from worker.process import run_items, worker_name
 from worker.queues import queue_name
 
@@ -49,7 +49,7 @@ def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
                        should_stop=lambda: _shutting_down)
     if report.left:
         queue = (self.request.delivery_info or {}).get("routing_key") or queue_name()
-        run_chunk.apply_async((job_id, report.left), queue=queue)
+        requeue(queue, job_id, report.left)
     log.info(
         "job %s chunk %s: done=%d failed=%d skipped=%d duplicates=%d%s",
         job_id, seqs[:1], report.done, report.failed, report.skipped, report.duplicates,

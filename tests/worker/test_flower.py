@@ -73,5 +73,6 @@ def test_flower_sees_the_worker_and_its_running_tasks(service_env, workers, pg_d
     tasks = wait_for(all_succeeded, 30, what="both chunks succeeded in Flower")
     assert sorted(t["args"] for t in tasks) == [f"job {job_id}: q0, q1, q2, q3", f"job {job_id}: q4, q5, q6, q7"]
     assert all(t["uuid"].startswith(f"{job_id}-") and t["name"] == "semjobs.run_chunk" for t in tasks)
-    names = set(_get(flower, "/api/workers"))
+    # the workers Flower asks over the broker (refresh=1: now, not from its cache)
+    names = wait_for(lambda: set(_get(flower, "/api/workers?refresh=1")), 30, what="Flower's workers")
     assert any(n.startswith("fw@") for n in names), names
