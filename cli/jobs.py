@@ -327,11 +327,11 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     if job_id is not None:
         seqs = unfinished_seqs(job_id, url=url)
         click.echo(f"resuming job {job_id}: {len(seqs)} of {validation.n_samples} items left; "
-                   f"database {url}", err=True)
+                   f"database {_shown(url)}", err=True)
     else:
         job_id, n = _store(file, config, "embedded", name, url, "queued", samples, validation)
         seqs = list(range(n))
-        click.echo(f"job {job_id}: {n} items, method {config['method']}; database {url}",
+        click.echo(f"job {job_id}: {n} items, method {config['method']}; database {_shown(url)}",
                    err=True)
     click.echo("loading the engine...", err=True)
     t0 = time.perf_counter()
@@ -342,8 +342,8 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
         click.echo(f"\nerror: {e}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
-        click.echo(f"\ninterrupted: finished items of job {job_id} are kept in {url}; "
-                   f"export them with `semjobs export {job_id} --db {url} -o OUT`", err=True)
+        click.echo(f"\ninterrupted: finished items of job {job_id} are kept in {_shown(url)}; "
+                   f"export them with `semjobs export {job_id} --db {_shown(url)} -o OUT`", err=True)
         sys.exit(130)
     click.echo(f"done in {time.perf_counter() - t0:.1f}s", err=True)
     _export(job_id, output, errors, url, steps)

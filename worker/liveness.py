@@ -44,8 +44,8 @@ def start(worker: str) -> None:
     try:
         with session_factory()() as session:
             repo.beat(session, worker)
-    except Exception:  # database down: the thread keeps trying
-        log.exception("heartbeat of %s failed", worker)
+    except Exception as e:  # database down: the thread keeps trying
+        log.warning("heartbeat of %s failed, retrying: %s", worker, one_line(e))
     threading.Thread(target=_run, name="semjobs-liveness", daemon=True).start()
 
 
@@ -62,12 +62,31 @@ def tick() -> None:
 
 
 def _run() -> None:
+    failures = 0
     while True:
         try:
             tick()
-        except Exception:  # a database or broker hiccup must not end the beats
-            log.exception("heartbeat/reaper of %s failed", _name)
-        time.sleep(settings.heartbeat_interval_s)
+            if failures:
+                log.warning("heartbeat of %s: the database and broker answer again", _name)
+            failures = 0
+        except Exception as e:  # a database or broker outage must not end the beats
+            failures += 1
+            if failures == 1:  # one line for the outage, not a traceback per attempt
+                log.warning("heartbeat of %s failed, retrying with back-off: %s", _name, one_line(e))
+        time.sleep(retry_delay(failures))
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds to the next beat: the interval, doubled per failure in a row, but never past a
+    third of the dead-after time, so that a worker waiting out an outage is not taken for dead
+    by the others the moment the database is back."""
+    return min(settings.heartbeat_interval_s * 2 ** failures,
+               max(settings.heartbeat_interval_s, settings.worker_dead_after_s / 3))
+
+
+def one_line(e: BaseException) -> str:
+    text = str(getattr(e, "orig", None) or e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 @worker_process_init.connect

@@ -50,3 +50,36 @@ def test_the_heartbeat_code_does_not_import_the_task_module():
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
             a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert "worker.tasks" not in imported and "worker.process" not in imported, module
+
+
+def test_an_outage_is_one_warning_and_beats_back_off_within_the_dead_after_time(monkeypatch, caplog):
+    import logging
+
+    from semjobs.settings import settings
+    from worker import liveness
+
+    monkeypatch.setattr(settings, "heartbeat_interval_s", 5.0)
+    monkeypatch.setattr(settings, "worker_dead_after_s", 45.0)
+    assert [liveness.retry_delay(k) for k in range(4)] == [5.0, 10.0, 15.0, 15.0]
+
+    calls, sleeps = [], []
+
+    def tick():
+        calls.append(1)
+        if len(calls) <= 3:
+            raise RuntimeError("connection refused\nDETAIL: a long traceback-like text")
+        if len(calls) == 5:
+            raise SystemExit  # end the loop
+
+    monkeypatch.setattr(liveness, "tick", tick)
+    monkeypatch.setattr(liveness.time, "sleep", sleeps.append)
+    caplog.set_level(logging.INFO)
+    import pytest
+
+    with pytest.raises(SystemExit):
+        liveness._run()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len([m for m in lines if "failed, retrying with back-off" in m]) == 1
+    assert any("connection refused" in m and "DETAIL" not in m for m in lines)
+    assert any("answer again" in m for m in lines) and not any(r.exc_info for r in caplog.records)
+    assert sleeps == [10.0, 15.0, 15.0, 5.0]
