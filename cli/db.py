@@ -12,7 +12,9 @@ def db() -> None:
 @click.option("--url", default=None, help="Database URL (default: SEMJOBS_DATABASE_URL).")
 @click.option("--revision", default="head", show_default=True)
 def upgrade(url: str | None, revision: str) -> None:
-    """Create or update the schema."""
+    """Create or update the schema.
+
+    Example: semjobs db upgrade --url postgresql+psycopg://postgres@127.0.0.1:5432/semjobs"""
     from db import migrate
 
     migrate.upgrade(url, revision)
@@ -23,7 +25,9 @@ def upgrade(url: str | None, revision: str) -> None:
 @click.option("--url", default=None, help="Database URL (default: SEMJOBS_DATABASE_URL).")
 @click.option("--revision", default="base", show_default=True)
 def downgrade(url: str | None, revision: str) -> None:
-    """Roll the schema back (default: drop everything)."""
+    """Roll the schema back (default: drop everything).
+
+    Example: semjobs db downgrade --revision 0003_worker_heartbeats"""
     from db import migrate
 
     migrate.downgrade(url, revision)
@@ -33,7 +37,9 @@ def downgrade(url: str | None, revision: str) -> None:
 @db.command()
 @click.option("--url", default=None, help="Database URL (default: SEMJOBS_DATABASE_URL).")
 def current(url: str | None) -> None:
-    """Print the schema revision."""
+    """Print the schema revision.
+
+    Example: semjobs db current --url sqlite:///out/semjobs.sqlite"""
     from db import migrate
 
     click.echo(migrate.current(url) or "(empty)")

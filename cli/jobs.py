@@ -265,7 +265,9 @@ def cancel(job, db_url) -> None:
               help="Also re-enqueue pending items (e.g. after the broker lost its queue).")
 @db_option
 def retry(job, include_pending, db_url) -> None:
-    """Re-enqueue the job's failed items (only those)."""
+    """Re-enqueue the job's failed items (only those).
+
+    Example: semjobs retry 3f2a9c1b7d4e --pending"""
     from db import repo
     from db.session import session_factory
     from jobs.submit import enqueue_job

@@ -50,7 +50,10 @@ def collect(target, draft, prompts_file, out_dir, samples, skip_lines, limit_pro
             max_trace_steps, max_trace_tokens, max_step_tokens, step_delimiter, temperature, top_p,
             trace_temperature, layer, draft_layer, seed, device, threads):
     """Generate target traces, cut them into prefixes, sample next steps from both models and
-    store texts and pooled hidden states in OUT (resumable)."""
+    store texts and pooled hidden states in OUT (resumable).
+
+    Example: semjobs probe collect --draft embedded:smollm2-135m-draft --skip-lines 100
+    --limit-prompts 48 --samples 8 --out cal/smollm2"""
     import torch
 
     from semspec.calibration.collect import CollectConfig, collect as run_collect, read_prompts
@@ -81,7 +84,9 @@ def collect(target, draft, prompts_file, out_dir, samples, skip_lines, limit_pro
 @click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 def merge(out_dir, sources):
     """Merge calibration directories collected in parallel (same settings, e.g. one per
-    machine on its own --skip-lines/--limit-prompts slice) into OUT_DIR; label it afterwards."""
+    machine on its own --skip-lines/--limit-prompts slice) into OUT_DIR; label it afterwards.
+
+    Example: semjobs probe merge cal/all cal/part1 cal/part2"""
     from semspec.calibration.store import merge_stores
 
     try:
@@ -103,7 +108,9 @@ def merge(out_dir, sources):
               help="Apply the numeric-consistency rule (default: on for embed, off for nli).")
 @click.option("--device", default="cpu", show_default=True)
 def label(data_dir, judge_kind, judge_model, threshold, numbers, device):
-    """Cluster each prefix's samples by meaning and label each with its cluster frequency."""
+    """Cluster each prefix's samples by meaning and label each with its cluster frequency.
+
+    Example: semjobs probe label cal/smollm2"""
     from semspec.calibration.judge import make_judge
     from semspec.calibration.labels import label_directory
 
@@ -123,7 +130,9 @@ def label(data_dir, judge_kind, judge_model, threshold, numbers, device):
 @click.option("--seed", default=0, show_default=True)
 @click.option("--lr", default=1e-3, show_default=True)
 def train(data_dir, out_dir, holdout, seed, lr):
-    """Train one probe per model (split by question) and report held-out metrics."""
+    """Train one probe per model (split by question) and report held-out metrics.
+
+    Example: semjobs probe train cal/smollm2 --out probes/smollm2"""
     from semspec.calibration.train import train_probes
 
     report = train_probes(data_dir, out_dir, holdout=holdout, seed=seed, lr=lr)
@@ -162,7 +171,9 @@ def train(data_dir, out_dir, holdout, seed, lr):
 @click.option("--numbers/--no-numbers", default=None)
 @click.option("--show-errors", is_flag=True, help="Print the misjudged pairs.")
 def judge_eval(pairs_file, judge_kind, judge_model, threshold, numbers, show_errors):
-    """Accuracy, precision and recall of a judge on labelled pairs ({"a","b","equivalent"} JSONL)."""
+    """Accuracy, precision and recall of a judge on labelled pairs ({"a","b","equivalent"} JSONL).
+
+    Example: semjobs probe judge-eval pairs.jsonl --judge embed"""
     from semspec.calibration.judge import evaluate_pairs, make_judge
 
     pairs = [json.loads(x) for x in open(pairs_file, encoding="utf-8") if x.strip()]

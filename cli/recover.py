@@ -8,7 +8,9 @@ import click
               help="Database URL (default: SEMJOBS_DATABASE_URL).")
 def recover(db_url) -> None:
     """Re-enqueue the items of workers silent for SEMJOBS_WORKER_DEAD_AFTER_S (killed or
-    preempted), without waiting for the broker's visibility timeout."""
+    preempted), without waiting for the broker's visibility timeout.
+
+    Example: semjobs recover"""
     from semjobs.settings import settings
     from worker.recovery import recover as run_recover
 

@@ -169,3 +169,20 @@ def test_worker_holds_enough_chunks_to_fill_its_batch(monkeypatch):
     invoke("worker", "-c", 2)
     argv = seen[-1]
     assert argv[argv.index("--pool") + 1] == "prefork" and argv[argv.index("--concurrency") + 1] == "2"
+
+
+def test_every_command_help_has_an_example():
+    import click
+
+    from cli.main import main
+
+    def commands(group, prefix=()):
+        for name, cmd in group.commands.items():
+            if isinstance(cmd, click.Group):
+                yield from commands(cmd, (*prefix, name))
+            else:
+                yield (*prefix, name)
+
+    for path in commands(main):
+        res = invoke(*path, "--help")
+        assert res.exit_code == 0 and "Example" in res.output, path
