@@ -54,9 +54,14 @@ def _config(method, max_new_tokens, temperature, top_p, seed, samples) -> dict:
 
 def _store(file, config, queue, name, url, status, samples, validation=None):
     from jobs.locate import remember
-    from jobs.submit import InvalidInput, store_job
+    from jobs.submit import InvalidInput, store_job, validate
     from semjobs.settings import settings
 
+    if validation is None:
+        validation = validate(file, samples)
+    if validation.context_unchecked:
+        click.echo(f"warning: prompt lengths not checked against the target's context "
+                   f"({validation.context_unchecked})", err=True)
     try:
         job_id, n = store_job(file, config, queue=queue, name=name, url=url, status=status,
                               validation=validation, samples=samples)
@@ -311,9 +316,8 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
 
     Example: semjobs run examples/prompts.jsonl -o out/results.jsonl --batch-size 16"""
     from db import migrate
-    from jobs.schema import validate_file
     from jobs.status import answers_line, job_status
-    from jobs.submit import find_resumable, unfinished_seqs
+    from jobs.submit import find_resumable, unfinished_seqs, validate
     from semjobs.settings import settings
     from worker.engine import EngineLoadError
     from worker.process import run_items
@@ -323,7 +327,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
         settings.batch_size = batch_size
     config = _config(method, max_new_tokens, temperature, top_p, seed, samples)
     migrate.upgrade(url)
-    validation = validate_file(file, settings.max_line_bytes, samples)
+    validation = validate(file, samples)
     job_id = (find_resumable(validation, config, samples=samples, url=url)
               if resume and validation.ok else None)
     if job_id is not None:

@@ -14,7 +14,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 PLAIN = "plain"
 OPENAI_BATCH = "openai_batch"
@@ -89,6 +89,7 @@ class Validation:
     errors: list[InputError]
     n_errors: int
     n_samples: int = 0  # items to store: every input's samples
+    context_unchecked: str | None = None  # why prompt lengths could not be checked, if so
 
     @property
     def ok(self) -> bool:
@@ -317,9 +318,11 @@ def iter_records(path: Path, max_line_bytes: int, hasher=None) -> Iterator[Recor
             yield InputError(lineno, e.field, e.message)
 
 
-def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1) -> Validation:
+def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
+                  fits: Callable[[Any, dict | None], str | None] | None = None) -> Validation:
     """Check the whole file without storing anything: every problem, with line and field.
-    ``samples``: the job's samples per input, for lines that do not say."""
+    ``samples``: the job's samples per input, for lines that do not say. ``fits(prompt,
+    template_kwargs)``: the problem with a prompt's length, or None (jobs.context)."""
     path = Path(path)
     n_samples = 0
     hasher = hashlib.sha256()
@@ -351,6 +354,12 @@ def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1) -> Va
             err(InputError(rec.line, name, f"duplicate id {key!r} (first on line {seen[key]})"))
             continue
         seen[key] = rec.line
+        too_long = fits(rec.prompt if rec.prompt is not None else rec.messages,
+                        rec.chat_template_kwargs) if fits else None
+        if too_long:
+            field = "prompt" if rec.prompt is not None else ("body.messages" if rec.format == OPENAI_BATCH else "messages")
+            err(InputError(rec.line, field, too_long))
+            continue
         n += 1
         n_samples += rec.samples(samples)
     if n == 0 and n_errors == 0:

@@ -88,6 +88,16 @@ def chunks(seqs: Iterable[int], size: int) -> Iterator[list[int]]:
         yield batch
 
 
+def validate(path: str | Path, samples: int = 1) -> Validation:
+    """`validate_file` with the settings' limits and the target's context (jobs.context)."""
+    from jobs.context import ContextCheck
+
+    check = ContextCheck(settings.target_model, settings.cache_dir / "models") if settings.check_prompt_lengths else None
+    validation = validate_file(path, settings.max_line_bytes, samples, fits=check)
+    validation.context_unchecked = check.unavailable if check is not None else None
+    return validation
+
+
 def manifest_for(path: Path, validation: Validation, queue: str, samples: int) -> dict:
     return {
         "input": {
@@ -139,7 +149,7 @@ def store_job(
     nothing) when any line is bad. Returns (job id, number of items)."""
     path = Path(path)
     if validation is None:
-        validation = validate_file(path, settings.max_line_bytes, samples)
+        validation = validate(path, samples)
     if not validation.ok:
         raise InvalidInput(validation)
     job_id = uuid.uuid4().hex[:12]

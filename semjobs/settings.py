@@ -73,8 +73,10 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     worker_dead_after_s: float = Field(default=45.0, gt=0)
 
-    # Input limits and bulk-insert batch size for `submit`.
+    # Input limits and bulk-insert batch size for `submit`. check_prompt_lengths: refuse at
+    # submit a prompt longer than the target's context (its tokenizer tells; jobs.context).
     max_line_bytes: int = 1_000_000
+    check_prompt_lengths: bool = True
     insert_batch_size: int = 2000
 
     @model_validator(mode="after")

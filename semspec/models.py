@@ -434,6 +434,28 @@ def _convert_gguf_to_cache(resolved: ResolvedSpec, sha: str, cache_root: Path) -
     return final
 
 
+def load_tokenizer(spec: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None
+                   ) -> tuple[Any, int | None]:
+    """(tokenizer, context length) of a model spec, without its weights: enough to tell at
+    submit time whether a prompt fits. A GGUF file already converted is read from its
+    converted copy, otherwise from the file itself."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    cache_root = Path(cache_dir).expanduser() if cache_dir is not None else DEFAULT_CACHE_DIR
+    resolved = resolve_spec(spec, cache_root)
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    path = resolved.path
+    if resolved.kind == "gguf":
+        converted = cache_root / f"{resolved.name}-{content_sha256(path, cache_root)[:16]}"
+        if (converted / "semjobs_source.json").exists():
+            path = converted
+        else:
+            path, kwargs["gguf_file"] = path.parent, path.name
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    n = getattr(AutoConfig.from_pretrained(path, **kwargs), "max_position_embeddings", None)
+    return tokenizer, int(n) if n else None
+
+
 def load_model(
     spec: str | os.PathLike | None = None,
     device: str | torch.device = "auto",

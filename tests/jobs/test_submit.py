@@ -26,6 +26,8 @@ BAD_FILES = {
     "wrong_type": ['{"id": 1, "prompt": ["not", "a", "string"]}'],
     "empty_prompt": ['{"id": 1, "prompt": "ok"}', '{"id": 2, "prompt": ""}'],
     "over_long": ['{"id": 1, "prompt": "ok"}', json.dumps({"id": 2, "prompt": "x" * 3000})],
+    # about 9,000 tokens for SmolLM2, whose context is 8,192 (the embedded target's tokenizer tells)
+    "beyond_context": ['{"id": 1, "prompt": "ok"}', json.dumps({"id": 2, "prompt": " ".join(["apple"] * 9000)})],
 }
 
 
@@ -39,7 +41,7 @@ def test_submit_bad_input_writes_nothing(case, pg_db, tmp_path, monkeypatch):
     from semjobs.settings import settings
 
     monkeypatch.setattr(settings, "database_url", pg_db)
-    monkeypatch.setattr(settings, "max_line_bytes", 2000)
+    monkeypatch.setattr(settings, "max_line_bytes", 60_000 if case == "beyond_context" else 2000)
     monkeypatch.setattr(settings, "redis_url", "redis://127.0.0.1:1/0")  # never reached
     p = tmp_path / f"{case}.jsonl"
     p.write_text("\n".join(BAD_FILES[case]) + "\n")
@@ -94,3 +96,19 @@ def test_each_sample_gets_its_own_reproducible_seed_and_the_template_kwargs():
     assert item_config(job, {**req, "params": {"seed": 9}}, 0).seed == 9  # a line's own seed wins
     assert item_config(job, req, 1).chat_template_kwargs == {"enable_thinking": True}
     assert item_config(job, {"id": "q1", "prompt": "x"}).chat_template_kwargs is None
+
+
+def test_a_prompt_beyond_the_context_is_named_and_a_long_one_that_fits_passes(tmp_path):
+    from jobs.context import ContextCheck
+    from jobs.schema import validate_file
+
+    check = ContextCheck(None, None)  # the embedded target
+    p = tmp_path / "long.jsonl"
+    fits = {"id": "fits", "messages": [{"role": "user", "content": " ".join(["apple"] * 2000)}]}
+    too_long = {"id": "long", "messages": [{"role": "user", "content": " ".join(["apple"] * 9000)}]}
+    p.write_text(json.dumps(fits) + "\n" + json.dumps(too_long) + "\n")
+    v = validate_file(p, 1_000_000, fits=check)
+    assert v.n_items == 1 and [(e.line, e.field) for e in v.errors] == [(2, "messages")]
+    assert "does not fit the target's context of 8192 tokens" in v.errors[0].message
+    missing = ContextCheck("/no/such/model", None)
+    assert validate_file(p, 1_000_000, fits=missing).ok and "does not exist" in missing.unavailable
