@@ -515,3 +515,18 @@ def completions(session: Session, job_id: str) -> list[tuple]:
         .order_by(Item.finished_at)
     )
     return [(as_utc(ts), n) for ts, n in rows]
+
+
+def unheld_pending(session: Session) -> list[tuple[str, str, list[int]]]:
+    """(job id, queue, positions) of the pending items no worker holds, in queued or running
+    jobs: each is in the broker's queue, or in a message the broker lost (worker.orphans)."""
+    rows = session.execute(
+        select(Item.job_id, Job.queue, Item.seq)
+        .join(Job, Job.id == Item.job_id)
+        .where(Job.status.in_(("queued", "running")), Item.status == "pending", Item.worker.is_(None))
+        .order_by(Item.job_id, Item.seq)
+    )
+    out: dict[tuple[str, str], list[int]] = {}
+    for job_id, queue, seq in rows:
+        out.setdefault((job_id, queue), []).append(seq)
+    return [(j, q, seqs) for (j, q), seqs in out.items()]

@@ -23,10 +23,12 @@ from celery.utils.log import get_logger
 from db import repo
 from db.session import session_factory
 from semjobs.settings import settings
+from worker.orphans import LostChunks, requeue_lost
 from worker.recovery import recover
 
 log = get_logger(__name__)
 _name: str | None = None
+_lost_chunks = LostChunks()
 
 
 def name() -> str | None:
@@ -50,7 +52,8 @@ def start(worker: str) -> None:
 
 
 def tick() -> None:
-    """One beat, then one reaper pass over the other workers."""
+    """One beat, then one reaper pass over the other workers, then a look for chunks the
+    broker lost (worker.orphans)."""
     with session_factory()() as session:
         repo.beat(session, _name)
     released = recover()
@@ -59,6 +62,9 @@ def tick() -> None:
                     ", ".join(released.workers), released.items)
     elif released.workers:
         log.info("removed the heartbeats of stopped workers %s", ", ".join(released.workers))
+    lost = requeue_lost(_lost_chunks)
+    if lost:
+        log.warning("the broker had lost the messages of pending items %s: re-enqueued them", lost)
 
 
 def _run() -> None:

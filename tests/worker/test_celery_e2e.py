@@ -351,3 +351,30 @@ def test_threads_pool_worker_beats_and_records_its_name(service_env, workers, pg
         beating = set(s.scalars(select(Worker.name).where(Worker.name.like(f"{name_prefix}%"))))
     assert item_workers == {f"{next(iter(item_workers)).split(':')[0]}:{proc.pid}"}, item_workers
     assert item_workers <= beating, (item_workers, beating)
+
+
+def test_chunks_lost_by_the_broker_are_enqueued_again(service_env, workers, pg_db, redis_url, queue, tmp_path):
+    """Redis without persistence restarts and its queued chunks are gone (here: the queue's
+    key deleted under a running job): the worker's heartbeat finds the pending items no
+    worker holds and no message carries, enqueues them again, and the job completes with
+    every item once."""
+    import redis
+
+    env = {**service_env, "FAKE_ENGINE_DELAY_S": "0.4", "SEMJOBS_HEARTBEAT_INTERVAL_S": "0.5",
+           "SEMJOBS_WORKER_DEAD_AFTER_S": "2", "SEMJOBS_BATCH_SIZE": "2"}
+    workers.env = env
+    n = 16
+    job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
+    w = workers.start("w1")
+    r = redis.Redis.from_url(redis_url)
+    # the worker holds two chunks (its batch of 2 plus one waiting), the other two are queued
+    wait_for(lambda: counts(pg_db, job_id).get("done", 0) >= 1 and r.llen(queue) >= 1, 60, interval=0.05,
+             what="a running job with chunks still queued")
+    lost = r.llen(queue)
+    r.delete(queue)  # what a restart of a Redis that keeps nothing on disk does to them
+    wait_completed(pg_db, job_id, workers, timeout=60)
+    assert "had lost the messages of pending items" in workers.log(w)
+    with session_factory(pg_db)() as s:
+        attempts = list(s.scalars(select(Item.attempts).where(Item.job_id == job_id)))
+        n_out = s.scalar(select(func.count()).select_from(Output).where(Output.job_id == job_id))
+    assert n_out == n and attempts == [1] * n and lost >= 1

@@ -45,7 +45,7 @@ def test_the_heartbeat_code_does_not_import_the_task_module():
 
     from tests.conftest import ROOT
 
-    for module in ("liveness", "recovery", "publish"):
+    for module in ("liveness", "recovery", "publish", "orphans"):
         tree = ast.parse((ROOT / "worker" / f"{module}.py").read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
             a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
