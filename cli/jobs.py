@@ -53,9 +53,7 @@ def _config(method, max_new_tokens, temperature, top_p, seed, samples) -> dict:
 
 
 def _store(file, config, queue, name, url, status, samples, validation=None):
-    from jobs.locate import remember
     from jobs.submit import InvalidInput, store_job, validate
-    from semjobs.settings import settings
 
     if validation is None:
         validation = validate(file, samples)
@@ -70,16 +68,18 @@ def _store(file, config, queue, name, url, status, samples, validation=None):
             click.echo(line, err=True)
         click.echo(f"error: {e}; nothing was stored", err=True)
         sys.exit(EXIT_INVALID_INPUT)
-    remember(job_id, url or settings.database_url)
     return job_id, n
 
 
 def _locate(job: str | None, db_url: str | None) -> tuple[dict, str]:
     """(the job's status, its database): the job named, else the newest (jobs.locate)."""
-    from jobs.locate import database_url, newest_job
+    from jobs.locate import database_url, missing_sqlite_file, newest_job
     from jobs.status import job_status
 
     url = database_url(db_url)
+    missing = missing_sqlite_file(url)
+    if missing is not None:
+        raise click.ClickException(f"no database at {missing}: give --db, or run a job first")
     job = job or newest_job(url)
     if job is None:
         raise click.ClickException(f"no job in {_shown(url)}; give --db or run a job first")
@@ -102,7 +102,9 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, name, samples
     """Validate FILE, store the job and its items, enqueue them; prints the job id last.
 
     Example: semjobs submit prompts.jsonl --method semspec --n 4 --temperature 0.6 --top-p 0.95"""
+    from jobs.locate import remember
     from jobs.submit import enqueue_job
+    from semjobs.settings import settings
     from worker.queues import queue_name
 
     config = _config(method, max_new_tokens, temperature, top_p, seed, samples)
@@ -118,6 +120,7 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, name, samples
         click.echo(f"error: job {job_id} stored but not enqueued ({type(e).__name__}: {e}); "
                    f"enqueue it later with `semjobs retry --pending {job_id}`", err=True)
         sys.exit(1)
+    remember(job_id, settings.database_url)
     click.echo(f"submitted {n} items as {tasks} tasks to queue {queue} "
                f"in {time.perf_counter() - t0:.2f}s")
     click.echo(job_id)
@@ -316,6 +319,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
 
     Example: semjobs run examples/prompts.jsonl -o out/results.jsonl --batch-size 16"""
     from db import migrate
+    from jobs.locate import remember
     from jobs.status import answers_line, job_status
     from jobs.submit import find_resumable, unfinished_seqs, validate
     from semjobs.settings import settings
@@ -336,6 +340,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
                    f"database {_shown(url)}", err=True)
     else:
         job_id, n = _store(file, config, "embedded", name, url, "queued", samples, validation)
+        remember(job_id, url)
         seqs = list(range(n))
         click.echo(f"job {job_id}: {n} items, method {config['method']}; database {_shown(url)}",
                    err=True)

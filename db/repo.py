@@ -421,7 +421,7 @@ def reset_failed(session: Session, job_id: str) -> list[int]:
         session.scalars(
             update(Item)
             .where(Item.job_id == job_id, Item.status == "failed")
-            .values(status="pending", attempts=0, error=None, started_at=None, finished_at=None)
+            .values(status="pending", attempts=0, error=None, started_at=None, finished_at=None, worker=None)
             .returning(Item.seq)
         )
     )
@@ -517,16 +517,46 @@ def completions(session: Session, job_id: str) -> list[tuple]:
     return [(as_utc(ts), n) for ts, n in rows]
 
 
-def unheld_pending(session: Session) -> list[tuple[str, str, list[int]]]:
-    """(job id, queue, positions) of the pending items no worker holds, in queued or running
-    jobs: each is in the broker's queue, or in a message the broker lost (worker.orphans)."""
-    rows = session.execute(
-        select(Item.job_id, Job.queue, Item.seq)
-        .join(Job, Job.id == Item.job_id)
+def jobs_with_unheld_pending(session: Session) -> list[tuple[str, str]]:
+    """(job id, queue) of queued or running jobs with pending items no worker holds: each such
+    item is in the broker's queue, or in a message the broker lost (worker.orphans)."""
+    return list(session.execute(
+        select(Item.job_id, Job.queue).join(Job, Job.id == Item.job_id)
         .where(Job.status.in_(("queued", "running")), Item.status == "pending", Item.worker.is_(None))
-        .order_by(Item.job_id, Item.seq)
+        .group_by(Item.job_id, Job.queue)
+    ))
+
+
+def unheld_pending_seqs(session: Session, job_id: str) -> list[int]:
+    return list(session.scalars(
+        select(Item.seq).where(Item.job_id == job_id, Item.status == "pending", Item.worker.is_(None))
+        .order_by(Item.seq)
+    ))
+
+
+def count_lost_delivery(session: Session, job_id: str, seqs: list[int], max_attempts: int) -> list[int]:
+    """The broker lost these pending items' message: that counts as a delivery. Items past
+    `max_attempts` fail with the reason; the others' positions are returned, to enqueue
+    again. Not committed."""
+    now = utcnow()
+    session.execute(
+        update(Item)
+        .where(Item.job_id == job_id, Item.seq.in_(seqs), Item.status == "pending", Item.worker.is_(None),
+               Item.attempts + 1 > max_attempts)
+        .values(status="failed", attempts=Item.attempts + 1, finished_at=now,
+                error=f"its message was lost by the broker more than max_attempts={max_attempts} times in all")
     )
-    out: dict[tuple[str, str], list[int]] = {}
-    for job_id, queue, seq in rows:
-        out.setdefault((job_id, queue), []).append(seq)
-    return [(j, q, seqs) for (j, q), seqs in out.items()]
+    again = session.execute(
+        update(Item)
+        .where(Item.job_id == job_id, Item.seq.in_(seqs), Item.status == "pending", Item.worker.is_(None))
+        .values(attempts=Item.attempts + 1)
+        .returning(Item.seq)
+    ).scalars().all()
+    return sorted(again)
+
+
+def try_lock(session: Session, key: int) -> bool:
+    """A transaction-scoped advisory lock on Postgres (True when taken); always True elsewhere."""
+    if session.get_bind().dialect.name != "postgresql":
+        return True
+    return bool(session.scalar(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": key}))

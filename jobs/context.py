@@ -28,7 +28,7 @@ class ContextCheck:
 
             try:
                 self._tokenizer, self.max_context = load_tokenizer(self.target_spec, self.cache_dir)
-            except (ModelLoadError, OSError, ValueError) as e:
+            except (ModelLoadError, OSError, ValueError, ImportError) as e:
                 self.unavailable = f"{type(e).__name__}: {e}"
         return self._tokenizer is not None
 
@@ -39,7 +39,10 @@ class ContextCheck:
             return None
         from semspec.models import encode_prompt
 
-        n = len(encode_prompt(self._tokenizer, prompt, template_kwargs))
+        try:
+            n = len(encode_prompt(self._tokenizer, prompt, template_kwargs))
+        except Exception as e:  # noqa: BLE001  (the chat template refused it: a bad line, not a crash)
+            return f"the target's chat template cannot render it: {type(e).__name__}: {e}"
         if self.max_context is not None and n >= self.max_context:
             return f"prompt of {n} tokens does not fit the target's context of {self.max_context} tokens"
         return None

@@ -33,8 +33,13 @@ def remember(job_id: str, url: str) -> None:
     if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
         url = u.set(database=str(Path(u.database).resolve())).render_as_string(hide_password=False)
     path = _last_run_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"job": job_id, "database": url}) + "\n")
+    try:  # a convenience: a cache that cannot be written must not fail the job
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the URL may hold a password
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"job": job_id, "database": url}) + "\n")
+    except OSError:
+        pass
 
 
 def _configured() -> bool:
@@ -52,6 +57,15 @@ def database_url(explicit: str | None = None) -> str:
         return json.loads(_last_run_path().read_text())["database"]
     except (OSError, ValueError, KeyError):
         return settings.embedded_database_url
+
+
+def missing_sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL when it does not exist (opening it would create it empty)."""
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
+        path = Path(u.database)
+        return None if path.exists() else path
+    return None
 
 
 def newest_job(url: str) -> str | None:

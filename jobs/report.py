@@ -61,7 +61,7 @@ def plot_acceptance(steps: list[tuple], path: Path) -> None:
 def plot_step_lengths(steps: list[tuple], path: Path) -> None:
     """Target tokens per step: drafted steps kept beside steps the target wrote."""
     plt = _plt()
-    kept = [t for _, author, decision, t in steps if author == "draft" and t]
+    kept = [t for _, author, decision, t in steps if decision == "accepted" and t]
     written = [t for _, author, decision, t in steps if author == "target" and t]
     fig, ax = plt.subplots(figsize=(8, 4))
     top = max(kept + written + [1])
@@ -73,7 +73,10 @@ def plot_step_lengths(steps: list[tuple], path: Path) -> None:
     ax.set_xlabel("target tokens in the step")
     ax.set_ylabel("steps")
     ax.set_title("Step lengths")
-    ax.legend()
+    if kept or written:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no steps logged yet", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -434,6 +434,13 @@ def _convert_gguf_to_cache(resolved: ResolvedSpec, sha: str, cache_root: Path) -
     return final
 
 
+def _converted_from(directory: Path) -> str | None:
+    try:
+        return json.loads((directory / "semjobs_source.json").read_text())["source"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def load_tokenizer(spec: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None
                    ) -> tuple[Any, int | None]:
     """(tokenizer, context length) of a model spec, without its weights: enough to tell at
@@ -445,10 +452,10 @@ def load_tokenizer(spec: str | os.PathLike | None = None, cache_dir: str | os.Pa
     resolved = resolve_spec(spec, cache_root)
     kwargs: dict[str, Any] = {"local_files_only": True}
     path = resolved.path
-    if resolved.kind == "gguf":
-        converted = cache_root / f"{resolved.name}-{content_sha256(path, cache_root)[:16]}"
-        if (converted / "semjobs_source.json").exists():
-            path = converted
+    if resolved.kind == "gguf":  # its converted copy, found by its source (hashing a big file takes minutes)
+        converted = [d for d in cache_root.glob(f"{resolved.name}-*") if _converted_from(d) == str(path)]
+        if converted:
+            path = converted[0]
         else:
             path, kwargs["gguf_file"] = path.parent, path.name
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)

@@ -446,6 +446,9 @@ class DraftingSequence(Sequence):
         It counts in neither the drafted nor the accepted steps, which are verified ones."""
         step = yield from self.draft_step()
         t_ids = self.target_tokens_for(step)
+        eos_at = next((i for i, t in enumerate(t_ids) if t in self.eos), None)
+        if eos_at is not None:  # the target's end of sequence, in the draft's text
+            t_ids, step.end = t_ids[:eos_at], "eos"
         self.T.append(t_ids)
         self.mark_draft_accepted(step.text)
         self.close_step("draft", "draft_only", drafted=len(step.tokens), accepted=len(step.tokens))

@@ -62,7 +62,14 @@ def tick() -> None:
                     ", ".join(released.workers), released.items)
     elif released.workers:
         log.info("removed the heartbeats of stopped workers %s", ", ".join(released.workers))
-    lost = requeue_lost(_lost_chunks)
+    try:  # a broker problem must not hold back the beat itself
+        lost = requeue_lost(_lost_chunks)
+    except Exception as e:
+        if not _lost_chunks.failing:
+            log.warning("looking for chunks the broker lost failed, trying again each beat: %s", one_line(e))
+        _lost_chunks.failing = True
+        return
+    _lost_chunks.failing = False
     if lost:
         log.warning("the broker had lost the messages of pending items %s: re-enqueued them", lost)
 

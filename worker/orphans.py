@@ -3,12 +3,14 @@ no longer exist.
 
 A Redis that keeps nothing on disk loses every queued message when it restarts; Postgres
 still has the items, pending and held by no worker, and no worker will ever be handed
-them. Each heartbeat (`worker.liveness`) looks for such items of active jobs whose queue
-holds no message, waiting or delivered (kombu's `unacked` hash, where a message stays from
-its delivery until its task is acknowledged). Seen so on two beats in a row (a message
-between Redis's list and the unacked hash, for the instant of its delivery, is seen
-neither), they are enqueued again. A false alarm costs repeated work, never a second output:
-outputs are keyed by item (README: "Workers that die").
+them. Each heartbeat (`worker.liveness`) looks at the queues of active jobs that have such
+items: a queue with no message, waiting (its lists) or delivered (kombu's `unacked` hash,
+where a message stays from its delivery until its task is acknowledged), has lost them.
+Items seen so on two beats in a row (a message between Redis's list and the unacked hash,
+for the instant of its delivery, is seen in neither) are enqueued again, by one process at a
+time (a Postgres advisory lock). Each time counts as a delivery: an item lost more often
+than `max_attempts` (say, a chunk that fails before it starts, every time) ends failed. A
+false alarm costs repeated work, never a second output: outputs are keyed by item.
 """
 
 from __future__ import annotations
@@ -22,19 +24,24 @@ from semjobs.settings import settings
 
 UNACKED_KEY = "unacked"  # kombu's Redis transport: delivery tag -> [message, exchange, routing key]
 PRIORITY_SEPARATOR = "\x06\x16"  # kombu's separator between a queue's name and a priority step
+PRIORITY_STEPS = (3, 6, 9)  # kombu's default steps besides 0 (whose list is the bare name)
+LOCK_KEY = 0x53_454D_4A4F  # pg advisory lock: one process re-enqueues at a time
+NOT_BROKERED = ("embedded",)  # `semjobs run` jobs: decoded in their own process, no queue
 
 
-def redis_queue_state(client) -> Callable[[str], bool]:
-    """A function telling whether Redis holds any message of a queue, waiting or delivered."""
-    delivered = {json.loads(raw)[2] for raw in client.hvals(UNACKED_KEY)}
-
-    def has_messages(queue: str) -> bool:
-        if queue in delivered:
-            return True
-        keys = [queue] + [k.decode() for k in client.scan_iter(f"{queue}{PRIORITY_SEPARATOR}*")]
-        return any(client.llen(k) for k in keys)
-
-    return has_messages
+def redis_queue_state(client, queues: list[str]) -> Callable[[str], bool]:
+    """Whether Redis holds any message of each queue, waiting or delivered. The lists are
+    read before the unacked hash: a message moving from one to the other in between is seen."""
+    pipe = client.pipeline(transaction=True)
+    for q in queues:
+        for key in [q, *(f"{q}{PRIORITY_SEPARATOR}{p}" for p in PRIORITY_STEPS)]:
+            pipe.llen(key)
+    pipe.hvals(UNACKED_KEY)
+    *lengths, unacked = pipe.execute()
+    per_queue = 1 + len(PRIORITY_STEPS)
+    waiting = {q for i, q in enumerate(queues) if any(lengths[i * per_queue:(i + 1) * per_queue])}
+    delivered = {json.loads(raw)[2] for raw in unacked}
+    return lambda q: q in waiting or q in delivered
 
 
 class LostChunks:
@@ -42,31 +49,51 @@ class LostChunks:
 
     def __init__(self):
         self.candidates: dict[str, set[int]] = {}
+        self.failing = False  # the last look raised (logged once, not every beat)
 
-    def check(self, session, has_messages: Callable[[str], bool]) -> dict[str, list[int]]:
+    def check(self, session, client) -> dict[str, list[int]]:
         """Job id -> positions seen lost on this beat and the one before."""
+        pairs = [(j, q) for j, q in repo.jobs_with_unheld_pending(session) if q not in NOT_BROKERED]
         seen: dict[str, set[int]] = {}
-        for job_id, queue, seqs in repo.unheld_pending(session):
-            if not has_messages(queue):
-                seen[job_id] = set(seqs)
+        if pairs:
+            has_messages = redis_queue_state(client, sorted({q for _, q in pairs}))
+            for job_id, queue in pairs:
+                if not has_messages(queue):
+                    seen[job_id] = set(repo.unheld_pending_seqs(session, job_id))
         lost = {j: sorted(s & self.candidates.get(j, set())) for j, s in seen.items()}
         self.candidates = seen
         return {j: s for j, s in lost.items() if s}
 
 
+_client = None
+
+
+def _redis():
+    global _client
+    if _client is None:
+        import redis
+
+        _client = redis.Redis.from_url(settings.redis_url)
+    return _client
+
+
 def requeue_lost(lost_chunks: LostChunks, url: str | None = None, client=None, publisher=None) -> dict[str, list[int]]:
     """One look (a heartbeat's); enqueue again what was seen lost twice. Returns it."""
-    import redis
-
+    from jobs.submit import enqueue_job
     from worker.publish import publisher as default_publisher
 
-    client = client or redis.Redis.from_url(settings.redis_url)
     with session_factory(url)() as session:
-        lost = lost_chunks.check(session, redis_queue_state(client))
-        if lost:
-            from jobs.submit import enqueue_job
-
-            for job_id, seqs in lost.items():
-                with (publisher or default_publisher)(repo.get_job(session, job_id).queue) as send:
+        if not repo.try_lock(session, LOCK_KEY):  # another process is at it this instant
+            return {}
+        lost = lost_chunks.check(session, client or _redis())
+        again = {job_id: repo.count_lost_delivery(session, job_id, seqs, settings.max_attempts)
+                 for job_id, seqs in lost.items()}
+        queues = {job_id: repo.get_job(session, job_id).queue for job_id in lost}
+        session.commit()  # the deliveries counted, the lock released
+        for job_id, seqs in again.items():
+            if seqs:
+                with (publisher or default_publisher)(queues[job_id]) as send:
                     enqueue_job(job_id, send, url=url, seqs=seqs)
+            else:  # every lost item failed: the job may be complete now
+                repo.finalize_job(session, job_id)
     return lost

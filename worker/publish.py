@@ -26,7 +26,7 @@ def task_id(job_id: str, seqs: list[int]) -> str:
 def chunk_repr(job_id: str, seqs: list[int], labels: list[str] | None) -> str:
     """What Flower shows as the task's arguments: the job and the input ids of its items
     (``id#k`` for sample k > 0), or their positions when the ids are not at hand."""
-    shown = labels if labels else [f"#{s}" for s in seqs]
+    shown = [lab if len(lab) <= 40 else lab[:39] + "…" for lab in labels] if labels else [f"#{s}" for s in seqs]
     more = f" (+{len(shown) - MAX_LABELS} more)" if len(shown) > MAX_LABELS else ""
     return f"job {job_id}: {', '.join(shown[:MAX_LABELS])}{more}"
 

@@ -62,6 +62,9 @@ def test_commands_find_the_job_just_run_without_flags(ran, tmp_path, monkeypatch
     assert res.exit_code == 1 and "no job in sqlite:///" in res.output
     res = invoke("status", "nope", "--db", "postgresql+psycopg://u:secret@127.0.0.1:1/x")
     assert res.exit_code == 1 and "secret" not in res.output
+    gone = tmp_path / "gone.sqlite"
+    res = invoke("status", "--db", f"sqlite:///{gone}")
+    assert res.exit_code == 1 and f"no database at {gone}" in res.output and not gone.exists()
 
 
 def test_cancel_of_a_finished_job_says_nothing_was_cancelled(ran):

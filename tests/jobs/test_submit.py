@@ -112,3 +112,14 @@ def test_a_prompt_beyond_the_context_is_named_and_a_long_one_that_fits_passes(tm
     assert "does not fit the target's context of 8192 tokens" in v.errors[0].message
     missing = ContextCheck("/no/such/model", None)
     assert validate_file(p, 1_000_000, fits=missing).ok and "does not exist" in missing.unavailable
+
+
+def test_a_template_that_cannot_render_a_long_prompt_is_a_bad_line_not_a_crash(tmp_path):
+    from jobs.context import ContextCheck
+    from jobs.schema import validate_file
+
+    p = tmp_path / "kw.jsonl"
+    line = {"id": "a", "prompt": " ".join(["apple"] * 300), "chat_template_kwargs": {"tokenize": True}}
+    p.write_text(json.dumps(line) + "\n")
+    v = validate_file(p, 1_000_000, fits=ContextCheck(None, None))
+    assert not v.ok and v.errors[0].field == "prompt" and "chat template cannot render" in v.errors[0].message
