@@ -379,3 +379,32 @@ def test_chunks_lost_by_the_broker_are_enqueued_again(service_env, workers, pg_d
         n_out = s.scalar(select(func.count()).select_from(Output).where(Output.job_id == job_id))
     # each item of a lost chunk counts the lost delivery and its run: two attempts, one output
     assert n_out == n and lost >= 1 and sorted(attempts) == [1] * (n - 4 * lost) + [2] * (4 * lost)
+
+
+def test_everything_stopped_then_started_again_continues_without_redoing(
+        service_env, workers, pg_db, redis_url, queue, tmp_path):
+    """The whole stack stopped mid-job (the worker by SIGTERM, a Redis that keeps nothing on
+    disk restarted: its queue is gone) and started again: the new worker finishes the job,
+    no finished item is redone and every item has one output."""
+    import redis
+
+    env = {**service_env, "FAKE_ENGINE_DELAY_S": "0.4", "SEMJOBS_BATCH_SIZE": "2",
+           "SEMJOBS_HEARTBEAT_INTERVAL_S": "0.5", "SEMJOBS_WORKER_DEAD_AFTER_S": "2"}
+    workers.env = env
+    n = 16
+    job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
+    first = workers.start("first")
+    wait_for(lambda: counts(pg_db, job_id).get("done", 0) >= 3, 60, interval=0.05, what="first items")
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=30)
+    redis.Redis.from_url(redis_url).delete(queue)  # the restart: queued chunks, handed-back ones too
+    with session_factory(pg_db)() as s:
+        done_before = dict(s.execute(select(Item.seq, Item.finished_at)
+                                     .where(Item.job_id == job_id, Item.status == "done")).all())
+    assert 3 <= len(done_before) < n
+    workers.start("second")
+    wait_completed(pg_db, job_id, workers, timeout=60)
+    with session_factory(pg_db)() as s:
+        finished = dict(s.execute(select(Item.seq, Item.finished_at).where(Item.job_id == job_id)).all())
+        n_out = s.scalar(select(func.count()).select_from(Output).where(Output.job_id == job_id))
+    assert n_out == n and all(finished[seq] == at for seq, at in done_before.items())
