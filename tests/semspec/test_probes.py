@@ -51,6 +51,14 @@ def test_not_a_probe_file(tmp_path):
         Probe.load(tmp_path / "nope.safetensors")
 
 
+def test_a_truncated_probe_file_is_a_clear_error(tmp_path, tiny_target):
+    path = _probe_for(tiny_target).save(tmp_path / "t.safetensors")
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # a copy that stopped halfway
+    with pytest.raises(ProbeError, match="cut.safetensors"):
+        Probe.load(cut, tiny_target)
+
+
 def test_constant_pair_roundtrip(tmp_path, tiny_target, tiny_draft):
     pair = ProbePair.always_reject(64, 64)
     pair.save(tmp_path / "probes")
