@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Iterator
 
-from sqlalchemy import delete, exists, func, insert, select, text, update
+from sqlalchemy import case, delete, exists, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -479,6 +479,24 @@ def iter_export(session: Session, job_id: str, batch: int = 1000) -> Iterator[tu
     )
     for item, out, stats in session.execute(stmt):
         yield item, out, stats
+
+
+def answer_totals(session: Session, job_id: str) -> tuple[int, int, int]:
+    """(outputs checked against a reference, how many correct, the most checked samples of
+    one input), counted in the database."""
+    per_input = (
+        select(Item.item_id, func.count().label("n"),
+               func.sum(case((Output.correct.is_(True), 1), else_=0)).label("right"))
+        .join(Output, Output.item_pk == Item.id)
+        .where(Item.job_id == job_id, Output.correct.is_not(None))
+        .group_by(Item.item_id)
+        .subquery()
+    )
+    n, right, most = session.execute(
+        select(func.coalesce(func.sum(per_input.c.n), 0), func.coalesce(func.sum(per_input.c.right), 0),
+               func.coalesce(func.max(per_input.c.n), 0))
+    ).one()
+    return int(n), int(right), int(most)
 
 
 def answers(session: Session, job_id: str) -> Iterator[tuple]:

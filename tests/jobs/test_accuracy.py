@@ -37,3 +37,24 @@ def test_summary_over_inputs_with_references():
     assert s["accuracy"] == 0.5 and s["pass_at_k"] == {"1": 0.5, "4": 1.0}
     assert s["majority_accuracy"] == 0.5
     assert summary([Answer("q3", 0, "4", None)]) is None
+
+
+def test_one_sample_per_input_is_counted_in_the_database_with_the_same_figures(tmp_path, sqlite_db, fake_engine):
+    import json
+
+    from click.testing import CliRunner
+
+    from cli.main import main
+    from db.session import session_factory
+    from jobs import status
+    from jobs.accuracy import Answer, summary
+
+    src = tmp_path / "q.jsonl"
+    # the test double answers with the word count: "a b" -> 2
+    src.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "a b", "answer": i}) + "\n" for i in range(4)))
+    res = CliRunner().invoke(main, ["run", str(src), "-o", str(tmp_path / "o.jsonl"), "--db", sqlite_db])
+    job_id = res.output.strip().splitlines()[-1]
+    with session_factory(sqlite_db)() as s:
+        fast = status._answers(s, job_id)
+        slow = summary(Answer(*row) for row in status.repo.answers(s, job_id))
+    assert fast == slow and fast["accuracy"] == 0.25 and fast["inputs"] == 4
