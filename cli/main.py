@@ -22,6 +22,9 @@ class _Main(click.Group):
             if name == "ProgrammingError" and "does not exist" in str(e):
                 raise click.ClickException(
                     "the database has no semjobs schema yet: run `semjobs db upgrade`") from e
+            if isinstance(e, OSError) and e.strerror:  # a path that cannot be read or written
+                where = f"{e.filename}: " if e.filename else ""
+                raise click.ClickException(f"{where}{e.strerror}") from e
             raise
 
 
