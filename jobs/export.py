@@ -351,6 +351,9 @@ def export_job(job_id: str, out: str | Path, errors: str | Path | None = None, *
         raise ValueError("no output of this job was checked against a reference (its inputs carry "
                          "no `answer`), so none is correct or incorrect")
     report = ExportReport(out=out, errors_path=Path(errors) if errors else None)
+    for path in (out, report.errors_path):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         if fmt == "hf":
             if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -69,8 +69,11 @@ def test_commands_find_the_job_just_run_without_flags(ran, tmp_path, monkeypatch
 
 def test_a_path_that_cannot_be_written_is_one_line_not_a_traceback(ran, tmp_path):
     job_id, _, db = ran
-    res = CliRunner().invoke(main, ["export", job_id, "--db", db, "-o", str(tmp_path / "no" / "such" / "o.jsonl")])
-    assert res.exit_code == 1 and "No such file or directory" in res.output and "Traceback" not in res.output
+    res = invoke("export", job_id, "--db", db, "-o", tmp_path / "new" / "dir" / "o.jsonl")
+    assert res.exit_code == 0 and (tmp_path / "new" / "dir" / "o.jsonl").exists()  # directories made
+    (tmp_path / "a_file").write_text("x")
+    res = CliRunner().invoke(main, ["export", job_id, "--db", db, "-o", str(tmp_path / "a_file" / "o.jsonl")])
+    assert res.exit_code == 1 and "a_file: File exists" in res.output and "Traceback" not in res.output
 
 
 def test_cancel_of_a_finished_job_says_nothing_was_cancelled(ran):
