@@ -79,6 +79,8 @@ def _unescape(value: str | None) -> str | None:
                    "(default: the engine's, a blank line).")
 @click.option("--max-step-tokens", default=None, type=int, help="Per-step token cap (default: the engine's).")
 @click.option("--draft-tokens", default=None, type=int, help="token_sd: tokens drafted per verification.")
+@click.option("--draft-stop-prob", default=None, type=float,
+              help="token_sd: stop drafting after a token the draft gave less than this (default 0: never).")
 @click.option("--judge-threshold", default=None, type=int, help="step_judge: accept at this 0-9 score or above.")
 @click.option("--threads", default=None, type=int, help="torch threads (default: torch's choice).")
 @click.option("--device", default="auto", show_default=True)
@@ -93,7 +95,7 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="With --batch-size: the models' number type (auto: the fastest for each size).")
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
-          ratio_floors, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens, judge_threshold, threads, device,
+          ratio_floors, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens, draft_stop_prob, judge_threshold, threads, device,
           cache_dir, no_warmup, no_loglik, quiet, batch_sizes, dtype) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
 
@@ -116,6 +118,7 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
         taus=_floats(taus), attempts=_ints(attempts), ratio_floors=_floats(ratio_floors),
         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
         step_delimiter=_unescape(step_delimiter), max_step_tokens=max_step_tokens, draft_tokens=draft_tokens,
+        draft_stop_prob=draft_stop_prob,
         judge_threshold=judge_threshold,
         warmup=not no_warmup, loglik=not no_loglik,
         compare_drafts=tuple(d.strip() for d in (compare_drafts or "").split(",") if d.strip()),

@@ -617,6 +617,10 @@ class TokenSDSequence(DraftingSequence):
                 self.D.append([x])
                 if x in self.eos:
                     break
+                if cfg.draft_stop_prob > 0:  # unsure of this token: the next would rarely be kept
+                    p_x = float(torch.softmax(lg.float(), -1)[x]) if greedy else float(q[x])
+                    if p_x < cfg.draft_stop_prob:
+                        break
         pre = len(self.T.ids)
         if drafted:
             yield from self.T.forward(extra=drafted, phase="verify")

@@ -94,6 +94,19 @@ def test_greedy_token_sd_equals_ar(tiny_target, tiny_draft, ar_result):
     assert c.target_forward_passes <= 1 + 40 // 5 + 1
 
 
+def test_token_sd_stops_drafting_after_an_unsure_token_and_stays_lossless(tiny_target, tiny_draft, ar_result):
+    e = Engine(tiny_target, tiny_draft)
+    full = e.generate(PROMPT, cfg("token_sd", draft_tokens=6))
+    short = e.generate(PROMPT, cfg("token_sd", draft_tokens=6, draft_stop_prob=0.5))
+    assert short.text == full.text == ar_result.text
+    # a random tiny draft is unsure of most tokens: it drafts fewer per verification
+    per_pass = [r.counters.drafted_tokens / max(1, r.counters.target_forward_passes - 1) for r in (full, short)]
+    assert per_pass[1] < per_pass[0]
+    sampled = [e.generate(PROMPT, cfg("token_sd", draft_tokens=6, temperature=0.8, seed=3, draft_stop_prob=p))
+               for p in (0.0, 0.5)]
+    assert sampled[1].counters.drafted_tokens < sampled[0].counters.drafted_tokens
+
+
 def test_semspec_forced_reject_greedy_equals_ar(reject_engine, ar_result):
     r = reject_engine.generate(PROMPT, cfg("semspec"))
     assert r.text == ar_result.text
