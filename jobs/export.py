@@ -82,8 +82,7 @@ def batch_line(job: Job, done: list[Kept]) -> dict:
     """One OpenAI Batch output line for an input: its finished samples as `choices`."""
     first = done[0]
     req, stats = first.item.request, [k.stats for k in done]
-    created = max(int(k.out.created_at.timestamp()) for k in done if k.out.created_at) if any(
-        k.out.created_at for k in done) else 0
+    created = max((int(k.out.created_at.timestamp()) for k in done if k.out.created_at), default=0)
     usage = {"prompt_tokens": first.stats.prompt_tokens if first.stats else 0,
              "completion_tokens": sum(st.generated_tokens for st in stats if st)}
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]

@@ -26,12 +26,20 @@ def _last_run_path() -> Path:
     return Path(settings.last_run_file or Path(settings.cache_dir) / LAST_RUN_FILE)
 
 
+def _sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names; None for other databases and in-memory SQLite."""
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
+        return Path(u.database)
+    return None
+
+
 def remember(job_id: str, url: str) -> None:
     """Record the job a command just stored and its database (a relative SQLite path made
     absolute, so the record holds from any directory)."""
-    u = make_url(url)
-    if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
-        url = u.set(database=str(Path(u.database).resolve())).render_as_string(hide_password=False)
+    file = _sqlite_file(url)
+    if file is not None:
+        url = make_url(url).set(database=str(file.resolve())).render_as_string(hide_password=False)
     path = _last_run_path()
     try:  # a convenience: a cache that cannot be written must not fail the job
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -61,11 +69,8 @@ def database_url(explicit: str | None = None) -> str:
 
 def missing_sqlite_file(url: str) -> Path | None:
     """The file of a SQLite URL when it does not exist (opening it would create it empty)."""
-    u = make_url(url)
-    if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
-        path = Path(u.database)
-        return None if path.exists() else path
-    return None
+    file = _sqlite_file(url)
+    return file if file is not None and not file.exists() else None
 
 
 def newest_job(url: str) -> str | None:

@@ -204,6 +204,17 @@ def unfinished_seqs(job_id: str, *, url: str | None = None) -> list[int]:
         ))
 
 
+def send_chunks(session, job_id: str, seqs: list[int], enqueue: Callable[[str, list[int], list[str]], None]) -> int:
+    """Hand `seqs` to `enqueue` in chunks, each with its items' input ids (for Flower);
+    returns how many chunks."""
+    labels = repo.item_labels(session, job_id, None if len(seqs) > 1000 else seqs)
+    n = 0
+    for chunk in chunks(seqs, settings.chunk_size):
+        enqueue(job_id, chunk, [labels[s] for s in chunk])
+        n += 1
+    return n
+
+
 def enqueue_job(
     job_id: str,
     enqueue: Callable[[str, list[int], list[str]], None],
@@ -216,11 +227,7 @@ def enqueue_job(
     with session_factory(url)() as session:
         if seqs is None:
             seqs = repo.pending_seqs(session, job_id)
-        labels = repo.item_labels(session, job_id, None if len(seqs) > 1000 else seqs)
-        n = 0
-        for chunk in chunks(seqs, settings.chunk_size):
-            enqueue(job_id, chunk, [labels[s] for s in chunk])
-            n += 1
+        n = send_chunks(session, job_id, seqs, enqueue)
         repo.set_job_status(session, job_id, "queued", only_from=("pending",))
         session.commit()
     return n

@@ -222,9 +222,9 @@ class Scheduler:
         """Whether a stream of ``entry`` would copy a longer prefix once a sequence that is
         prefilling now has cached it."""
         for stream in entry.seq.streams:
-            have = self._best_donor(stream, active)[1]
-            for a, d in self._donors(stream, active):
-                later = stream.shareable_from(d)[1]
+            shares = [(a, d, *stream.shareable_from(d)) for a, d in self._donors(stream, active)]
+            have = max((now for _, _, now, _ in shares), default=0)
+            for a, d, _, later in shares:
                 prefilling = a.request is not None and a.request.stream is d and a.request.phase == "prefill"
                 if prefilling and later >= self.min_shared_prefix and later > have:
                     return True

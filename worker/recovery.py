@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 
 from db import repo
 from db.session import session_factory
-from jobs.submit import chunks
+from jobs.submit import send_chunks
 from semjobs.settings import settings
 from worker import publish
 
@@ -39,8 +39,6 @@ def recover(url: str | None = None, dead_after_s: float | None = None,
         for queue, job_ids in by_queue.items():
             with publisher(queue) as send:
                 for job_id in job_ids:
-                    labels = repo.item_labels(session, job_id, released.items[job_id])
-                    for chunk in chunks(released.items[job_id], settings.chunk_size):
-                        send(job_id, chunk, [labels[s] for s in chunk])
+                    send_chunks(session, job_id, released.items[job_id], send)
         session.commit()
     return released

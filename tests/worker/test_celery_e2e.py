@@ -353,6 +353,12 @@ def test_threads_pool_worker_beats_and_records_its_name(service_env, workers, pg
     assert item_workers <= beating, (item_workers, beating)
 
 
+def _beating_fast(service_env) -> dict:
+    """Slow items in batches of 2 (chunks wait in the queue), beats every 0.5 s."""
+    return {**service_env, "FAKE_ENGINE_DELAY_S": "0.4", "SEMJOBS_BATCH_SIZE": "2",
+            "SEMJOBS_HEARTBEAT_INTERVAL_S": "0.5", "SEMJOBS_WORKER_DEAD_AFTER_S": "2"}
+
+
 def test_chunks_lost_by_the_broker_are_enqueued_again(service_env, workers, pg_db, redis_url, queue, tmp_path):
     """Redis without persistence restarts and its queued chunks are gone (here: the queue's
     key deleted under a running job): the worker's heartbeat finds the pending items no
@@ -360,9 +366,7 @@ def test_chunks_lost_by_the_broker_are_enqueued_again(service_env, workers, pg_d
     every item once."""
     import redis
 
-    env = {**service_env, "FAKE_ENGINE_DELAY_S": "0.4", "SEMJOBS_HEARTBEAT_INTERVAL_S": "0.5",
-           "SEMJOBS_WORKER_DEAD_AFTER_S": "2", "SEMJOBS_BATCH_SIZE": "2"}
-    workers.env = env
+    env = workers.env = _beating_fast(service_env)
     n = 16
     job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
     w = workers.start("w1")
@@ -388,9 +392,7 @@ def test_everything_stopped_then_started_again_continues_without_redoing(
     no finished item is redone and every item has one output."""
     import redis
 
-    env = {**service_env, "FAKE_ENGINE_DELAY_S": "0.4", "SEMJOBS_BATCH_SIZE": "2",
-           "SEMJOBS_HEARTBEAT_INTERVAL_S": "0.5", "SEMJOBS_WORKER_DEAD_AFTER_S": "2"}
-    workers.env = env
+    env = workers.env = _beating_fast(service_env)
     n = 16
     job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
     first = workers.start("first")
