@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Iterator
 
-from sqlalchemy import case, delete, exists, func, insert, select, text, update
+from sqlalchemy import case, delete, exists, func, insert, or_, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -129,8 +129,9 @@ def get_job(session: Session, job_id: str) -> Job | None:
     return session.get(Job, job_id)
 
 
-def mark_job_running(session: Session, job_id: str, identities: dict | None = None,
-                     commit: bool = True) -> None:
+def mark_job_running(session: Session, job_id: str, identities: dict | None = None) -> None:
+    """The job runs (from pending or queued); `identities` go into its manifest once. Not
+    committed."""
     session.connection().execute(
         update(Job)
         .where(Job.id == job_id, Job.status.in_(("pending", "queued")))
@@ -140,14 +141,12 @@ def mark_job_running(session: Session, job_id: str, identities: dict | None = No
         job = session.get(Job, job_id)
         if job is not None and not job.manifest.get("identities"):
             job.manifest = {**job.manifest, "identities": identities}
-    if commit:
-        session.commit()
 
 
 def hold_items(session: Session, job_id: str, seqs: list[int], worker: str) -> None:
     """Mark the chunk's pending items as held by `worker`, so they are re-enqueued if it dies
     before reaching them (the dead worker's chunk message only comes back after the
-    visibility timeout). Not committed: the caller's next commit (the first claim) carries it."""
+    visibility timeout). Not committed."""
     session.execute(
         update(Item)
         .where(Item.job_id == job_id, Item.seq.in_(seqs), Item.status == "pending")
@@ -166,16 +165,32 @@ def release_items(session: Session, job_id: str, seqs: list[int], worker: str) -
     )
 
 
-def claim_item(session: Session, job_id: str, seq: int, worker: str | None) -> Claim | None:
-    """Claim one item for processing; None when it is finished, cancelled, or its job was
-    cancelled (the cooperative-cancel check, folded into the same statement)."""
+def _beating(dead_after_s: float):
+    """Workers that beat within `dead_after_s`, by the database's clock."""
+    return Worker.heartbeat_at >= func.now() - timedelta(seconds=dead_after_s)
+
+
+def claim_item(session: Session, job_id: str, seq: int, worker: str | None,
+               dead_after_s: float | None = None) -> Claim | None:
+    """Claim one item for processing; None when it is finished, cancelled, its job was
+    cancelled (the cooperative-cancel check, folded into the same statement), or, given
+    `dead_after_s`, when another worker that still beats is running it (the broker handed
+    out a chunk that outlived its visibility timeout: the first worker finishes the item,
+    and should it die, the reaper hands the item out again)."""
     job_live = exists().where(Job.id == job_id, Job.status != "cancelled")
+    not_held_by_the_living = (
+        Item.status == "pending",
+        Item.worker.is_(None),
+        Item.worker == worker,
+        ~exists().where(Worker.name == Item.worker, _beating(dead_after_s)),
+    ) if dead_after_s is not None else (Item.status.in_(("pending", "running")),)
     row = session.connection().execute(
         update(Item)
         .where(
             Item.job_id == job_id,
             Item.seq == seq,
             Item.status.in_(("pending", "running")),
+            or_(*not_held_by_the_living),
             job_live,
         )
         .values(
@@ -368,17 +383,22 @@ class Released:
     items: dict[str, list[int]] = field(default_factory=dict)  # job id -> seqs, now pending
 
 
-def release_dead_workers(session: Session, dead_after_s: float) -> Released:
-    """Workers silent for `dead_after_s` are dead: their pending and running items become
+def worker_names(session: Session, prefix: str) -> list[str]:
+    """Names of the workers that beat under a name starting with `prefix`."""
+    return list(session.scalars(select(Worker.name).where(Worker.name.startswith(prefix, autoescape=True))))
+
+
+def release_dead_workers(session: Session, dead_after_s: float, gone: Iterable[str] = ()) -> Released:
+    """Workers silent for `dead_after_s`, and those named in `gone` (known dead by other
+    means), are dead: their pending and running items become
     pending and unheld (attempts are kept, so the attempt cap still counts deliveries), and
     their rows are deleted. Not committed: the caller enqueues the items, then commits.
 
     Exactly once under concurrent reapers: a dead worker's row is locked with SKIP LOCKED,
     so a second reaper passes over it (and finds it deleted after the commit), and the item
     update is conditional on the item still being held by that worker."""
-    cutoff = func.now() - timedelta(seconds=dead_after_s)
     dead = list(session.scalars(
-        select(Worker.name).where(Worker.heartbeat_at < cutoff)
+        select(Worker.name).where(or_(~_beating(dead_after_s), Worker.name.in_(list(gone))))
         .order_by(Worker.name).with_for_update(skip_locked=True)
     ))
     released = Released(workers=dead)

@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     # stalls (a stalled worker taken for dead costs repeated work, never a second output).
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     worker_dead_after_s: float = Field(default=45.0, gt=0)
+    # A running chunk retries its commits through a database outage this long (db.retry),
+    # holding finished results in memory; past it the chunk ends and its task retries.
+    database_retry_s: float = Field(default=300.0, ge=0)
 
     # Input limits and bulk-insert batch size for `submit`. check_prompt_lengths: refuse at
     # submit a prompt longer than the target's context (its tokenizer tells; jobs.context).

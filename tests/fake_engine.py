@@ -6,12 +6,14 @@ root must be importable, e.g. PYTHONPATH=.). Knobs, read from the environment at
 - FAKE_ENGINE_DELAY_S: seconds each item takes (items of one batch run side by side, as in
   the real engine), to kill a worker mid-job;
 - a prompt containing "FAIL" raises, to exercise failed items;
+- a prompt containing "KILL" SIGKILLs the process decoding it (a poison item);
 - a nonzero seed changes the text and adds seed % 3 to the answer (samples differ).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -72,6 +74,8 @@ class InstantEngine:
         self.calls += 1
         if isinstance(prompt, list):
             prompt = "\n".join(m["content"] for m in prompt)
+        if "KILL" in prompt:
+            os.kill(os.getpid(), signal.SIGKILL)
         if "FAIL" in prompt:
             raise ValueError("fake engine asked to fail")
         words = prompt.split()[: max(1, config.max_new_tokens)]

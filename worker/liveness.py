@@ -21,6 +21,7 @@ from celery.signals import worker_process_init, worker_ready
 from celery.utils.log import get_logger
 
 from db import repo
+from db.retry import one_line
 from db.session import session_factory
 from semjobs.settings import settings
 from worker.orphans import LostChunks, requeue_lost
@@ -56,7 +57,7 @@ def tick() -> None:
     broker lost (worker.orphans)."""
     with session_factory()() as session:
         repo.beat(session, _name)
-    released = recover()
+    released = recover(me=_name)
     if released.items:
         log.warning("dead workers %s: re-enqueued their items %s",
                     ", ".join(released.workers), released.items)
@@ -95,11 +96,6 @@ def retry_delay(failures: int) -> float:
     by the others the moment the database is back."""
     return min(settings.heartbeat_interval_s * 2 ** failures,
                max(settings.heartbeat_interval_s, settings.worker_dead_after_s / 3))
-
-
-def one_line(e: BaseException) -> str:
-    text = str(getattr(e, "orig", None) or e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 @worker_process_init.connect

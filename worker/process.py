@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from db import repo
+from db.retry import retrying
 from db.session import session_factory
 from jobs.submit import item_config
 from semjobs.settings import settings
@@ -78,14 +79,14 @@ def run_items(
         # Load first (minutes, once per process), so no transaction stays open meanwhile.
         engine = engines.get_engine()  # raises EngineLoadError
         loop = batch_loop(engine, settings.batch_size)
-        if job_id not in _identities_written:
-            repo.mark_job_running(session, job_id, engines.identities(engine))
-            _identities_written.add(job_id)
-        else:  # committed together with the first claim
-            repo.mark_job_running(session, job_id, commit=False)
-        repo.hold_items(session, job_id, seqs, worker)  # committed with the first claim
+        # Nothing is in flight yet: a database outage here ends the task, which retries.
+        repo.mark_job_running(session, job_id, None if job_id in _identities_written
+                              else engines.identities(engine))
+        repo.hold_items(session, job_id, seqs, worker)
+        session.commit()
+        _identities_written.add(job_id)
         _Chunk(session, job_id, seqs, worker, config, loop, report, on_item).run(deadline, should_stop)
-        repo.finalize_job(session, job_id)
+        retrying(session, lambda: repo.finalize_job(session, job_id), "finishing the job")
     return report
 
 
@@ -107,14 +108,15 @@ class _Chunk:
             if i < len(self.seqs) and i > 0 and ((deadline is not None and time.monotonic() > deadline)
                                                  or (should_stop is not None and should_stop())):
                 self.report.left = list(self.seqs[i:])
-                repo.release_items(self.session, self.job_id, self.report.left, self.worker)
-                self.session.commit()  # the caller requeues them
+                retrying(self.session, self._release_left, "handing items back")  # the caller requeues them
                 i = len(self.seqs)
             if i < len(self.seqs) and self.loop.try_reserve():
                 if not self.start(self.seqs[i]):
                     self.loop.unreserve()
                     if self.report.cancelled:  # the job was cancelled: start nothing more
-                        repo.cancel_leftovers(self.session, self.job_id, self.seqs[i:])
+                        rest = self.seqs[i:]
+                        retrying(self.session, lambda: repo.cancel_leftovers(self.session, self.job_id, rest),
+                                 "cancelling the rest")
                         i = len(self.seqs)
                         continue
                 i += 1
@@ -123,22 +125,25 @@ class _Chunk:
                 return
             self.loop.wait(seen, timeout=1.0)
 
+    def _release_left(self) -> None:
+        repo.release_items(self.session, self.job_id, self.report.left, self.worker)
+        self.session.commit()
+
     def start(self, seq: int) -> bool:
         """Claim one item and hand it to the loop; False when there was nothing to start."""
         s, job_id = self.session, self.job_id
-        claim = repo.claim_item(s, job_id, seq, self.worker)
+        claim = retrying(s, lambda: repo.claim_item(s, job_id, seq, self.worker,
+                                                       settings.worker_dead_after_s), "claiming an item")
         if claim is None:
-            if repo.job_is_cancelled(s, job_id):
+            if retrying(s, lambda: repo.job_is_cancelled(s, job_id), "reading the job"):
                 self.report.cancelled = True
             else:
                 self.report.skipped += 1
             return False
         if claim.attempts > settings.max_attempts:
-            repo.fail_item(
-                s, claim.pk,
-                f"gave up after {claim.attempts - 1} deliveries that never finished "
-                f"(max_attempts={settings.max_attempts}; was the worker killed?)",
-            )
+            reason = (f"gave up after {claim.attempts - 1} deliveries that never finished "
+                      f"(max_attempts={settings.max_attempts}; was the worker killed?)")
+            retrying(s, lambda: repo.fail_item(s, claim.pk, reason), "failing an item")
             self.report.failed += 1
             return False
         request = claim.request
@@ -153,7 +158,7 @@ class _Chunk:
             error = fut.exception()
             if error is not None:  # the engine failed on this item: record it, go on
                 tail = "".join(traceback.format_exception_only(type(error), error)).strip()
-                repo.fail_item(self.session, pk, tail)
+                retrying(self.session, lambda: repo.fail_item(self.session, pk, tail), "failing an item")
                 self.report.failed += 1
                 if self.on_item:
                     self.on_item("failed", seq)
@@ -161,7 +166,8 @@ class _Chunk:
             # committed at once: other items of the batch may decode for minutes more
             result = fut.result()
             correct = is_correct(result.final_answer, reference)
-            if repo.save_result(self.session, self.job_id, pk, result, correct):
+            if retrying(self.session, lambda: repo.save_result(self.session, self.job_id, pk, result, correct),
+                        "storing a result"):
                 self.report.done += 1
             else:
                 self.report.duplicates += 1

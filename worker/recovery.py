@@ -10,6 +10,7 @@ redelivery): outputs stay one per item.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -23,16 +24,21 @@ Publisher = Callable[[str], AbstractContextManager[Callable[[str, list[int], lis
 
 
 def recover(url: str | None = None, dead_after_s: float | None = None,
-            publisher: Publisher | None = None) -> repo.Released:
+            publisher: Publisher | None = None, me: str | None = None) -> repo.Released:
     """Release the items of dead workers and enqueue them on their jobs' queues, in chunks.
     The release commits only after the messages are published: if publishing fails, the
-    items stay held by the dead worker and the next run tries again."""
+    items stay held by the dead worker and the next run tries again.
+
+    `me`, the caller's worker name: its sibling processes (the same node, so the same host
+    and process namespace: prefork children) whose process is gone are dead at once, without
+    waiting for their heartbeat to age."""
     if publisher is None:
         publisher = publish.publisher
     if dead_after_s is None:
         dead_after_s = settings.worker_dead_after_s
     with session_factory(url)() as session:
-        released = repo.release_dead_workers(session, dead_after_s)
+        gone = gone_siblings(repo.worker_names(session, me.rpartition(":")[0] + ":")) if me else []
+        released = repo.release_dead_workers(session, dead_after_s, gone)
         by_queue: dict[str, list[str]] = {}
         for job_id in released.items:
             by_queue.setdefault(repo.get_job(session, job_id).queue, []).append(job_id)
@@ -42,3 +48,19 @@ def recover(url: str | None = None, dead_after_s: float | None = None,
                     send_chunks(session, job_id, released.items[job_id], send)
         session.commit()
     return released
+
+
+def gone_siblings(names: list[str]) -> list[str]:
+    """Those of `names` ("node@host:pid", one node's processes) whose process has ended."""
+    gone = []
+    for name in names:
+        pid = name.rpartition(":")[2]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            gone.append(name)
+        except PermissionError:  # alive, someone else's
+            pass
+    return gone

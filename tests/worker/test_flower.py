@@ -5,7 +5,6 @@ running while it runs and as succeeded after."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -13,15 +12,10 @@ import urllib.request
 import pytest
 
 from tests.conftest import ROOT, wait_for
+from tests.services import free_port
 from tests.worker.test_celery_e2e import submit, wait_completed, write_input
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(port: int, path: str):
@@ -31,7 +25,7 @@ def _get(port: int, path: str):
 
 @pytest.fixture
 def flower(service_env, tmp_path):
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "flower.log", "w")
     # as the README starts it: the API answers only without auth when told so
     proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "worker.celery:app", "flower",

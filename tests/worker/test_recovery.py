@@ -221,3 +221,32 @@ def test_semjobs_recover_publishes_to_the_jobs_queue(service_env, pg_db, redis_u
     messages = redis.Redis.from_url(redis_url).lrange(queue, 0, -1)
     args = [json.loads(base64.b64decode(json.loads(m)["body"]))[0] for m in messages]
     assert sorted(args) == [[job_id, [0, 1, 2, 3]], [job_id, [4, 5, 6, 7]], [job_id, [5, 6, 7]]]
+
+
+def test_a_redelivery_leaves_an_item_a_live_worker_runs_and_takes_a_dead_ones(pg_db, crashed):
+    """A chunk handed out again (it outlived the visibility timeout) claims what a dead
+    worker was running, never what a live one still runs; pending items stay claimable."""
+    with session_factory(pg_db)() as s:
+        assert repo.claim_item(s, crashed, 4, "other@h:3", dead_after_s=45) is None
+        assert repo.claim_item(s, crashed, 4, LIVE, dead_after_s=45) is not None  # its own retry
+        assert repo.claim_item(s, crashed, 1, "other@h:3", dead_after_s=45).attempts == 2
+        assert repo.claim_item(s, crashed, 5, "other@h:3", dead_after_s=45) is not None
+
+
+def test_a_sibling_whose_process_is_gone_is_reaped_at_once(pg_db, crashed):
+    """Prefork children of one node share a host: a child killed mid-item is dead as soon as
+    its process is gone, though its heartbeat is fresh; other nodes wait for theirs to age."""
+    import subprocess
+
+    child = subprocess.Popen(["true"])
+    child.wait()
+    gone, alive = f"live@h:{child.pid}", "live@h:1"  # pid 1 always runs
+    with session_factory(pg_db)() as s:
+        repo.beat(s, gone)
+        repo.beat(s, alive)
+    sql(pg_db, "UPDATE items SET worker = :w WHERE job_id = :j AND seq = 4", w=gone, j=crashed)
+    sent = []
+    released = recover(pg_db, 45, recording_publisher(sent), me=alive)
+    assert gone in released.workers and alive not in released.workers and LIVE not in released.workers
+    assert released.items[crashed] == [1, 2, 3, 4]
+    assert worker_names(pg_db) == {LIVE, alive}
