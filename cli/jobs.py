@@ -26,7 +26,7 @@ def generation_options(f):
                      "much probability (default 1: all).")(f)
     f = click.option("--temperature", type=click.FloatRange(0, 2), default=None,
                      help="0 = greedy (default from SEMJOBS_TEMPERATURE).")(f)
-    f = click.option("--max-new-tokens", type=int, default=None,
+    f = click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
                      help="Tokens to generate per item (default from SEMJOBS_MAX_NEW_TOKENS).")(f)
     f = click.option("--method", default=None,
                      help="ar | token_sd | step_judge | semspec (default from SEMJOBS_METHOD).")(f)
@@ -53,8 +53,12 @@ def _config(method, max_new_tokens, temperature, top_p, seed, samples) -> dict:
 
 
 def _store(file, config, queue, name, url, status, samples, validation=None):
-    from jobs.submit import InvalidInput, store_job, validate
+    from jobs.submit import InvalidInput, missing_model_files, store_job, validate
 
+    for problem in missing_model_files():
+        click.echo(f"error: {problem}; nothing was stored (SEMJOBS_CHECK_PROMPT_LENGTHS=0 skips "
+                   "this check where only the workers have the files)", err=True)
+        sys.exit(EXIT_INVALID_INPUT)
     if validation is None:
         validation = validate(file, samples)
     if validation.context_unchecked:
@@ -323,6 +327,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     from jobs.status import answers_line, job_status
     from jobs.submit import find_resumable, unfinished_seqs, validate
     from semjobs.settings import settings
+    from worker import engine as engines
     from worker.engine import EngineLoadError
     from worker.process import run_items
 
@@ -332,6 +337,14 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     config = _config(method, max_new_tokens, temperature, top_p, seed, samples)
     migrate.upgrade(url)
     validation = validate(file, samples)
+    if validation.ok:  # load first: a model or probe file that cannot load stores no job
+        # (bad input is refused by _store below, before anything loads)
+        click.echo("loading the engine...", err=True)
+        try:
+            engines.get_engine()  # kept for run_items, which decodes with it
+        except EngineLoadError as e:
+            click.echo(f"error: {e}; nothing was stored", err=True)
+            sys.exit(1)
     job_id = (find_resumable(validation, config, samples=samples, url=url)
               if resume and validation.ok else None)
     if job_id is not None:
@@ -344,14 +357,10 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
         seqs = list(range(n))
         click.echo(f"job {job_id}: {n} items, method {config['method']}; database {_shown(url)}",
                    err=True)
-    click.echo("loading the engine...", err=True)
     t0 = time.perf_counter()
     try:
         with click.progressbar(length=len(seqs), label="generating", file=sys.stderr) as bar:
             run_items(job_id, seqs, url=url, on_item=lambda _k, _s: bar.update(1))
-    except EngineLoadError as e:
-        click.echo(f"\nerror: {e}", err=True)
-        sys.exit(1)
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: finished items of job {job_id} are kept in {_shown(url)}; "
                    f"export them with `semjobs export {job_id} --db {_shown(url)} -o OUT`", err=True)

@@ -22,10 +22,20 @@ class _Main(click.Group):
             if name == "ProgrammingError" and "does not exist" in str(e):
                 raise click.ClickException(
                     "the database has no semjobs schema yet: run `semjobs db upgrade`") from e
+            if name == "ValidationError" and type(e).__module__.startswith("pydantic"):
+                raise click.ClickException(_bad_setting(e.errors()[0])) from e
             if isinstance(e, OSError) and e.strerror:  # a path that cannot be read or written
                 where = f"{e.filename}: " if e.filename else ""
                 raise click.ClickException(f"{where}{e.strerror}") from e
             raise
+
+
+def _bad_setting(error: dict) -> str:
+    """A settings error (an environment variable or .env line) as one sentence."""
+    if not error["loc"]:  # a rule across settings
+        return f"bad settings: {error['msg'].removeprefix('Value error, ')}"
+    key = f"SEMJOBS_{str(error['loc'][0]).upper()}"
+    return f"bad setting {key}={error['input']!r}: {error['msg'][0].lower()}{error['msg'][1:]}"
 
 
 @click.group(cls=_Main)

@@ -27,6 +27,11 @@ MAX_SAMPLES = 64  # samples per input (`n`): more is many jobs' worth of one pro
 # Fields of a plain line that ask for something rather than being kept as its metadata.
 CONTROL_FIELDS = ("id", "prompt", "messages", "n", "chat_template_kwargs", *PARAM_TYPES)
 MAX_REPORTED_ERRORS = 50
+# A Batch line asks for a request: a field it names that semjobs would not honour (`stop`,
+# `logprobs`, `tools`, ...) is refused rather than silently dropped, as the OpenAI API does.
+BATCH_LINE_FIELDS = ("custom_id", "method", "url", "body", "metadata")
+BATCH_BODY_FIELDS = ("messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
+                     "n", "chat_template_kwargs", "metadata", "model", "user", "store", "stream")
 
 
 @dataclass
@@ -242,6 +247,14 @@ def _parse_batch(obj: dict, line: int) -> Record:
     body = obj.get("body")
     if not isinstance(body, dict):
         raise _Bad("body", "missing or not an object")
+    for prefix, what, fields, allowed in (("", "line", obj, BATCH_LINE_FIELDS),
+                                          ("body.", "body", body, BATCH_BODY_FIELDS)):
+        unknown = [k for k in fields if k not in allowed]
+        if unknown:
+            raise _Bad(prefix + unknown[0], f"not supported here (a Batch {what} may hold "
+                       f"{', '.join(allowed)})")
+    if body.get("stream"):
+        raise _Bad("body.stream", "must be false or absent: batch results are stored, not streamed")
     rec = Record(line=line, format=OPENAI_BATCH, id=rid)
     rec.messages = _check_messages(body.get("messages"), "body.messages")
     if "max_tokens" in body and "max_completion_tokens" in body:

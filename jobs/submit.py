@@ -88,6 +88,25 @@ def chunks(seqs: Iterable[int], size: int) -> Iterator[list[int]]:
         yield batch
 
 
+MODEL_SETTINGS = {"target_model": "SEMJOBS_TARGET_MODEL", "draft_model": "SEMJOBS_DRAFT_MODEL",
+                  "probes_dir": "SEMJOBS_PROBES_DIR"}
+
+
+def missing_model_files() -> list[str]:
+    """The model settings that name a local path this machine does not have, each as one
+    sentence: a typo would otherwise be stored and fail on every worker. Checked with the
+    prompt lengths (`settings.check_prompt_lengths`; off on a machine that submits for
+    workers whose files it lacks)."""
+    if not settings.check_prompt_lengths:
+        return []
+    missing = []
+    for key, env in MODEL_SETTINGS.items():
+        spec = getattr(settings, key)
+        if spec and spec != "none" and not spec.startswith("embedded:") and not Path(spec).expanduser().exists():
+            missing.append(f"{env}={spec}: no such file or directory here")
+    return missing
+
+
 def validate(path: str | Path, samples: int = 1) -> Validation:
     """`validate_file` with the settings' limits and the target's context (jobs.context)."""
     from jobs.context import ContextCheck

@@ -49,8 +49,8 @@ class Settings(BaseSettings):
 
     # Job defaults (each can be overridden per job on the command line, per item in the input).
     method: str = "ar"  # becomes "semspec" once the embedded draft and probes ship
-    max_new_tokens: int = 512
-    temperature: float = 0.0
+    max_new_tokens: int = Field(default=512, gt=0)
+    temperature: float = Field(default=0.0, ge=0, le=2)
     seed: int = 0
 
     # Embedded mode (`semjobs run`): no servers, one SQLite file.

@@ -389,9 +389,9 @@ def _from_pretrained(path: Path, dtype: torch.dtype, gguf_file: str | None = Non
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, quantization_config=GgufConfig(gguf_file=gguf_file, dequantize=True), **kwargs
         )
-    else:
+    else:  # safetensors only: a pickled checkpoint (pytorch_model.bin) could run code
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True, **kwargs)
     return model, tokenizer
 
 

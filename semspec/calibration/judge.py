@@ -88,7 +88,7 @@ class EmbeddingJudge:
         self.device = device
         self.batch_size = batch_size
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.model = AutoModel.from_pretrained(self.model_dir).to(device).eval()
+        self.model = AutoModel.from_pretrained(self.model_dir, use_safetensors=True).to(device).eval()
         self._cache: dict[str, torch.Tensor] = {}
 
     @torch.inference_mode()
@@ -187,7 +187,7 @@ class NLIJudge:
         if not self.model_dir.is_dir():
             raise FileNotFoundError(f"NLI model directory not found: {self.model_dir}")
         tok = AutoTokenizer.from_pretrained(self.model_dir)
-        model = AutoModelForSequenceClassification.from_pretrained(self.model_dir)
+        model = AutoModelForSequenceClassification.from_pretrained(self.model_dir, use_safetensors=True)
         model = model.to(self.device).eval()
         self.entail_index = entailment_label_index(model.config.id2label)
 

@@ -31,8 +31,8 @@ def test_plain_prompt_and_messages_ok(tmp_path):
 
 
 def test_batch_lines_ok(tmp_path):
-    p = write(tmp_path, [batch_line("a", max_tokens=10, temperature=0.5, seed=3),
-                         batch_line("b", max_completion_tokens=5, top_p=0.9)])
+    p = write(tmp_path, [batch_line("a", max_tokens=10, temperature=0.5, seed=3, model="gpt-x", stream=False),
+                         batch_line("b", max_completion_tokens=5, top_p=0.9, user="u1", store=False)])
     v = validate_file(p, 10_000)
     assert v.ok and v.format == OPENAI_BATCH and v.n_items == 2
 
@@ -64,6 +64,18 @@ def test_batch_lines_ok(tmp_path):
         ({"id": "b", "prompt": "x", "chat_template_kwargs": "think"}, 2, "chat_template_kwargs", "object"),
         ({"id": "b", "prompt": "x", "answer": {"n": 1}}, 2, "answer", "string or a number"),
         ({"id": "b", "prompt": "x", "metadata": {"answer": True}}, 2, "metadata.answer", "string or a number"),
+        ({"id": None, "prompt": "x"}, 2, "id", "missing"),
+        ({"id": "b", "prompt": None}, 2, "prompt", "must be a string"),
+        ({"id": "b", "prompt": "x", "temperature": 2.5}, 2, "temperature", "between 0 and 2"),
+        ({"id": "b", "prompt": "x", "temperature": -0.1}, 2, "temperature", "between 0 and 2"),
+        ({"id": "b", "prompt": "x", "top_p": 0}, 2, "top_p", "(0, 1]"),
+        ({"id": "b", "prompt": "x", "top_p": 1.5}, 2, "top_p", "(0, 1]"),
+        ({"id": "b", "prompt": "x", "max_new_tokens": -5}, 2, "max_new_tokens", "positive"),
+        ({"id": "b", "prompt": "x", "max_new_tokens": 2.5}, 2, "max_new_tokens", "integer"),
+        ({"id": "b", "prompt": "x", "seed": "one"}, 2, "seed", "integer"),
+        ('"just a string"', 2, None, "JSON object"),
+        ({"id": "b", "messages": "hello"}, 2, "messages", "list"),
+        ({"id": "b", "messages": ["hello"]}, 2, "messages[0]", "object"),
     ],
 )
 def test_bad_plain_lines(tmp_path, bad, line, field, words):
@@ -92,6 +104,15 @@ def test_bad_plain_lines(tmp_path, bad, line, field, words):
         (batch_line("a"), "custom_id", "duplicate"),
         (batch_line("b", messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
          "body.messages[0].content[0]", "text parts"),
+        (batch_line("b", max_tokens=0), "body.max_tokens", "positive"),
+        (batch_line("b", top_p=2), "body.top_p", "(0, 1]"),
+        (batch_line("b", max_tokens=5, max_completion_tokens=5), "body.max_tokens", "not both"),
+        (batch_line("b", stop=["\n"]), "body.stop", "not supported here"),
+        (batch_line("b", logprobs=True), "body.logprobs", "not supported here"),
+        (batch_line("b", stream=True), "body.stream", "must be false"),
+        ({**batch_line("b"), "priority": 1}, "priority", "not supported here"),
+        ({**batch_line("b"), "body": "text"}, "body", "not an object"),
+        (batch_line("b", messages=[]), "body.messages", "empty"),
     ],
 )
 def test_bad_batch_lines(tmp_path, bad, field, words):

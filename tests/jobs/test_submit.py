@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from cli.main import main
 from db.models import Item, Job
 from db.session import session_factory
-from jobs.submit import store_job, job_config
+from jobs.submit import job_config, missing_model_files, store_job
 
 
 def rows(url):
@@ -123,3 +123,116 @@ def test_a_template_that_cannot_render_a_long_prompt_is_a_bad_line_not_a_crash(t
     p.write_text(json.dumps(line) + "\n")
     v = validate_file(p, 1_000_000, fits=ContextCheck(None, None))
     assert not v.ok and v.errors[0].field == "prompt" and "chat template cannot render" in v.errors[0].message
+
+
+def _probes_cut_in_half(dest):
+    from semspec.probes import EMBEDDED_PROBES_DIR
+
+    dest.mkdir()
+    for f in EMBEDDED_PROBES_DIR.iterdir():
+        data = f.read_bytes()
+        (dest / f.name).write_bytes(data[: len(data) // 2] if f.name == "target.safetensors" else data)
+    return dest
+
+
+def _probes_of_another_model(dest):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from semspec.probes import EMBEDDED_PROBES_DIR
+
+    dest.mkdir()
+    for f in EMBEDDED_PROBES_DIR.iterdir():
+        if f.suffix != ".safetensors":
+            continue
+        with safe_open(str(f), "pt") as sf:
+            tensors = {k: sf.get_tensor(k) for k in sf.keys()}
+            meta = dict(sf.metadata())
+        probe = json.loads(meta["semjobs_probe"])
+        meta["semjobs_probe"] = json.dumps({**probe, "model_sha256": "0" * 64})
+        save_file(tensors, str(dest / f.name), meta)
+    return dest
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting, make, words", [
+    ("target_model", lambda tmp: str(tmp / "no-such-model"), "does not exist"),
+    ("probes_dir", lambda tmp: str(_probes_cut_in_half(tmp / "cut")), "target.safetensors"),
+    ("probes_dir", lambda tmp: str(_probes_of_another_model(tmp / "other")), "model"),
+], ids=["unknown_model_path", "truncated_probe_file", "probes_of_another_model"])
+def test_run_with_files_that_cannot_load_stores_nothing(setting, make, words, sqlite_db, tmp_path,
+                                                        monkeypatch):
+    """The engine loads before the job is stored: a model or probe file that cannot load is
+    one error line naming it, exit 1, zero rows."""
+    from semjobs.settings import settings
+    from worker import engine as engines
+
+    monkeypatch.setattr(settings, setting, make(tmp_path))
+    engines._cache.clear()
+    p = tmp_path / "in.jsonl"
+    p.write_text('{"id": 1, "prompt": "What is 2+2?"}\n')
+    try:
+        res = CliRunner().invoke(main, ["run", str(p), "-o", str(tmp_path / "o.jsonl"), "--db", sqlite_db,
+                                        "--method", "semspec"])
+    finally:
+        engines._cache.clear()
+    assert res.exit_code == 1, res.output
+    assert "could not load the engine" in res.output and words in res.output and "nothing was stored" in res.output
+    assert "Traceback" not in res.output
+    assert rows(sqlite_db) == (0, 0)
+
+
+@pytest.mark.parametrize("options, words", [
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--max-new-tokens", "-3"], "--max-new-tokens"),
+    (["--temperature", "3"], "--temperature"),
+    (["--temperature", "-1"], "--temperature"),
+    (["--top-p", "0"], "--top-p"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--n", "0"], "--n"),
+    (["--n", "65"], "--n"),
+    (["--n", "4"], "greedy"),
+    (["--method", "magic"], "unknown method"),
+])
+def test_submit_refuses_bad_options_before_storing(options, words, pg_db, tmp_path, monkeypatch):
+    from semjobs.settings import settings
+
+    monkeypatch.setattr(settings, "database_url", pg_db)
+    monkeypatch.setattr(settings, "redis_url", "redis://127.0.0.1:1/0")  # never reached
+    p = tmp_path / "in.jsonl"
+    p.write_text('{"id": 1, "prompt": "ok"}\n')
+    res = CliRunner().invoke(main, ["submit", str(p), *options])
+    assert res.exit_code == 2 and words in res.output, res.output
+    assert rows(pg_db) == (0, 0)
+
+
+def test_submit_refuses_a_model_path_this_machine_lacks(pg_db, tmp_path, monkeypatch):
+    from semjobs.settings import settings
+
+    monkeypatch.setattr(settings, "database_url", pg_db)
+    monkeypatch.setattr(settings, "redis_url", "redis://127.0.0.1:1/0")
+    monkeypatch.setattr(settings, "target_model", str(tmp_path / "typo"))
+    p = tmp_path / "in.jsonl"
+    p.write_text('{"id": 1, "prompt": "ok"}\n')
+    res = CliRunner().invoke(main, ["submit", str(p)])
+    assert res.exit_code == 2, res.output
+    assert f"SEMJOBS_TARGET_MODEL={tmp_path / 'typo'}: no such file or directory here; nothing was stored" in res.output
+    assert rows(pg_db) == (0, 0)
+    monkeypatch.setattr(settings, "check_prompt_lengths", False)  # only the workers have the files
+    assert missing_model_files() == []
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"SEMJOBS_MAX_NEW_TOKENS": "0"}, "bad setting SEMJOBS_MAX_NEW_TOKENS='0': input should be greater than 0"),
+    ({"SEMJOBS_HEARTBEAT_INTERVAL_S": "soon"}, "bad setting SEMJOBS_HEARTBEAT_INTERVAL_S='soon'"),
+    ({"SEMJOBS_WORKER_DEAD_AFTER_S": "1"}, "worker_dead_after_s must be at least 2 x heartbeat_interval_s"),
+])
+def test_a_bad_setting_is_one_line_not_a_traceback(env, words, tmp_path):
+    import os
+
+    from tests.conftest import ROOT, run_cli
+
+    p = tmp_path / "in.jsonl"
+    p.write_text('{"id": 1, "prompt": "ok"}\n')
+    res = run_cli(["submit", str(p)], {**os.environ, "PYTHONPATH": str(ROOT), **env}, check=False)
+    assert res.returncode == 1 and words in res.stderr and "Traceback" not in res.stderr, res.stderr
