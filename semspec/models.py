@@ -389,8 +389,11 @@ def _from_pretrained(path: Path, dtype: torch.dtype, gguf_file: str | None = Non
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, quantization_config=GgufConfig(gguf_file=gguf_file, dequantize=True), **kwargs
         )
-    else:  # safetensors only: a pickled checkpoint (pytorch_model.bin) could run code
+    else:  # safetensors only: unpickling a checkpoint (pytorch_model.bin) can run code
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        if not any(path.glob("*.safetensors")):
+            raise ModelLoadError(f"{path}: no .safetensors weights; pickled checkpoints are not loaded "
+                                 "(save the model with save_pretrained(safe_serialization=True))")
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True, **kwargs)
     return model, tokenizer
 

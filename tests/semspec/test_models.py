@@ -149,3 +149,19 @@ def test_pick_dtype(monkeypatch):
     assert models.pick_dtype("cpu", models.BF16_MIN_BATCH) is torch.bfloat16
     monkeypatch.setattr(models, "cpu_has_fast_bf16", lambda: False)
     assert models.pick_dtype("cpu", 32) is torch.float32
+
+
+def test_a_pickled_checkpoint_is_refused(tiny_dirs, tiny_cache, tmp_path):
+    """Only safetensors weights load: unpickling a pytorch_model.bin can run code."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = tiny_dirs["target"]
+    pickled = tmp_path / "pickled"
+    model = AutoModelForCausalLM.from_pretrained(src)
+    model.save_pretrained(pickled)
+    AutoTokenizer.from_pretrained(src).save_pretrained(pickled)
+    for f in pickled.glob("*.safetensors"):  # the same weights, as a pickle
+        f.unlink()
+    torch.save(model.state_dict(), pickled / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError, match="no .safetensors weights; pickled checkpoints are not loaded"):
+        load_model(str(pickled), device="cpu", cache_dir=tiny_cache)
