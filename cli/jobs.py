@@ -330,6 +330,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     from worker import engine as engines
     from worker.engine import EngineLoadError
     from worker.process import run_items
+    from worker.queues import EMBEDDED_QUEUE
 
     url = db_url or settings.embedded_database_url
     if batch_size is not None:
@@ -352,7 +353,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
         click.echo(f"resuming job {job_id}: {len(seqs)} of {validation.n_samples} items left; "
                    f"database {_shown(url)}", err=True)
     else:
-        job_id, n = _store(file, config, "embedded", name, url, "queued", samples, validation)
+        job_id, n = _store(file, config, EMBEDDED_QUEUE, name, url, "queued", samples, validation)
         remember(job_id, url)
         seqs = list(range(n))
         click.echo(f"job {job_id}: {n} items, method {config['method']}; database {_shown(url)}",

@@ -383,6 +383,11 @@ class Released:
     items: dict[str, list[int]] = field(default_factory=dict)  # job id -> seqs, now pending
 
 
+def live_workers(session: Session, dead_after_s: float) -> int:
+    """How many workers beat within `dead_after_s`."""
+    return session.scalar(select(func.count()).select_from(Worker).where(_beating(dead_after_s)))
+
+
 def worker_names(session: Session, prefix: str) -> list[str]:
     """Names of the workers that beat under a name starting with `prefix`."""
     return list(session.scalars(select(Worker.name).where(Worker.name.startswith(prefix, autoescape=True))))

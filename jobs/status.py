@@ -18,6 +18,8 @@ from db import repo
 from jobs import accuracy
 from db.models import JOB_ACTIVE
 from db.session import session_factory
+from semjobs.settings import settings
+from worker.queues import EMBEDDED_QUEUE
 
 
 def _iso(ts: datetime | None) -> str | None:
@@ -42,6 +44,28 @@ def _answers(session, job_id: str) -> dict[str, Any] | None:
             "majority_accuracy": acc}
 
 
+def _stalled(job, counts: dict[str, int], quiet_s: float, mean_gap_s: float | None,
+             live_workers: int) -> str | None:
+    """Why an active job makes no progress, or None while it does: no item finished for
+    `settings.stall_after_s` (or five mean gaps between finishes, if longer)."""
+    remaining = counts["pending"] + counts["running"]
+    if job.status not in JOB_ACTIVE or not remaining:
+        return None
+    if quiet_s < max(settings.stall_after_s, 5 * (mean_gap_s or 0)):
+        return None
+    quiet = f"no item finished for {fmt_duration(quiet_s)}"
+    if job.queue == EMBEDDED_QUEUE:
+        return f"{quiet}: if the `semjobs run` that ran it has stopped, running it again resumes the job"
+    if live_workers == 0:
+        return f"{quiet} and no worker beats: start `semjobs worker` (queue {job.queue})"
+    if counts["running"]:
+        return (f"{quiet} though {live_workers} worker(s) beat and {counts['running']} item(s) run: "
+                "a worker may hang, or its items take longer than that")
+    return (f"{quiet}: {live_workers} worker(s) beat but none takes its {counts['pending']} pending "
+            f"item(s); do they serve queue {job.queue}? (messages a broker lost are re-issued "
+            "within about a minute; `semjobs retry JOB --pending` re-enqueues them now)")
+
+
 def job_status(job_id: str, *, url: str | None = None) -> dict[str, Any] | None:
     with session_factory(url)() as session:
         job = repo.get_job(session, job_id)
@@ -51,6 +75,7 @@ def job_status(job_id: str, *, url: str | None = None) -> dict[str, Any] | None:
         sums = repo.stat_sums(session, job_id)
         last = repo.last_finished_at(session, job_id)
         answers = _answers(session, job_id)
+        live = repo.live_workers(session, settings.worker_dead_after_s) if job.status in JOB_ACTIVE else 0
     started = repo.as_utc(job.started_at)
     finished = repo.as_utc(job.finished_at)
     now = datetime.now(timezone.utc)
@@ -59,8 +84,11 @@ def job_status(job_id: str, *, url: str | None = None) -> dict[str, Any] | None:
     gen = int(sums["generated_tokens"])
     settled = counts["done"] + counts["failed"]
     remaining = counts["pending"] + counts["running"]
+    quiet_since = last or started or repo.as_utc(job.created_at)
+    mean_gap = (last - started).total_seconds() / settled if last and started and settled else None
+    stalled = _stalled(job, counts, (now - quiet_since).total_seconds(), mean_gap, live)
     eta = None
-    if job.status in JOB_ACTIVE and settled and elapsed > 0:
+    if job.status in JOB_ACTIVE and settled and elapsed > 0 and stalled is None:
         eta = round(remaining * elapsed / settled, 1)
     return {
         "id": job.id,
@@ -77,6 +105,7 @@ def job_status(job_id: str, *, url: str | None = None) -> dict[str, Any] | None:
         "tokens_per_s": _ratio(gen, elapsed),
         "decode_tokens_per_s": _ratio(gen, sums["wall_seconds"]),
         "eta_s": eta,
+        "stalled": stalled,
         "acceptance": {
             "steps_drafted": int(sums["steps_drafted"]),
             "steps_accepted": int(sums["steps_accepted"]),
@@ -138,6 +167,8 @@ def render(st: dict[str, Any]) -> str:
         f"{st['decode_tokens_per_s'] or 0:.1f} tok/s per item",
         f"  time       elapsed {fmt_duration(st['elapsed_s'])}, ETA {fmt_duration(st['eta_s'])}",
     ]
+    if st["stalled"]:
+        lines.append(f"  STALLED    {st['stalled']}")
     if a["steps_drafted"] or a["drafted_tokens"]:
         sa = a["step_acceptance"]
         ta = a["token_acceptance"]
@@ -171,5 +202,6 @@ def progress_line(st: dict[str, Any], width: int = 30) -> str:
     return (
         f"[{bar}] {settled}/{st['n_items']}  done {c['done']} failed {c['failed']}"
         f"  {st['generated_tokens']} tok  {st['tokens_per_s'] or 0:.1f} tok/s"
-        f"  steps kept {'-' if acc is None else f'{acc:.0%}'}  ETA {fmt_duration(st['eta_s'])}  {st['status']}"
+        f"  steps kept {'-' if acc is None else f'{acc:.0%}'}  ETA {fmt_duration(st['eta_s'])}"
+        f"  {'STALLED' if st['stalled'] else st['status']}"
     )

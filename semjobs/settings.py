@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     # stalls (a stalled worker taken for dead costs repeated work, never a second output).
     heartbeat_interval_s: float = Field(default=5.0, gt=0)
     worker_dead_after_s: float = Field(default=45.0, gt=0)
+    # `semjobs status` calls an active job stalled, and says why, when no item has finished
+    # for this long (or for five times its mean time between finishes, if longer).
+    stall_after_s: float = Field(default=120.0, gt=0)
     # A running chunk retries its commits through a database outage this long (db.retry),
     # holding finished results in memory; past it the chunk ends and its task retries.
     database_retry_s: float = Field(default=300.0, ge=0)

@@ -21,12 +21,12 @@ from collections.abc import Callable
 from db import repo
 from db.session import session_factory
 from semjobs.settings import settings
+from worker.queues import EMBEDDED_QUEUE
 
 UNACKED_KEY = "unacked"  # kombu's Redis transport: delivery tag -> [message, exchange, routing key]
 PRIORITY_SEPARATOR = "\x06\x16"  # kombu's separator between a queue's name and a priority step
 PRIORITY_STEPS = (3, 6, 9)  # kombu's default steps besides 0 (whose list is the bare name)
 LOCK_KEY = 0x53_454D_4A4F  # pg advisory lock: one process re-enqueues at a time
-NOT_BROKERED = ("embedded",)  # `semjobs run` jobs: decoded in their own process, no queue
 
 
 def redis_queue_state(client, queues: list[str]) -> Callable[[str], bool]:
@@ -53,7 +53,7 @@ class LostChunks:
 
     def check(self, session, client) -> dict[str, list[int]]:
         """Job id -> positions seen lost on this beat and the one before."""
-        pairs = [(j, q) for j, q in repo.jobs_with_unheld_pending(session) if q not in NOT_BROKERED]
+        pairs = [(j, q) for j, q in repo.jobs_with_unheld_pending(session) if q != EMBEDDED_QUEUE]
         seen: dict[str, set[int]] = {}
         if pairs:
             has_messages = redis_queue_state(client, sorted({q for _, q in pairs}))

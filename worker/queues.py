@@ -7,6 +7,9 @@ import re
 
 from semjobs.settings import Settings, settings as _settings
 
+# The queue a `semjobs run` job records: it decodes in its own process, through no broker.
+EMBEDDED_QUEUE = "embedded"
+
 
 def _slug(model: str | None) -> str:
     if not model:

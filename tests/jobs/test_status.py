@@ -1,0 +1,61 @@
+"""`job_status` calls an active job stalled, and says why, instead of an ETA that keeps
+growing: no worker, workers that take nothing, a stopped `semjobs run`. Real Postgres."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from db import repo
+from db.session import session_factory
+from jobs.status import job_status, progress_line, render
+from tests.worker.test_process import make_job
+
+
+def sql(url, statement, **params):
+    with session_factory(url)() as s:
+        s.execute(text(statement), params)
+        s.commit()
+
+
+@pytest.fixture
+def quiet_job(pg_db, tmp_path):
+    """A running job of 6 items, started 11 minutes ago, 2 done a minute later, nothing since."""
+    job_id = make_job(pg_db, tmp_path, n=6)
+    sql(pg_db, "UPDATE jobs SET status = 'running', queue = 'semjobs.q', "
+        "started_at = now() - interval '11 minutes' WHERE id = :j", j=job_id)
+    sql(pg_db, "UPDATE items SET status = 'done', finished_at = now() - interval '10 minutes' "
+        "WHERE job_id = :j AND seq < 2", j=job_id)
+    return job_id
+
+
+def test_no_worker_beating_is_named_and_there_is_no_eta(pg_db, quiet_job):
+    st = job_status(quiet_job, url=pg_db)
+    assert st["stalled"].startswith("no item finished for 10m0")
+    assert "no worker beats: start `semjobs worker` (queue semjobs.q)" in st["stalled"]
+    assert st["eta_s"] is None
+    assert "STALLED    no item finished" in render(st) and progress_line(st).endswith("STALLED")
+
+
+def test_workers_that_take_nothing_are_told_apart_from_a_hang(pg_db, quiet_job):
+    with session_factory(pg_db)() as s:
+        repo.beat(s, "w@h:1")
+    assert "1 worker(s) beat but none takes its 4 pending item(s); do they serve queue semjobs.q?" \
+        in job_status(quiet_job, url=pg_db)["stalled"]
+    sql(pg_db, "UPDATE items SET status = 'running', worker = 'w@h:1' WHERE job_id = :j AND seq = 2",
+        j=quiet_job)
+    assert "1 item(s) run: a worker may hang" in job_status(quiet_job, url=pg_db)["stalled"]
+
+
+def test_a_stopped_embedded_run_says_running_it_again_resumes(pg_db, quiet_job):
+    sql(pg_db, "UPDATE jobs SET queue = 'embedded' WHERE id = :j", j=quiet_job)
+    assert "running it again resumes the job" in job_status(quiet_job, url=pg_db)["stalled"]
+
+
+def test_a_job_that_progresses_or_has_ended_is_not_stalled(pg_db, quiet_job):
+    sql(pg_db, "UPDATE items SET finished_at = now() WHERE job_id = :j AND seq = 1", j=quiet_job)
+    st = job_status(quiet_job, url=pg_db)
+    assert st["stalled"] is None and st["eta_s"] is not None
+    sql(pg_db, "UPDATE items SET finished_at = now() - interval '10 minutes' WHERE job_id = :j", j=quiet_job)
+    sql(pg_db, "UPDATE jobs SET status = 'cancelled' WHERE id = :j", j=quiet_job)
+    assert job_status(quiet_job, url=pg_db)["stalled"] is None
