@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 import traceback
 from concurrent.futures import Future
@@ -27,6 +28,31 @@ from worker.batching import batch_loop
 
 _job_configs: dict[str, dict] = {}  # job id -> config (immutable once stored)
 _identities_written: set[str] = set()
+
+
+class _Decoding:
+    """The items this process is decoding, whichever chunk started them. A second delivery
+    of an item that reaches the same process (a chunk handed out again, a task retried after
+    a database outage) must not claim it again: to the database both look like this
+    worker's own running item, which it may take over once the first decode has ended."""
+
+    def __init__(self):
+        self._keys: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+
+    def begin(self, key: tuple[str, int]) -> bool:
+        with self._lock:
+            if key in self._keys:
+                return False
+            self._keys.add(key)
+            return True
+
+    def end(self, key: tuple[str, int]) -> None:
+        with self._lock:
+            self._keys.discard(key)
+
+
+_decoding = _Decoding()
 
 
 @dataclass
@@ -85,7 +111,12 @@ def run_items(
         repo.hold_items(session, job_id, seqs, worker)
         session.commit()
         _identities_written.add(job_id)
-        _Chunk(session, job_id, seqs, worker, config, loop, report, on_item).run(deadline, should_stop)
+        chunk = _Chunk(session, job_id, seqs, worker, config, loop, report, on_item)
+        try:
+            chunk.run(deadline, should_stop)
+        except BaseException:  # the chunk ends unsettled (a long outage): its items may be
+            chunk.abandon()    # claimed again here once their decode ends
+            raise
         retrying(session, lambda: repo.finalize_job(session, job_id), "finishing the job")
     return report
 
@@ -125,12 +156,29 @@ class _Chunk:
                 return
             self.loop.wait(seen, timeout=1.0)
 
+    def abandon(self) -> None:
+        for fut, (_pk, seq, _ref) in self.in_flight.items():
+            fut.add_done_callback(lambda _f, key=(self.job_id, seq): _decoding.end(key))
+
     def _release_left(self) -> None:
         repo.release_items(self.session, self.job_id, self.report.left, self.worker)
         self.session.commit()
 
     def start(self, seq: int) -> bool:
         """Claim one item and hand it to the loop; False when there was nothing to start."""
+        key = (self.job_id, seq)
+        if not _decoding.begin(key):  # another chunk of this process decodes it
+            self.report.skipped += 1
+            return False
+        started = False
+        try:
+            started = self._claim(seq)
+        finally:
+            if not started:
+                _decoding.end(key)
+        return started
+
+    def _claim(self, seq: int) -> bool:
         s, job_id = self.session, self.job_id
         claim = retrying(s, lambda: repo.claim_item(s, job_id, seq, self.worker,
                                                        settings.worker_dead_after_s), "claiming an item")
@@ -155,21 +203,27 @@ class _Chunk:
     def settle_finished(self) -> None:
         for fut in [f for f in self.in_flight if f.done()]:
             pk, seq, reference = self.in_flight.pop(fut)
-            error = fut.exception()
-            if error is not None:  # the engine failed on this item: record it, go on
-                tail = "".join(traceback.format_exception_only(type(error), error)).strip()
-                retrying(self.session, lambda: repo.fail_item(self.session, pk, tail), "failing an item")
-                self.report.failed += 1
-                if self.on_item:
-                    self.on_item("failed", seq)
-                continue
-            # committed at once: other items of the batch may decode for minutes more
-            result = fut.result()
-            correct = is_correct(result.final_answer, reference)
-            if retrying(self.session, lambda: repo.save_result(self.session, self.job_id, pk, result, correct),
-                        "storing a result"):
-                self.report.done += 1
-            else:
-                self.report.duplicates += 1
+            try:
+                self._settle(fut, pk, seq, reference)
+            finally:
+                _decoding.end((self.job_id, seq))
+
+    def _settle(self, fut: Future, pk: int, seq: int, reference: str | None) -> None:
+        error = fut.exception()
+        if error is not None:  # the engine failed on this item: record it, go on
+            tail = "".join(traceback.format_exception_only(type(error), error)).strip()
+            retrying(self.session, lambda: repo.fail_item(self.session, pk, tail), "failing an item")
+            self.report.failed += 1
             if self.on_item:
-                self.on_item("done", seq)
+                self.on_item("failed", seq)
+            return
+        # committed at once: other items of the batch may decode for minutes more
+        result = fut.result()
+        correct = is_correct(result.final_answer, reference)
+        if retrying(self.session, lambda: repo.save_result(self.session, self.job_id, pk, result, correct),
+                    "storing a result"):
+            self.report.done += 1
+        else:
+            self.report.duplicates += 1
+        if self.on_item:
+            self.on_item("done", seq)

@@ -160,10 +160,13 @@ def victim_mid_item(pg_db, job_id, min_done):
 def test_sigkilled_worker_items_are_redone_never_duplicated(service_env, workers, pg_db,
                                                               tmp_path):
     # A short visibility timeout, the same for every process, so Redis hands the dead
-    # worker's unacknowledged chunk to the survivor within seconds.
+    # worker's unacknowledged chunk to the survivor within seconds; by then the victim's
+    # heartbeat is older than the dead-after time, so the redelivery may take over what it
+    # was running (a redelivery leaves alone what a worker that still beats runs).
     # batches of 2: items finish in waves, so the victim is killed with some done, some running
     env = {**service_env, "SEMJOBS_VISIBILITY_TIMEOUT_S": "4", "FAKE_ENGINE_DELAY_S": "0.25",
-           "SEMJOBS_BATCH_SIZE": "2"}
+           "SEMJOBS_BATCH_SIZE": "2", "SEMJOBS_HEARTBEAT_INTERVAL_S": "0.5",
+           "SEMJOBS_WORKER_DEAD_AFTER_S": "2"}
     workers.env = env
     n = 24
     job_id = submit(env, write_input(tmp_path / "in.jsonl", n))

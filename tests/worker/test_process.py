@@ -85,6 +85,31 @@ def test_concurrent_second_commit_is_dropped(db_url, tmp_path, fake_engine):
     assert count(db_url, StepLog, job_id) == 2
 
 
+def test_a_second_delivery_in_the_same_process_does_not_decode_the_item_again(db_url, tmp_path,
+                                                                             fake_engine, monkeypatch):
+    """Two chunks with the same items in one process (a chunk handed out again to the worker
+    that still runs it): each item is decoded once; the second chunk skips what the first
+    is decoding, though to the database both are this worker's."""
+    import threading
+
+    from worker import engine as engines
+
+    monkeypatch.setenv("FAKE_ENGINE_DELAY_S", "0.3")
+    engines._cache.clear()
+    job_id = make_job(db_url, tmp_path, n=4)
+    reports = []
+    chunks = [threading.Thread(target=lambda: reports.append(run_items(job_id, [0, 1, 2, 3], url=db_url,
+                                                                       worker="w@h:1")))
+              for _ in range(2)]
+    for t in chunks:
+        t.start()
+    for t in chunks:
+        t.join()
+    assert engines.get_engine().calls == 4
+    assert (sum(r.done for r in reports), sum(r.skipped for r in reports)) == (4, 4)
+    assert count(db_url, Output, job_id) == 4
+
+
 def test_attempt_cap_fails_an_item_that_keeps_killing_workers(db_url, tmp_path, fake_engine,
                                                                monkeypatch):
     from semjobs.settings import settings
