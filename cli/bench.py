@@ -32,6 +32,17 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
     return _numbers(value, int)
 
 
+def _switches(value: str | None) -> tuple[bool, ...] | None:
+    """'on,off' -> (True, False)."""
+    words = {"on": True, "off": False}
+    if value is None or not value.strip():
+        return None
+    parts = [x.strip().lower() for x in value.split(",") if x.strip()]
+    if any(p not in words for p in parts):
+        raise click.BadParameter(f"expected comma-separated on/off, got {value!r}")
+    return tuple(words[p] for p in parts)
+
+
 def _unescape(value: str | None) -> str | None:
     if value is None:
         return None
@@ -65,6 +76,9 @@ def _unescape(value: str | None) -> str | None:
               help="semspec's floor on p_T/p_D, the paper's rule (reject below it, else accept with "
                    "probability min(1, p_T/p_D)), e.g. 0,0.6; crossed with --taus and --attempts "
                    "(default: the engine's, 0).")
+@click.option("--adaptive", default=None,
+              help="semspec's adaptive speculation (draft only while it pays), e.g. on,off; crossed with "
+                   "--taus, --ratio-floors and --attempts (default: the engine's, on).")
 @click.option("--target", default=None, help="Target model spec (default: the embedded SmolLM2).")
 @click.option("--draft", default=None,
               help="Draft model spec (default: the embedded draft when shipped); 'first:K' = the target's first K layers.")
@@ -95,7 +109,7 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="With --batch-size: the models' number type (auto: the fastest for each size).")
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
-          ratio_floors, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens, draft_stop_prob, judge_threshold, threads, device,
+          ratio_floors, adaptive, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens, draft_stop_prob, judge_threshold, threads, device,
           cache_dir, no_warmup, no_loglik, quiet, batch_sizes, dtype) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
 
@@ -116,6 +130,7 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
         prompts=prompts, limit=limit, offset=offset,
         methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
         taus=_floats(taus), attempts=_ints(attempts), ratio_floors=_floats(ratio_floors),
+        adaptive=_switches(adaptive),
         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
         step_delimiter=_unescape(step_delimiter), max_step_tokens=max_step_tokens, draft_tokens=draft_tokens,
         draft_stop_prob=draft_stop_prob,
@@ -135,7 +150,7 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
 
     try:
         plan_runs(settings.methods, settings.taus, settings.temperature, attempts=settings.attempts,
-                  ratio_floors=settings.ratio_floors,
+                  ratio_floors=settings.ratio_floors, adaptive=settings.adaptive,
                   compare_drafts=settings.compare_drafts)
         prompt_list = load_prompts(prompts, limit, offset)
     except ValueError as e:

@@ -138,6 +138,8 @@ class StepLog(Base):
     target_tokens: Mapped[int | None] = mapped_column(Integer)  # target-tokenizer tokens in text
     draft_text: Mapped[str | None] = mapped_column(Text)  # the drafted step, when rejected
     judge_score: Mapped[int | None] = mapped_column(Integer)  # step_judge: target's 0-9 score
+    # Added in 0005: why the target wrote a step no draft was tried for (StepRecord.reason).
+    reason: Mapped[str | None] = mapped_column(String(16))
 
 
 # One integer column per engine counter (semspec.types.COUNT_FIELDS), declared from that

@@ -279,7 +279,7 @@ STEP_TYPES = {
     "step_index": "int", "author": "text", "text": "text", "drafted_tokens": "int",
     "accepted_tokens": "int", "decision": "text", "p_target": "float8", "p_draft": "float8",
     "accept_prob": "float8", "seconds": "float8", "target_tokens": "int",
-    "draft_text": "text", "judge_score": "int",
+    "draft_text": "text", "judge_score": "int", "reason": "text",
 }
 STEP_FIELDS = ", ".join(f"{col} {typ}" for col, typ in STEP_TYPES.items())
 STEP_COLS = ", ".join(STEP_TYPES)

@@ -32,6 +32,7 @@ from .models import encode_prompt
 from .probes import pool
 from .sampling import make_generator, probs_from_logits, sample, sample_logits, uniform
 from .steps import IncrementalText, StepDetector
+from .adaptive import Governor
 from .head import is_head
 from .stream import HeadStream, PassRequest, PassResult, Sample, Stream
 from .types import ANSWER_BY, Counters, GenerationConfig, GenerationResult, StepRecord
@@ -99,6 +100,7 @@ class Sequence:
         self._scan_text: IncrementalText | None = None  # token_sd: the open step's text so far
         self._step_drafted = 0
         self._step_accepted = 0
+        self.governor: Governor | None = None  # methods that draft steps set one
 
     @property
     def streams(self) -> list[Stream]:
@@ -140,6 +142,8 @@ class Sequence:
             **extra,
         )
         self.steps.append(rec)
+        if self.governor is not None:
+            self.governor.observe_step(rec.target_tokens)
         self.step_start = end
         self._scan_text = None
         self._step_t0 = time.perf_counter()
@@ -279,6 +283,10 @@ class DraftingSequence(Sequence):
         # checkpoints (chars, draft length) to roll back to
         self.d_text = ""
         self.d_marks: list[tuple[int, int]] = [(0, len(d_prompt))]
+        if config.adaptive:
+            if config.draft_cost < 0 or config.verify_cost_per_token < 0:
+                raise ValueError("draft_cost and verify_cost_per_token must be at least 0")
+            self.governor = Governor(config.draft_cost, config.verify_cost_per_token)
 
     @property
     def streams(self) -> list[Stream]:
@@ -396,7 +404,7 @@ class DraftingSequence(Sequence):
         if thrown:
             yield from self.target_write_step("rejected", drafted=thrown)
         else:
-            yield from self.target_write_step("target_only")
+            yield from self.target_write_step("target_only", reason="draft_stop")
         return None
 
     def settle(self, step: DraftedStep, t_ids: list[int], pre: int, accepted: bool, record: dict,
@@ -404,6 +412,8 @@ class DraftingSequence(Sequence):
         """Keep a verified drafted step, or drop it (the target's cache back to ``pre``
         tokens) and let the target write the step itself. ``thrown``: drafted tokens of
         earlier attempts at this step, already thrown away."""
+        if self.governor is not None:
+            self.governor.observe_verification(accepted)
         if accepted:
             self.after_accept(step, t_ids, thrown=thrown, **record)
             return
@@ -436,7 +446,10 @@ class DraftingSequence(Sequence):
             yield from self.draft_write_step()
             return
         if self.phase == "answer" or self.draft_out_of_room():
-            yield from self.target_write_step("target_only")
+            yield from self.target_write_step("target_only", reason="answer" if self.phase == "answer" else "room")
+            return
+        if self.governor is not None and not self.governor.should_speculate():
+            yield from self.target_write_step("target_only", reason="backoff")
             return
         yield from self.speculate_step()
 

@@ -55,6 +55,15 @@ class GenerationConfig:
     # semspec and step_judge: who writes the answer after the marker. "target"; or "draft",
     # the paper's way: the draft's answer steps are kept unverified (no target pass).
     answer_by: str = "target"
+    # semspec and step_judge: draft a step only while that is expected to cost less per token
+    # than the target writing it (semspec.adaptive): the target writes the next steps itself
+    # while the sequence's acceptance rate is below the break-even of these unit costs, in
+    # target decoding passes (one draft pass; a verification pass's extra cost per token).
+    # Fixed per job, so reruns decide alike; the defaults are the embedded pair's, measured
+    # at batch 1 (docs/benchmarks.md).
+    adaptive: bool = True
+    draft_cost: float = 0.16
+    verify_cost_per_token: float = 0.066
     # Extra arguments of the tokenizer's chat template (e.g. {"enable_thinking": True}).
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -77,6 +86,11 @@ class StepRecord:
     target_tokens: int = 0  # target-tokenizer tokens in ``text``
     draft_text: str | None = None  # the drafted step, when it was rejected
     judge_score: int | None = None  # step_judge: the target's 0-9 score
+    # why the target wrote a step no draft was tried for: "backoff" (drafting was expected
+    # to cost more than it saves: semspec.adaptive), "answer" (after the end-of-thinking
+    # marker), "room" (a drafted step could overflow a context), "draft_stop" (the draft
+    # ended the step before writing anything); None otherwise
+    reason: str | None = None
 
 
 @dataclass

@@ -52,6 +52,7 @@ class BenchSettings:
     taus: tuple[float, ...] | None = None  # None: semspec at its default setting only
     attempts: tuple[int, ...] | None = None  # semspec draft attempts per step; None: the default only
     ratio_floors: tuple[float, ...] | None = None  # semspec's p_T/p_D floor (the paper's rule); None: the default
+    adaptive: tuple[bool, ...] | None = None  # semspec's adaptive speculation on/off; None: the default
     temperature: float = SAMPLING_TEMPERATURE
     top_p: float = SAMPLING_TOP_P
     max_new_tokens: int = 256
@@ -79,7 +80,7 @@ def draft_name(spec: str) -> str:
 
 
 # semspec's settings the bench crosses: GenerationConfig field -> its name in run labels
-SEMSPEC_GRID = {"tau": "tau", "ratio_floor": "ratio_floor", "draft_attempts": "attempts"}
+SEMSPEC_GRID = {"tau": "tau", "ratio_floor": "ratio_floor", "draft_attempts": "attempts", "adaptive": "adaptive"}
 
 
 @dataclass
@@ -127,10 +128,10 @@ def load_prompts(path: str | os.PathLike = DEFAULT_PROMPTS, limit: int | None = 
 
 
 def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
-              default_tau: float | None = None, attempts=None, compare_drafts=(), ratio_floors=None
-              ) -> list[MethodRun]:
+              default_tau: float | None = None, attempts=None, compare_drafts=(), ratio_floors=None,
+              adaptive=None) -> list[MethodRun]:
     """The labelled runs: ``ar`` always (speed-ups are against it), ``ar_2`` when sampling,
-    ``semspec`` once per combination of ``taus`` x ``ratio_floors`` x draft ``attempts``
+    ``semspec`` once per combination of ``taus`` x ``ratio_floors`` x draft ``attempts`` x ``adaptive``
     (the engine's defaults are labelled plain ``semspec``, others by what differs, e.g.
     ``semspec@tau=0.1`` or ``semspec@ratio_floor=0.6,attempts=3``), and each drafting method
     at its defaults once more per draft of ``compare_drafts``."""
@@ -144,7 +145,8 @@ def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
         raise ValueError(f"draft attempts must be at least 1, not {min(int(k) for k in attempts)}")
     grid = {"tau": [float(t) for t in taus or [defaults.tau]],
             "ratio_floor": [float(r) for r in ratio_floors or [defaults.ratio_floor]],
-            "draft_attempts": [int(k) for k in attempts or [defaults.draft_attempts]]}
+            "draft_attempts": [int(k) for k in attempts or [defaults.draft_attempts]],
+            "adaptive": [bool(a) for a in adaptive or [defaults.adaptive]]}
     runs = [MethodRun("ar", "ar")]
     if temperature > 0:
         runs.append(MethodRun("ar_2", "ar", seed_offset=AR2_SEED_OFFSET))
@@ -357,7 +359,7 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
     say = progress or (lambda _m: None)
     prompts = prompts if prompts is not None else load_prompts(settings.prompts, settings.limit, settings.offset)
     plan = plan_runs(settings.methods, settings.taus, settings.temperature, attempts=settings.attempts,
-                     ratio_floors=settings.ratio_floors,
+                     ratio_floors=settings.ratio_floors, adaptive=settings.adaptive,
                      compare_drafts=settings.compare_drafts)
     engines = {None: engine}
     for spec in settings.compare_drafts:

@@ -10,7 +10,7 @@ from db import migrate
 from db.models import Base
 
 TABLES = {"jobs", "items", "outputs", "step_log", "item_stats", "workers"}
-HEAD = "0004_samples_and_answers"
+HEAD = "0005_step_reason"
 NEW_STEP_COLS = {"target_tokens", "draft_text", "judge_score"}
 
 

@@ -103,7 +103,10 @@ def test_plan_runs():
                                           "semspec@tau=0.1,attempts=3"]
     assert [r.default_setting for r in crossed[2:]] == [True, False, False, False]
     assert crossed[3].meta() == {"method": "semspec", "default_setting": False, "tau": 0.0, "ratio_floor": 0.6,
-                                 "draft_attempts": 3}
+                                 "draft_attempts": 3, "adaptive": True}
+    switched = plan_runs(["semspec"], None, temperature=0.6, adaptive=(True, False))
+    assert [r.label for r in switched] == ["ar", "ar_2", "semspec", "semspec@adaptive=0"]
+    assert switched[3].meta()["adaptive"] is False
     with pytest.raises(ValueError, match="at least 1"):
         plan_runs(["semspec"], None, 0.6, attempts=(0,))
 
