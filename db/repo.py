@@ -165,8 +165,11 @@ def release_items(session: Session, job_id: str, seqs: list[int], worker: str) -
     )
 
 
-def _beating(dead_after_s: float):
-    """Workers that beat within `dead_after_s`, by the database's clock."""
+def _beating(session: Session, dead_after_s: float):
+    """Workers that beat within `dead_after_s`, by the database's clock. (SQLite has no
+    interval arithmetic: its own datetime() gives the cutoff in the text form it stores.)"""
+    if session.get_bind().dialect.name == "sqlite":
+        return Worker.heartbeat_at >= func.datetime("now", f"-{dead_after_s:f} seconds")
     return Worker.heartbeat_at >= func.now() - timedelta(seconds=dead_after_s)
 
 
@@ -182,7 +185,7 @@ def claim_item(session: Session, job_id: str, seq: int, worker: str | None,
         Item.status == "pending",
         Item.worker.is_(None),
         Item.worker == worker,
-        ~exists().where(Worker.name == Item.worker, _beating(dead_after_s)),
+        ~exists().where(Worker.name == Item.worker, _beating(session, dead_after_s)),
     ) if dead_after_s is not None else (Item.status.in_(("pending", "running")),)
     row = session.connection().execute(
         update(Item)
@@ -385,7 +388,34 @@ class Released:
 
 def live_workers(session: Session, dead_after_s: float) -> int:
     """How many workers beat within `dead_after_s`."""
-    return session.scalar(select(func.count()).select_from(Worker).where(_beating(dead_after_s)))
+    return session.scalar(select(func.count()).select_from(Worker).where(_beating(session, dead_after_s)))
+
+
+def held_by(session: Session, worker: str) -> list[tuple[str, int]]:
+    """(job id, position) of the unfinished items the database says `worker` holds."""
+    return [tuple(r) for r in session.execute(
+        select(Item.job_id, Item.seq).where(Item.worker == worker, Item.status.in_(("pending", "running")))
+    ).all()]
+
+
+def release_held(session: Session, worker: str, keys: Iterable[tuple[str, int]]) -> dict[str, list[int]]:
+    """Make these items of `worker` pending and unheld, if it still holds them; job id ->
+    positions released. Not committed: the caller enqueues them, then commits."""
+    released: dict[str, list[int]] = {}
+    by_job: dict[str, list[int]] = {}
+    for job_id, seq in keys:
+        by_job.setdefault(job_id, []).append(seq)
+    for job_id, seqs in sorted(by_job.items()):
+        rows = session.execute(
+            update(Item)
+            .where(Item.job_id == job_id, Item.seq.in_(seqs), Item.worker == worker,
+                   Item.status.in_(("pending", "running")))
+            .values(status="pending", worker=None)
+            .returning(Item.seq)
+        ).all()
+        if rows:
+            released[job_id] = sorted(r[0] for r in rows)
+    return released
 
 
 def worker_names(session: Session, prefix: str) -> list[str]:
@@ -403,7 +433,7 @@ def release_dead_workers(session: Session, dead_after_s: float, gone: Iterable[s
     so a second reaper passes over it (and finds it deleted after the commit), and the item
     update is conditional on the item still being held by that worker."""
     dead = list(session.scalars(
-        select(Worker.name).where(or_(~_beating(dead_after_s), Worker.name.in_(list(gone))))
+        select(Worker.name).where(or_(~_beating(session, dead_after_s), Worker.name.in_(list(gone))))
         .order_by(Worker.name).with_for_update(skip_locked=True)
     ))
     released = Released(workers=dead)
@@ -478,9 +508,10 @@ def stat_sums(session: Session, job_id: str) -> dict[str, float]:
 
 
 def last_finished_at(session: Session, job_id: str) -> datetime | None:
+    """When the job's last item was settled (done or failed)."""
     return as_utc(
         session.scalar(
-            select(func.max(Item.finished_at)).where(Item.job_id == job_id, Item.status == "done")
+            select(func.max(Item.finished_at)).where(Item.job_id == job_id, Item.status.in_(("done", "failed")))
         )
     )
 

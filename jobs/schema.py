@@ -28,7 +28,7 @@ MAX_SAMPLES = 64  # samples per input (`n`): more is many jobs' worth of one pro
 CONTROL_FIELDS = ("id", "prompt", "messages", "n", "chat_template_kwargs", *PARAM_TYPES)
 MAX_REPORTED_ERRORS = 50
 # A Batch line asks for a request: a field it names that semjobs would not honour (`stop`,
-# `logprobs`, `tools`, ...) is refused rather than silently dropped, as the OpenAI API does.
+# `logprobs`, `tools`, ...) is refused rather than silently dropped.
 BATCH_LINE_FIELDS = ("custom_id", "method", "url", "body", "metadata")
 BATCH_BODY_FIELDS = ("messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
                      "n", "chat_template_kwargs", "metadata", "model", "user", "store", "stream")

@@ -24,8 +24,9 @@ from db import repo
 from db.retry import one_line
 from db.session import session_factory
 from semjobs.settings import settings
+from worker.holdings import holdings
 from worker.orphans import LostChunks, requeue_lost
-from worker.recovery import recover
+from worker.recovery import hand_back_unworked, recover
 
 log = get_logger(__name__)
 _name: str | None = None
@@ -52,12 +53,17 @@ def start(worker: str) -> None:
     threading.Thread(target=_run, name="semjobs-liveness", daemon=True).start()
 
 
-def tick() -> None:
-    """One beat, then one reaper pass over the other workers, then a look for chunks the
-    broker lost (worker.orphans)."""
+def tick(reap: bool = True) -> None:
+    """One beat; the items the database says this process holds but it no longer works on
+    go back out (worker.holdings); with `reap`, one reaper pass over the other workers;
+    then a look for chunks the broker lost (worker.orphans)."""
     with session_factory()() as session:
         repo.beat(session, _name)
-    released = recover(me=_name)
+    handed = hand_back_unworked(_name, holdings.keys)
+    if handed:
+        log.warning("%s held items it no longer works on (a chunk that ended unsettled, or an earlier "
+                    "process of the same name): re-enqueued %s", _name, handed)
+    released = recover(me=_name) if reap else repo.Released()
     if released.items:
         log.warning("dead workers %s: re-enqueued their items %s",
                     ", ".join(released.workers), released.items)
@@ -77,13 +83,17 @@ def tick() -> None:
 
 def _run() -> None:
     failures = 0
+    # During and after an outage every heartbeat looks old: reap nobody until the others
+    # have had the dead-after time to beat again.
+    reap_after = 0.0
     while True:
         try:
-            tick()
+            tick(reap=time.monotonic() >= reap_after)
             if failures:
                 log.warning("heartbeat of %s: the database and broker answer again", _name)
             failures = 0
         except Exception as e:  # a database or broker outage must not end the beats
+            reap_after = time.monotonic() + settings.worker_dead_after_s
             failures += 1
             if failures == 1:  # one line for the outage, not a traceback per attempt
                 log.warning("heartbeat of %s failed, retrying with back-off: %s", _name, one_line(e))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 import traceback
 from concurrent.futures import Future
@@ -25,34 +24,10 @@ from semjobs.settings import settings
 from semspec.answers import is_correct
 from worker import engine as engines
 from worker.batching import batch_loop
+from worker.holdings import holdings
 
 _job_configs: dict[str, dict] = {}  # job id -> config (immutable once stored)
 _identities_written: set[str] = set()
-
-
-class _Decoding:
-    """The items this process is decoding, whichever chunk started them. A second delivery
-    of an item that reaches the same process (a chunk handed out again, a task retried after
-    a database outage) must not claim it again: to the database both look like this
-    worker's own running item, which it may take over once the first decode has ended."""
-
-    def __init__(self):
-        self._keys: set[tuple[str, int]] = set()
-        self._lock = threading.Lock()
-
-    def begin(self, key: tuple[str, int]) -> bool:
-        with self._lock:
-            if key in self._keys:
-                return False
-            self._keys.add(key)
-            return True
-
-    def end(self, key: tuple[str, int]) -> None:
-        with self._lock:
-            self._keys.discard(key)
-
-
-_decoding = _Decoding()
 
 
 @dataclass
@@ -108,15 +83,19 @@ def run_items(
         # Nothing is in flight yet: a database outage here ends the task, which retries.
         repo.mark_job_running(session, job_id, None if job_id in _identities_written
                               else engines.identities(engine))
-        repo.hold_items(session, job_id, seqs, worker)
-        session.commit()
-        _identities_written.add(job_id)
-        chunk = _Chunk(session, job_id, seqs, worker, config, loop, report, on_item)
+        holdings.hold(job_id, seqs)  # before the database says so: see worker.holdings
         try:
-            chunk.run(deadline, should_stop)
-        except BaseException:  # the chunk ends unsettled (a long outage): its items may be
-            chunk.abandon()    # claimed again here once their decode ends
-            raise
+            repo.hold_items(session, job_id, seqs, worker)
+            session.commit()
+            _identities_written.add(job_id)
+            chunk = _Chunk(session, job_id, seqs, worker, config, loop, report, on_item)
+            try:
+                chunk.run(deadline, should_stop)
+            except BaseException:  # the chunk ends unsettled: what it decodes is no longer
+                chunk.abandon()    # worked on once the decode ends (the heartbeat hands it back)
+                raise
+        finally:
+            holdings.drop(job_id, seqs)
         retrying(session, lambda: repo.finalize_job(session, job_id), "finishing the job")
     return report
 
@@ -158,7 +137,7 @@ class _Chunk:
 
     def abandon(self) -> None:
         for fut, (_pk, seq, _ref) in self.in_flight.items():
-            fut.add_done_callback(lambda _f, key=(self.job_id, seq): _decoding.end(key))
+            fut.add_done_callback(lambda _f, key=(self.job_id, seq): holdings.end(key))
 
     def _release_left(self) -> None:
         repo.release_items(self.session, self.job_id, self.report.left, self.worker)
@@ -167,7 +146,7 @@ class _Chunk:
     def start(self, seq: int) -> bool:
         """Claim one item and hand it to the loop; False when there was nothing to start."""
         key = (self.job_id, seq)
-        if not _decoding.begin(key):  # another chunk of this process decodes it
+        if not holdings.begin(key):  # another chunk of this process decodes it
             self.report.skipped += 1
             return False
         started = False
@@ -175,7 +154,7 @@ class _Chunk:
             started = self._claim(seq)
         finally:
             if not started:
-                _decoding.end(key)
+                holdings.end(key)
         return started
 
     def _claim(self, seq: int) -> bool:
@@ -206,7 +185,7 @@ class _Chunk:
             try:
                 self._settle(fut, pk, seq, reference)
             finally:
-                _decoding.end((self.job_id, seq))
+                holdings.end((self.job_id, seq))
 
     def _settle(self, fut: Future, pk: int, seq: int, reference: str | None) -> None:
         error = fut.exception()

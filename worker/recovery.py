@@ -39,15 +39,38 @@ def recover(url: str | None = None, dead_after_s: float | None = None,
     with session_factory(url)() as session:
         gone = gone_siblings(repo.worker_names(session, me.rpartition(":")[0] + ":")) if me else []
         released = repo.release_dead_workers(session, dead_after_s, gone)
-        by_queue: dict[str, list[str]] = {}
-        for job_id in released.items:
-            by_queue.setdefault(repo.get_job(session, job_id).queue, []).append(job_id)
-        for queue, job_ids in by_queue.items():
-            with publisher(queue) as send:
-                for job_id in job_ids:
-                    send_chunks(session, job_id, released.items[job_id], send)
+        _enqueue(session, released.items, publisher)
         session.commit()
     return released
+
+
+def hand_back_unworked(me: str, working: Callable[[], set[tuple[str, int]]], url: str | None = None,
+                       publisher: Publisher | None = None) -> dict[str, list[int]]:
+    """Release and enqueue the items the database says `me` holds but this process no
+    longer works on (`working()`, worker.holdings): no other worker would take them from a
+    worker that beats. The database is read first, then `working()`: a chunk records what
+    it holds in the process before the database does, so a chunk starting in between is
+    seen working."""
+    with session_factory(url)() as session:
+        held = repo.held_by(session, me)
+        if not held:
+            return {}
+        now_working = working()
+        released = repo.release_held(session, me, [k for k in held if k not in now_working])
+        _enqueue(session, released, publisher or publish.publisher)
+        session.commit()
+    return released
+
+
+def _enqueue(session, items: dict[str, list[int]], publisher: Publisher) -> None:
+    """Send the released items of each job to its queue, in chunks."""
+    by_queue: dict[str, list[str]] = {}
+    for job_id in items:
+        by_queue.setdefault(repo.get_job(session, job_id).queue, []).append(job_id)
+    for queue, job_ids in by_queue.items():
+        with publisher(queue) as send:
+            for job_id in job_ids:
+                send_chunks(session, job_id, items[job_id], send)
 
 
 def gone_siblings(names: list[str]) -> list[str]:

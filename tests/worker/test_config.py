@@ -62,10 +62,11 @@ def test_an_outage_is_one_warning_and_beats_back_off_within_the_dead_after_time(
     monkeypatch.setattr(settings, "worker_dead_after_s", 45.0)
     assert [liveness.retry_delay(k) for k in range(4)] == [5.0, 10.0, 15.0, 15.0]
 
-    calls, sleeps = [], []
+    calls, sleeps, reaps = [], [], []
 
-    def tick():
+    def tick(reap=True):
         calls.append(1)
+        reaps.append(reap)
         if len(calls) <= 3:
             raise RuntimeError("connection refused\nDETAIL: a long traceback-like text")
         if len(calls) == 5:
@@ -83,3 +84,5 @@ def test_an_outage_is_one_warning_and_beats_back_off_within_the_dead_after_time(
     assert any("connection refused" in m and "DETAIL" not in m for m in lines)
     assert any("answer again" in m for m in lines) and not any(r.exc_info for r in caplog.records)
     assert sleeps == [10.0, 15.0, 15.0, 5.0]
+    # from the outage on, nobody is reaped (every heartbeat looks old) for the dead-after time
+    assert reaps == [True, False, False, False, False]

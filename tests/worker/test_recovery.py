@@ -250,3 +250,29 @@ def test_a_sibling_whose_process_is_gone_is_reaped_at_once(pg_db, crashed):
     assert gone in released.workers and alive not in released.workers and LIVE not in released.workers
     assert released.items[crashed] == [1, 2, 3, 4]
     assert worker_names(pg_db) == {LIVE, alive}
+
+
+def test_a_worker_hands_back_what_it_holds_but_no_longer_works_on(pg_db, crashed):
+    """LIVE beats, so no reaper takes its items; its own heartbeat releases those its
+    process does not work on (a chunk that ended unsettled, a predecessor of the same name)
+    and enqueues them; what it works on stays."""
+    from worker.recovery import hand_back_unworked
+
+    sent = []
+    released = hand_back_unworked(LIVE, lambda: {(crashed, 5)}, pg_db, recording_publisher(sent))
+    assert released == {crashed: [4]} and [s[1:] for s in sent] == [(crashed, [4])]
+    got = items(pg_db, crashed)
+    assert (got[4].status, got[4].worker, got[4].attempts) == ("pending", None, 1)
+    assert got[5].worker == LIVE
+    assert hand_back_unworked(LIVE, lambda: {(crashed, 5)}, pg_db, recording_publisher(sent)) == {}
+
+
+def test_liveness_works_on_sqlite_too(sqlite_db, tmp_path):
+    """SQLite has no interval arithmetic: the cutoff comes from its own datetime()."""
+    with session_factory(sqlite_db)() as s:
+        repo.beat(s, LIVE)
+        repo.beat(s, DEAD)
+    sql(sqlite_db, "UPDATE workers SET heartbeat_at = datetime('now', '-1 hour') WHERE name = :w", w=DEAD)
+    with session_factory(sqlite_db)() as s:
+        assert repo.live_workers(s, 45) == 1
+        assert repo.release_dead_workers(s, 45).workers == [DEAD]
