@@ -24,8 +24,8 @@ def probe() -> None:
                    "and samples are made and memoised in OUT, for a later run with the draft.")
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="JSONL prompts: {id, prompt}, GSM8K {question, ...} or OpenAI Batch lines.")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Calibration directory (created, or resumed when it exists).")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Calibration directory (created, or resumed when it exists); not with --submit.")
 @click.option("--samples", "-n", default=10, show_default=True, help="Next steps sampled per prefix and model.")
 @click.option("--skip-lines", default=0, show_default=True, help="Skip the first lines of the prompts file.")
 @click.option("--limit-prompts", type=int, default=None, help="Use at most this many prompts.")
@@ -46,21 +46,22 @@ def probe() -> None:
 @click.option("--device", default="auto", show_default=True)
 @click.option("--threads", type=int, default=None,
               help="torch CPU threads (default: torch's choice; 1 is much faster on a busy CPU).")
-def collect(target, draft, prompts_file, out_dir, samples, skip_lines, limit_prompts, max_prefixes,
+@click.option("--submit", is_flag=True,
+              help="Put the questions on the job queue instead: the workers of the deployment's pair "
+                   "(SEMJOBS_TARGET_MODEL / SEMJOBS_DRAFT_MODEL) collect them into the database; "
+                   "`semjobs probe merge OUT --calibration ID` writes them out. Prints the calibration id.")
+@click.pass_context
+def collect(ctx, target, draft, prompts_file, out_dir, samples, skip_lines, limit_prompts, max_prefixes,
             max_trace_steps, max_trace_tokens, max_step_tokens, step_delimiter, temperature, top_p,
-            trace_temperature, layer, draft_layer, seed, device, threads):
+            trace_temperature, layer, draft_layer, seed, device, threads, submit):
     """Generate target traces, cut them into prefixes, sample next steps from both models and
-    store texts and pooled hidden states in OUT (resumable).
+    store texts and pooled hidden states in OUT (resumable), or, with --submit, have the
+    workers do it.
 
     Example: semjobs probe collect --draft embedded:smollm2-135m-draft --skip-lines 100
     --limit-prompts 48 --samples 8 --out cal/smollm2"""
-    import torch
-
     from semspec.calibration.collect import CollectConfig, collect as run_collect, read_prompts
-    from semspec.models import load_model
 
-    if threads:
-        torch.set_num_threads(threads)
     prompts = read_prompts(prompts_file, skip=skip_lines, limit=limit_prompts)
     if not prompts:
         raise click.UsageError(f"no prompts in {prompts_file} after skipping {skip_lines} lines")
@@ -70,6 +71,16 @@ def collect(target, draft, prompts_file, out_dir, samples, skip_lines, limit_pro
         max_trace_steps=max_trace_steps, max_prefixes=max_prefixes, trace_temperature=trace_temperature,
         seed=seed,
     )
+    if submit:
+        return _submit(ctx, prompts, cfg)
+    if out_dir is None:
+        raise click.UsageError("give --out DIR (or --submit)")
+    import torch
+
+    from semspec.models import load_model
+
+    if threads:
+        torch.set_num_threads(threads)
     click.echo(f"loading target {target} and draft {draft} ...", err=True)
     tgt = load_model(target, device=device)
     from semspec.head import load_draft
@@ -79,19 +90,72 @@ def collect(target, draft, prompts_file, out_dir, samples, skip_lines, limit_pro
     click.echo(json.dumps(stats, indent=1))
 
 
-@probe.command()
-@click.argument("out_dir", type=click.Path(file_okay=False))
-@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-def merge(out_dir, sources):
-    """Merge calibration directories collected in parallel (same settings, e.g. one per
-    machine on its own --skip-lines/--limit-prompts slice) into OUT_DIR; label it afterwards.
+def _submit(ctx, prompts, cfg) -> None:
+    """`collect --submit`: store the calibration's questions and enqueue one task each."""
+    from click.core import ParameterSource
 
-    Example: semjobs probe merge cal/all cal/part1 cal/part2"""
-    from semspec.calibration.store import merge_stores
+    from jobs.calibration import create, pending_questions
+    from worker.publish import calibration_publisher
+    from worker.queues import queue_name
+
+    options = {"target": "--target", "draft": "--draft", "out_dir": "--out", "device": "--device",
+               "threads": "--threads"}  # what the workers decide
+    given = [flag for name, flag in options.items()
+             if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} cannot go with --submit: the workers of the deployment's "
+                               "pair collect (SEMJOBS_TARGET_MODEL / SEMJOBS_DRAFT_MODEL pick it)")
+    queue = queue_name()
+    cal_id = create(prompts, cfg, queue)
+    with calibration_publisher(queue) as send:
+        for qid in pending_questions(cal_id):
+            send(cal_id, qid)
+    click.echo(f"submitted {len(prompts)} questions to queue {queue}; follow with "
+               f"`semjobs probe status {cal_id}`, then `semjobs probe merge OUT --calibration {cal_id}`", err=True)
+    click.echo(cal_id)
+
+
+@probe.command()
+@click.argument("calibration_id")
+def status(calibration_id):
+    """Questions of a submitted calibration by state, and the prefixes stored so far.
+
+    Example: semjobs probe status 3f2a9c1b7d4e"""
+    from jobs.calibration import CalibrationError, counts
 
     try:
-        stats = merge_stores(out_dir, list(sources))
-    except (ValueError, FileNotFoundError) as e:
+        click.echo(json.dumps(counts(calibration_id), indent=1))
+    except CalibrationError as e:
+        raise click.ClickException(str(e))
+
+
+@probe.command()
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.argument("sources", nargs=-1, type=click.Path(exists=True, file_okay=False))
+@click.option("--calibration", "calibration_id", default=None,
+              help="Also take what the workers stored for this submitted calibration (`collect --submit`).")
+def merge(out_dir, sources, calibration_id):
+    """Merge calibration directories collected in parallel (same settings, e.g. one per
+    machine on its own --skip-lines/--limit-prompts slice), and what workers stored for a
+    submitted calibration, into OUT_DIR; label it afterwards.
+
+    Example: semjobs probe merge cal/all cal/part1 cal/part2; semjobs probe merge cal/all --calibration ID"""
+    import tempfile
+
+    from jobs.calibration import CalibrationError, export
+    from semspec.calibration.store import merge_stores
+
+    if not sources and calibration_id is None:
+        raise click.UsageError("give calibration directories to merge, or --calibration ID")
+    try:
+        with tempfile.TemporaryDirectory(prefix="semjobs-cal-") as scratch:
+            if calibration_id is not None:
+                exported = export(calibration_id, scratch)
+                click.echo(f"calibration {calibration_id}: {exported['questions_done']} of "
+                           f"{exported['questions']} questions done, {exported['prefixes']} prefixes", err=True)
+                sources = (*sources, scratch)
+            stats = merge_stores(out_dir, list(sources))
+    except (ValueError, FileNotFoundError, CalibrationError) as e:
         raise click.ClickException(str(e))
     click.echo(json.dumps(stats, indent=1))
 

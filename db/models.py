@@ -4,8 +4,10 @@
 Tables: jobs, items (unique per job by input id and sample, and by position), outputs (one per item:
 the unique key makes the commit of a result idempotent), step_log (one row per reasoning
 step, the fields of `semspec.types.StepRecord`), item_stats (per-item throughput, the
-fields of `semspec.types.Counters` plus wall time) and workers (one heartbeat row per
-process that runs tasks, so the items of a dead one can be re-enqueued: `worker.recovery`).
+fields of `semspec.types.Counters` plus wall time), workers (one heartbeat row per
+process that runs tasks, so the items of a dead one can be re-enqueued: `worker.recovery`),
+and the probe calibrations that workers collect (`semjobs probe collect --submit`:
+calibrations, calibration_questions, calibration_prefixes; `jobs.calibration`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (
     JSON,
     BigInteger,
+    LargeBinary,
     Boolean,
     DateTime,
     Float,
@@ -168,3 +171,50 @@ class Worker(Base):
     name: Mapped[str] = mapped_column(String(200), primary_key=True)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Calibration(Base):
+    """A probe calibration collected by workers: the collect settings (`config`), the
+    pair's queue and, once a worker has run a question, what it loaded (`meta`)."""
+
+    __tablename__ = "calibrations"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(200))
+    config: Mapped[dict] = mapped_column(JSON)  # semspec.calibration.collect.CollectConfig
+    # the collect.json of the first question a worker ran (models, layers); the others must agree
+    meta: Mapped[dict | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class CalibrationQuestion(Base):
+    """One question of a calibration: the unit a worker takes (its trace and all its
+    prefixes). pending -> done | failed."""
+
+    __tablename__ = "calibration_questions"
+
+    calibration_id: Mapped[str] = mapped_column(ForeignKey("calibrations.id", ondelete="CASCADE"),
+                                                primary_key=True)
+    question_id: Mapped[str] = mapped_column(String(512), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer)  # position in the prompts file
+    prompt: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))
+    trace: Mapped[list | None] = mapped_column(JSON)  # the target's trace steps, once done
+    attempts: Mapped[int] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class CalibrationPrefix(Base):
+    """One prefix of a calibration, as `semspec.calibration.store` writes it to a file pair:
+    its JSON record and its features (the safetensors bytes)."""
+
+    __tablename__ = "calibration_prefixes"
+
+    calibration_id: Mapped[str] = mapped_column(ForeignKey("calibrations.id", ondelete="CASCADE"),
+                                                primary_key=True)
+    key: Mapped[str] = mapped_column(String(600), primary_key=True)
+    question_id: Mapped[str] = mapped_column(String(512))
+    record: Mapped[bytes] = mapped_column(LargeBinary)  # the prefix's .json, byte for byte
+    features: Mapped[bytes] = mapped_column(LargeBinary)  # its .safetensors

@@ -11,8 +11,9 @@ from sqlalchemy.exc import OperationalError
 from semjobs.settings import settings
 from worker import liveness
 from worker.celery import app
+from worker import engine as engines
 from worker.engine import EngineLoadError
-from worker.publish import RUN_CHUNK, requeue
+from worker.publish import CALIBRATE, RUN_CHUNK, requeue
 from worker.process import run_items, worker_name
 from worker.queues import queue_name
 
@@ -56,3 +57,21 @@ def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
         " cancelled" if report.cancelled else "",
     )
     return {"done": report.done, "failed": report.failed}
+
+
+@app.task(
+    name=CALIBRATE,
+    autoretry_for=(EngineLoadError, OperationalError),
+    retry_backoff=5,
+    retry_backoff_max=300,
+    max_retries=10,
+)
+def calibrate(calibration_id: str, question_id: str) -> str:
+    """One question of a probe calibration with this worker's pair (jobs.calibration)."""
+    from jobs.calibration import run_question
+
+    engine = engines.get_engine()
+    outcome = run_question(calibration_id, question_id, engine.target, getattr(engine, "draft", None),
+                           worker=liveness.name() or worker_name())
+    log.info("calibration %s question %s: %s", calibration_id, question_id, outcome)
+    return outcome

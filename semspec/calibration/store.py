@@ -33,14 +33,14 @@ PREFIX_DIR = "prefixes"
 LABELS = "labels.json"
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
-    _atomic_write_bytes(Path(path), (json.dumps(obj, indent=1, ensure_ascii=False) + "\n").encode())
+    atomic_write_bytes(Path(path), (json.dumps(obj, indent=1, ensure_ascii=False) + "\n").encode())
 
 
 def prefix_key(question_id: str, k: int) -> str:
@@ -100,7 +100,7 @@ class CalibrationStore:
         from safetensors.torch import save
 
         tensors = {role: t.detach().float().contiguous().cpu() for role, t in rec.features.items()}
-        _atomic_write_bytes(self.prefix_dir / f"{rec.key}.safetensors", save(tensors))
+        atomic_write_bytes(self.prefix_dir / f"{rec.key}.safetensors", save(tensors))
         atomic_write_json(
             self.prefix_dir / f"{rec.key}.json",
             {
@@ -212,8 +212,8 @@ def merge_stores(out: str | os.PathLike, sources: list[str | os.PathLike]) -> di
                     raise ValueError(f"prefix {key}: {store.root} holds other samples than {dest.root}")
                 continue
             # tensors first, the .json last: the prefix counts as complete only then
-            _atomic_write_bytes(dest.prefix_dir / f"{key}.safetensors",
+            atomic_write_bytes(dest.prefix_dir / f"{key}.safetensors",
                                 (store.prefix_dir / f"{key}.safetensors").read_bytes())
-            _atomic_write_bytes(dest.prefix_dir / f"{key}.json", row)
+            atomic_write_bytes(dest.prefix_dir / f"{key}.json", row)
             added["prefixes"] += 1
     return {"questions": len(traces), "prefixes": len(dest.keys()), "added": added}

@@ -9,8 +9,9 @@ from sqlalchemy import create_engine, inspect, pool, text
 from db import migrate
 from db.models import Base
 
-TABLES = {"jobs", "items", "outputs", "step_log", "item_stats", "workers"}
-HEAD = "0005_step_reason"
+TABLES = {"jobs", "items", "outputs", "step_log", "item_stats", "workers", "calibrations",
+          "calibration_questions", "calibration_prefixes"}
+HEAD = "0006_calibrations"
 NEW_STEP_COLS = {"target_tokens", "draft_text", "judge_score"}
 
 

@@ -1,0 +1,170 @@
+"""Probe calibration as a bulk job (`semjobs probe collect --submit`).
+
+Collecting samples for a large target is hours of accelerator time, so the questions go on
+the pair's queue like a job's items: each message asks for one question (its trace and every
+prefix of it), and any worker with the pair loaded runs it through the same code as
+`semjobs probe collect` in process (`semspec.calibration.collect.collect`, into a scratch
+directory), then stores the prefix files it wrote, byte for byte, with the question marked
+done, in one transaction. `semjobs probe merge OUT --calibration ID` writes them out as a
+calibration directory, which `probe label` and `probe train` read as usual.
+
+Delivery is at least once, as for items: a question already done is skipped, and its
+prefixes are keyed by (calibration, prefix), so a redelivery stores nothing twice. Sampling
+is seeded per question and prefix, so whichever worker runs a question stores the same
+samples (given the same models and number type).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from db.models import Calibration, CalibrationPrefix, CalibrationQuestion, utcnow
+from db.session import session_factory
+from semjobs.settings import settings
+
+# collect.json keys that every question's run must agree on (the prompt count differs)
+SAME_META = ("target", "draft", "models", "layer", "pooling", "samples", "temperature", "top_p",
+             "step_delimiter", "max_step_tokens", "max_trace_tokens", "trace_temperature", "seed")
+
+
+class CalibrationError(RuntimeError):
+    """A question cannot run here (another model pair than the calibration's)."""
+
+
+def create(prompts: list[tuple[str, str]], config, queue: str, url: str | None = None) -> str:
+    """Store a calibration and its questions (pending); returns its id."""
+    cal_id = uuid.uuid4().hex[:12]
+    with session_factory(url)() as s:
+        s.add(Calibration(id=cal_id, queue=queue, config=dataclasses.asdict(config), created_at=utcnow()))
+        s.flush()
+        s.add_all(CalibrationQuestion(calibration_id=cal_id, question_id=qid, seq=i, prompt=prompt,
+                                      status="pending", attempts=0)
+                  for i, (qid, prompt) in enumerate(prompts))
+        s.commit()
+    return cal_id
+
+
+def pending_questions(calibration_id: str, url: str | None = None) -> list[str]:
+    with session_factory(url)() as s:
+        return list(s.scalars(select(CalibrationQuestion.question_id).where(
+            CalibrationQuestion.calibration_id == calibration_id, CalibrationQuestion.status == "pending")
+            .order_by(CalibrationQuestion.seq)))
+
+
+def counts(calibration_id: str, url: str | None = None) -> dict[str, int]:
+    with session_factory(url)() as s:
+        if s.get(Calibration, calibration_id) is None:
+            raise CalibrationError(f"no calibration {calibration_id!r}")
+        by_status = dict(s.execute(
+            select(CalibrationQuestion.status, func.count()).where(
+                CalibrationQuestion.calibration_id == calibration_id).group_by(CalibrationQuestion.status)).all())
+        prefixes = s.scalar(select(func.count()).select_from(CalibrationPrefix).where(
+            CalibrationPrefix.calibration_id == calibration_id))
+    return {"pending": 0, "done": 0, "failed": 0, **by_status, "prefixes": prefixes}
+
+
+def run_question(calibration_id: str, question_id: str, target, draft, worker: str,
+                 url: str | None = None, collect: Callable | None = None) -> str:
+    """Collect one question with the loaded pair and store what it wrote. Returns "done",
+    "skipped" (done before, or unknown) or "failed" (the attempt cap, or another pair)."""
+    from semspec.calibration.collect import CollectConfig, collect as collect_in_process
+    from semspec.calibration.store import COLLECT_META, CalibrationStore
+
+    collect = collect or collect_in_process
+    with session_factory(url)() as s:
+        cal = s.get(Calibration, calibration_id)
+        claimed = s.execute(
+            update(CalibrationQuestion)
+            .where(CalibrationQuestion.calibration_id == calibration_id,
+                   CalibrationQuestion.question_id == question_id, CalibrationQuestion.status == "pending")
+            .values(attempts=CalibrationQuestion.attempts + 1, worker=worker)
+            .returning(CalibrationQuestion.prompt, CalibrationQuestion.attempts)
+        ).first()
+        s.commit()
+        if cal is None or claimed is None:
+            return "skipped"
+        prompt, attempts = claimed
+        if attempts > settings.max_attempts:
+            return _fail(s, calibration_id, question_id, f"gave up after {attempts - 1} deliveries that never "
+                         f"finished (max_attempts={settings.max_attempts}; was the worker killed?)")
+        if draft is None:
+            return _fail(s, calibration_id, question_id, "this worker loaded no draft; a calibration "
+                         "samples from both models of the pair")
+        cfg = CollectConfig(**{**cal.config, "max_prefixes": None})
+        with tempfile.TemporaryDirectory(prefix="semjobs-cal-") as scratch:
+            collect(target, draft, [(question_id, prompt)], scratch, cfg)
+            store = CalibrationStore(scratch)
+            meta = json.loads((store.root / COLLECT_META).read_text())
+            problem = _check_pair(s, cal, meta)
+            if problem is not None:
+                return _fail(s, calibration_id, question_id, problem)
+            trace = store.load_traces().get(question_id, [])
+            for key in store.keys():
+                s.merge(CalibrationPrefix(
+                    calibration_id=calibration_id, key=key, question_id=question_id,
+                    record=(store.prefix_dir / f"{key}.json").read_bytes(),
+                    features=(store.prefix_dir / f"{key}.safetensors").read_bytes()))
+        s.execute(update(CalibrationQuestion)
+                  .where(CalibrationQuestion.calibration_id == calibration_id,
+                         CalibrationQuestion.question_id == question_id, CalibrationQuestion.status == "pending")
+                  .values(status="done", trace=trace, finished_at=utcnow(), error=None))
+        s.commit()
+    return "done"
+
+
+def _check_pair(s: Session, cal: Calibration, meta: dict) -> str | None:
+    """The first question run records what the worker loaded; later ones must match it."""
+    if cal.meta is None:
+        s.execute(update(Calibration).where(Calibration.id == cal.id, Calibration.meta.is_(None))
+                  .values(meta=meta))
+        s.flush()
+        s.refresh(cal)
+    diff = {k: (cal.meta.get(k), meta.get(k)) for k in SAME_META if cal.meta.get(k) != meta.get(k)}
+    if diff:
+        return (f"this worker's pair or settings differ from the calibration's: {diff}; run the "
+                "calibration's questions on workers that load the same models")
+    return None
+
+
+def _fail(s: Session, calibration_id: str, question_id: str, error: str) -> str:
+    s.execute(update(CalibrationQuestion)
+              .where(CalibrationQuestion.calibration_id == calibration_id,
+                     CalibrationQuestion.question_id == question_id)
+              .values(status="failed", error=error, finished_at=utcnow()))
+    s.commit()
+    return "failed"
+
+
+def export(calibration_id: str, out_dir: str | Path, url: str | None = None) -> dict:
+    """Write what the workers stored as a calibration directory (`semspec.calibration.store`)."""
+    from semspec.calibration.store import CalibrationStore, atomic_write_bytes
+
+    store = CalibrationStore(out_dir)
+    with session_factory(url)() as s:
+        cal = s.get(Calibration, calibration_id)
+        if cal is None:
+            raise CalibrationError(f"no calibration {calibration_id!r}")
+        if cal.meta is None:
+            raise CalibrationError(f"calibration {calibration_id} has no question done yet")
+        questions = list(s.scalars(select(CalibrationQuestion).where(
+            CalibrationQuestion.calibration_id == calibration_id).order_by(CalibrationQuestion.seq)))
+        store.init({**cal.meta, "prompts": len(questions), "calibration": calibration_id})
+        have = store.load_traces()
+        for q in questions:
+            if q.status == "done" and q.question_id not in have:
+                store.append_trace(q.question_id, list(q.trace or []))
+        n = 0
+        for row in s.scalars(select(CalibrationPrefix).where(CalibrationPrefix.calibration_id == calibration_id)):
+            atomic_write_bytes(store.prefix_dir / f"{row.key}.safetensors", row.features)
+            atomic_write_bytes(store.prefix_dir / f"{row.key}.json", row.record)  # last: complete
+            n += 1
+    return {"questions_done": sum(q.status == "done" for q in questions),
+            "questions": len(questions), "prefixes": n}
