@@ -31,6 +31,8 @@ def probe() -> None:
 @click.option("--limit-prompts", type=int, default=None, help="Use at most this many prompts.")
 @click.option("--max-prefixes", type=int, default=None, help="Stop once this many prefixes are stored.")
 @click.option("--max-trace-steps", default=12, show_default=True, help="Prefixes per question at most.")
+@click.option("--prefixes", type=click.Choice(["spread", "first"]), default="spread", show_default=True,
+              help="Past --max-trace-steps: prefixes spread over the whole trace, or its first steps only.")
 @click.option("--max-trace-tokens", default=320, show_default=True, help="Token cap of each target trace.")
 @click.option("--max-step-tokens", default=64, show_default=True,
               help="Token cap of one step (use the engine's setting for these probes).")
@@ -38,7 +40,8 @@ def probe() -> None:
               help="Step delimiter (use the engine's setting for these probes).")
 @click.option("--temperature", default=0.6, show_default=True)
 @click.option("--top-p", default=0.95, show_default=True)
-@click.option("--trace-temperature", default=0.0, show_default=True, help="0 = greedy target traces.")
+@click.option("--trace-temperature", default=0.6, show_default=True,
+              help="Sampled target traces, as decoding samples (0: greedy).")
 @click.option("--layer", default=-1, show_default=True,
               help="hidden_states index pooled for the probes (negative: from the end).")
 @click.option("--draft-layer", type=int, default=None, help="Layer for the draft, if different.")
@@ -52,7 +55,7 @@ def probe() -> None:
                    "`semjobs probe merge OUT --calibration ID` writes them out. Prints the calibration id.")
 @click.pass_context
 def collect(ctx, target, draft, prompts_file, out_dir, samples, skip_lines, limit_prompts, max_prefixes,
-            max_trace_steps, max_trace_tokens, max_step_tokens, step_delimiter, temperature, top_p,
+            max_trace_steps, prefixes, max_trace_tokens, max_step_tokens, step_delimiter, temperature, top_p,
             trace_temperature, layer, draft_layer, seed, device, threads, submit):
     """Generate target traces, cut them into prefixes, sample next steps from both models and
     store texts and pooled hidden states in OUT (resumable), or, with --submit, have the
@@ -69,7 +72,7 @@ def collect(ctx, target, draft, prompts_file, out_dir, samples, skip_lines, limi
         samples=samples, temperature=temperature, top_p=top_p, layer=layer, draft_layer=draft_layer,
         step_delimiter=step_delimiter, max_step_tokens=max_step_tokens, max_trace_tokens=max_trace_tokens,
         max_trace_steps=max_trace_steps, max_prefixes=max_prefixes, trace_temperature=trace_temperature,
-        seed=seed,
+        prefixes=prefixes, seed=seed,
     )
     if submit:
         return _submit(ctx, prompts, cfg)

@@ -32,7 +32,7 @@ from semjobs.settings import settings
 
 # collect.json keys that every question's run must agree on (the prompt count differs)
 SAME_META = ("target", "draft", "models", "layer", "pooling", "samples", "temperature", "top_p",
-             "step_delimiter", "max_step_tokens", "max_trace_tokens", "trace_temperature", "seed")
+             "step_delimiter", "max_step_tokens", "max_trace_tokens", "trace_temperature", "prefixes", "seed")
 
 
 class CalibrationError(RuntimeError):

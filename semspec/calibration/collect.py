@@ -2,9 +2,11 @@
 each model, and both models' pooled hidden states over every sampled step.
 
 For each prompt:
-1. The target writes a reasoning trace (greedy by default), one step at a time, with the
+1. The target writes a reasoning trace (sampled at T 0.6 by default, as the paper's
+   calibration does; greedy with `trace_temperature=0`), one step at a time, with the
    engine's step rule (`semspec.steps.StepDetector`: delimiter, step token cap, EOS).
-2. Prefix k = prompt + the trace's first k steps, for k = 0 .. steps-1 (capped).
+2. Prefix k = prompt + the trace's first k steps, for k = 0 .. steps-1; past the cap per
+   question, k spread evenly over the whole trace (`prefix_positions`).
 3. From each prefix, N next steps are sampled from the target and N from the draft
    (temperature 0.6, top-p 0.95 by default), in one batch per model sharing the prefix's
    KV cache.
@@ -48,8 +50,12 @@ class CollectConfig:
     max_step_tokens: int = DEFAULT_MAX_STEP_TOKENS
     max_trace_tokens: int = 320
     max_trace_steps: int = 12  # prefixes per question at most
+    # which prefixes when a trace has more steps than max_trace_steps: "spread" evenly over
+    # the whole trace, its first step and its last included (the paper's cut at every step,
+    # capped); "first", the trace's first steps only (the shipped probes' recipe)
+    prefixes: str = "spread"
     max_prefixes: int | None = None  # total cap for the run (complete prefixes count)
-    trace_temperature: float = 0.0  # 0 = greedy traces
+    trace_temperature: float = 0.6  # sampled traces, as decoding samples; 0 = greedy
     seed: int = 0
 
 
@@ -269,6 +275,19 @@ def collect_prefix(models: dict, prompt: str, prefix_text: str, cfg: CollectConf
     return [s.text for s in samples], sources, features
 
 
+def prefix_positions(n_steps: int, cap: int, how: str = "spread") -> list[int]:
+    """The prefix lengths (in trace steps) to sample after, at most `cap` of the trace's
+    `n_steps`: all of them when they fit, else the first `cap` ("first") or `cap` spread
+    evenly from the first to the last ("spread")."""
+    if how not in ("spread", "first"):
+        raise ValueError(f"prefixes must be 'spread' or 'first', not {how!r}")
+    if n_steps <= cap or how == "first":
+        return list(range(min(n_steps, cap)))
+    if cap <= 1:
+        return [0][:cap]
+    return sorted({round(i * (n_steps - 1) / (cap - 1)) for i in range(cap)})
+
+
 def read_prompts(path: str | Path, skip: int = 0, limit: int | None = None) -> list[tuple[str, str]]:
     """(id, prompt) pairs from a JSONL file: {"id","prompt"}, GSM8K {"question",...}, or the
     OpenAI Batch line format (the last user message). Lines without an id get "line<N>"."""
@@ -336,6 +355,7 @@ def collect(
             "max_step_tokens": cfg.max_step_tokens,
             "max_trace_tokens": cfg.max_trace_tokens,
             "trace_temperature": cfg.trace_temperature,
+            "prefixes": cfg.prefixes,
             "seed": cfg.seed,
             "prompts": len(prompts),
         })
@@ -363,7 +383,7 @@ def collect(
                 traces[qid] = steps
                 stats["traces_new"] += 1
             steps = traces[qid]
-            for k in range(min(len(steps), cfg.max_trace_steps)):
+            for k in prefix_positions(len(steps), cfg.max_trace_steps, cfg.prefixes):
                 if cap is not None and len(done) >= cap:
                     break
                 key = prefix_key(qid, k)

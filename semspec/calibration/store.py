@@ -73,8 +73,10 @@ class CalibrationStore:
         path = self.root / COLLECT_META
         if path.exists():
             old = json.loads(path.read_text())
-            keys = ("target", "draft", "layer", "pooling", "samples", "step_delimiter")
-            diff = {k: (old.get(k), meta.get(k)) for k in keys if old.get(k) != meta.get(k)}
+            keys = ("target", "draft", "layer", "pooling", "samples", "step_delimiter", "prefixes")
+            # collections from before `prefixes` existed took the first steps
+            old, new = {"prefixes": "first", **old}, {"prefixes": "first", **meta}
+            diff = {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
             # The same spec can name new weights (a retrained embedded draft): compare content.
             for role, m in (meta.get("models") or {}).items():
                 was = (old.get("models") or {}).get(role, {}).get("identity")
@@ -175,7 +177,7 @@ class CalibrationStore:
 # Settings that must agree for collections to be merged: the samples would not be comparable
 # otherwise (the seed may differ: shards are disjoint samples of the same process).
 MERGE_KEYS = ("target", "draft", "models", "layer", "pooling", "samples", "temperature", "top_p",
-              "step_delimiter", "max_step_tokens", "max_trace_tokens", "trace_temperature")
+              "step_delimiter", "max_step_tokens", "max_trace_tokens", "trace_temperature", "prefixes")
 
 
 def merge_stores(out: str | os.PathLike, sources: list[str | os.PathLike]) -> dict:

@@ -40,6 +40,7 @@ DEFAULT_GRID: tuple[tuple[tuple[int, ...], float, int, float], ...] = (
     ((64,), 0.3, 30, 0.5),
     ((64,), 0.1, 60, 1e-2),
     ((256,), 0.5, 30, 0.5),
+    ((256, 64), 0.3, 30, 0.5),  # the paper's shape: two hidden layers, dropout 0.3
 )
 
 

@@ -138,3 +138,25 @@ def test_resume_refuses_other_model_weights(tmp_path):
     meta["models"]["draft"]["identity"] = "/c/y@sha256:" + "2" * 64
     with pytest.raises(ValueError, match="draft model"):
         store.init(meta)
+
+
+def test_prefixes_spread_over_the_whole_trace_past_the_cap():
+    from semspec.calibration.collect import prefix_positions
+
+    assert prefix_positions(3, 12) == [0, 1, 2]  # all of them when they fit
+    assert prefix_positions(20, 4) == [0, 6, 13, 19]  # first and last step included
+    assert prefix_positions(20, 4, "first") == [0, 1, 2, 3]  # the shipped probes' recipe
+    assert len(set(prefix_positions(100, 12))) == 12 and prefix_positions(5, 1) == [0]
+    with pytest.raises(ValueError, match="spread"):
+        prefix_positions(5, 2, "middle")
+
+
+def test_a_collection_from_before_the_prefix_setting_resumes_only_as_first(tmp_path):
+    """Collections written before `prefixes` existed took the trace's first steps: they resume
+    under that recipe, and a spread run in the same directory is refused."""
+    store = CalibrationStore(tmp_path)
+    old = {"target": "t", "draft": "d", "samples": 2, "models": {}}
+    store.init(old)
+    store.init({**old, "prefixes": "first"})
+    with pytest.raises(ValueError, match="prefixes"):
+        store.init({**old, "prefixes": "spread"})
