@@ -573,9 +573,9 @@ def steps_for(session: Session, item_pk: int) -> list[StepLog]:
 
 
 def step_outcomes(session: Session, job_id: str) -> list[tuple]:
-    """(step index, author, decision, target tokens) of every logged step of the job."""
+    """(step index, author, decision, target tokens, reason) of every logged step of the job."""
     return list(session.execute(
-        select(StepLog.step_index, StepLog.author, StepLog.decision, StepLog.target_tokens)
+        select(StepLog.step_index, StepLog.author, StepLog.decision, StepLog.target_tokens, StepLog.reason)
         .where(StepLog.job_id == job_id)
     ))
 

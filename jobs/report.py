@@ -32,7 +32,7 @@ def plot_acceptance(steps: list[tuple], path: Path) -> None:
     plt = _plt()
     from matplotlib.ticker import MaxNLocator
     drafted, kept = Counter(), Counter()
-    for index, _author, decision, _tokens in steps:
+    for index, _author, decision, _tokens, _reason in steps:
         if decision in VERIFIED:
             pos = min(index, MAX_POSITION)
             drafted[pos] += 1
@@ -61,8 +61,8 @@ def plot_acceptance(steps: list[tuple], path: Path) -> None:
 def plot_step_lengths(steps: list[tuple], path: Path) -> None:
     """Target tokens per step: drafted steps kept beside steps the target wrote."""
     plt = _plt()
-    kept = [t for _, author, decision, t in steps if decision == "accepted" and t]
-    written = [t for _, author, decision, t in steps if author == "target" and t]
+    kept = [t for _, author, decision, t, _ in steps if decision == "accepted" and t]
+    written = [t for _, author, decision, t, _ in steps if author == "target" and t]
     fig, ax = plt.subplots(figsize=(8, 4))
     top = max(kept + written + [1])
     bins = range(0, top + 2, max(1, (top + 1) // 30))
@@ -114,7 +114,8 @@ def plot_throughput(done: list[tuple], started, path: Path) -> None:
 
 
 def markdown(st: dict, steps: list[tuple]) -> str:
-    decisions = Counter(d for _, _, d, _ in steps)
+    decisions = Counter(d for _, _, d, _, _ in steps)
+    reasons = Counter(r for _, _, d, _, r in steps if d == "target_only" and r)
     lines = [f"# Job {st['id']} — {st['name'] or ''}".rstrip(" —"), "", "```", render(st), "```", "",
              "| figure | value |", "|---|---|",
              f"| status | {st['status']} |", f"| method | {st['method']} |",
@@ -124,7 +125,8 @@ def markdown(st: dict, steps: list[tuple]) -> str:
              f"| tokens/s (per item) | {st['decode_tokens_per_s']} |",
              f"| elapsed | {fmt_duration(st['elapsed_s'])} |",
              f"| step acceptance | {st['acceptance']['step_acceptance']} |",
-             f"| steps by decision | {', '.join(f'{k} {v}' for k, v in sorted(decisions.items())) or '-'} |"]
+             f"| steps by decision | {', '.join(f'{k} {v}' for k, v in sorted(decisions.items())) or '-'} |",
+             f"| target-only steps by reason | {', '.join(f'{k} {v}' for k, v in sorted(reasons.items())) or '-'} |"]
     if st.get("answers"):
         lines.append(f"| answers | {answers_line(st['answers'])} |")
     lines += ["", "![step acceptance](step_acceptance.png)", "", "![step lengths](step_lengths.png)", "",
