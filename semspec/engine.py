@@ -153,11 +153,14 @@ class Engine:
         return METHOD_CLASSES[config.method](self, messages, self.resolve(config), runners)
 
     def resolve(self, config: GenerationConfig) -> GenerationConfig:
-        """``config`` with its unset step rule filled in: the probes' calibration, else the
-        defaults. Every method gets the same rule, so their step logs compare."""
+        """``config`` with its unset step rule filled in (the probes' calibration, else the
+        defaults: every method gets the same rule, so their step logs compare) and the
+        device's ``draft_max_batch``."""
         rule = {"step_delimiter": DEFAULT_STEP_DELIMITER, "max_step_tokens": DEFAULT_MAX_STEP_TOKENS}
         if self.probes is not None:
             rule.update(self.probes.step_rule())
+        # drafting in a batch measured slower than the target alone on a CPU (docs/batching.md)
+        rule["draft_max_batch"] = 1 if self.target.device.type == "cpu" else 0
         unset = {k: v for k, v in rule.items() if getattr(config, k) is None}
         return dataclasses.replace(config, **unset) if unset else config
 

@@ -111,6 +111,7 @@ class Scheduler:
             ModelRunner(engine.draft, batch_size, tap_layer=d_tap) if engine.draft is not None else None,
         )
         self.ticks = 0
+        self.in_flight = 0  # sequences admitted and not finished (Sequence.in_flight reads it)
         self.stats = stats if stats is not None else PassStats()
 
     def run(self, requests: Iterable[Request], default: GenerationConfig) -> Iterator[Finished]:
@@ -142,6 +143,7 @@ class Scheduler:
                     held.append(entry)
                 else:
                     yield from self._start(entry, active)
+            self.in_flight = len(active) + len(held)
             if not active:
                 if held:  # their twins are gone: they prefill themselves
                     for entry in held:
@@ -186,6 +188,7 @@ class Scheduler:
             return None, Finished(req.key, None, e)
         for stream in seq.streams:
             stream.slot = stream.runner.alloc()
+        seq.in_flight = lambda: self.in_flight
         return _Active(req.key, seq, seq.program()), None
 
     def _start(self, entry: _Active, active: list[_Active]) -> Iterator[Finished]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Generator
+from typing import Callable, Generator
 
 import torch
 
@@ -101,6 +101,7 @@ class Sequence:
         self._step_drafted = 0
         self._step_accepted = 0
         self.governor: Governor | None = None  # methods that draft steps set one
+        self.in_flight: Callable[[], int] = lambda: 1  # sequences decoding beside it (the scheduler's)
 
     @property
     def streams(self) -> list[Stream]:
@@ -447,6 +448,9 @@ class DraftingSequence(Sequence):
             return
         if self.phase == "answer" or self.draft_out_of_room():
             yield from self.target_write_step("target_only", reason="answer" if self.phase == "answer" else "room")
+            return
+        if self.cfg.draft_max_batch and self.in_flight() > self.cfg.draft_max_batch:
+            yield from self.target_write_step("target_only", reason="batch")
             return
         if self.governor is not None and not self.governor.should_speculate():
             yield from self.target_write_step("target_only", reason="backoff")

@@ -64,6 +64,13 @@ class GenerationConfig:
     adaptive: bool = True
     draft_cost: float = 0.16
     verify_cost_per_token: float = 0.066
+    # semspec and step_judge: draft only while at most this many sequences are in flight.
+    # With more, the target's pass runs on every tick for the others anyway, and a drafted
+    # step saves no pass: it only adds draft passes (docs/batching.md). The target writes
+    # meanwhile (reason "batch"), and drafting resumes as the batch thins out at the end of
+    # a job. None: the engine's choice (1 on a CPU, as measured; no limit on an
+    # accelerator, untested); 0: no limit. Outputs then depend on the batch's occupancy.
+    draft_max_batch: int | None = None
     # Extra arguments of the tokenizer's chat template (e.g. {"enable_thinking": True}).
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -87,7 +94,8 @@ class StepRecord:
     draft_text: str | None = None  # the drafted step, when it was rejected
     judge_score: int | None = None  # step_judge: the target's 0-9 score
     # why the target wrote a step no draft was tried for: "backoff" (drafting was expected
-    # to cost more than it saves: semspec.adaptive), "answer" (after the end-of-thinking
+    # to cost more than it saves: semspec.adaptive), "batch" (too many sequences in flight:
+    # GenerationConfig.draft_max_batch), "answer" (after the end-of-thinking
     # marker), "room" (a drafted step could overflow a context), "draft_stop" (the draft
     # ended the step before writing anything); None otherwise
     reason: str | None = None

@@ -82,7 +82,8 @@ def test_artifact_round_trip_and_target_check(head, tiny_target, tiny_draft, tmp
 
 
 def _cfg(method, **kw):
-    base = dict(method=method, max_new_tokens=40, max_step_tokens=6, temperature=0.0, seed=0, draft_tokens=3)
+    base = dict(method=method, max_new_tokens=40, max_step_tokens=6, temperature=0.0, seed=0, draft_tokens=3,
+                draft_max_batch=0)  # heads draft in a batch too here
     base.update(kw)
     return GenerationConfig(**base)
 

@@ -23,7 +23,8 @@ PROMPTS = [
 
 
 def cfg(method, **kw):
-    base = dict(method=method, max_new_tokens=30, max_step_tokens=6, temperature=0.0, seed=0)
+    # draft_max_batch=0: sequences draft in a batch too (the scheduler's machinery is tested)
+    base = dict(method=method, max_new_tokens=30, max_step_tokens=6, temperature=0.0, seed=0, draft_max_batch=0)
     base.update(kw)
     return GenerationConfig(**base)
 
@@ -216,3 +217,23 @@ def test_a_prompt_waits_for_its_twin_in_a_chunked_prefill(engines):
     _same(shared, _alone(e, reqs))
     n = _prompt_len(e, LONG)
     assert sched.stats.target["prefill_tokens"] == n + 1  # not fed twice, chunk by chunk
+
+
+def test_in_a_full_batch_the_target_writes_and_drafting_resumes_as_it_thins(tiny_target, tiny_draft):
+    """draft_max_batch: while more sequences are in flight the target's pass runs for them on
+    every tick anyway, so a step is written by the target (reason "batch"); the last
+    sequence left drafts again. The engine's default on a CPU is 1."""
+    from semspec.engine import Request
+
+    e = Engine(tiny_target, tiny_draft, ProbePair.always_accept(64, 64))
+    assert e.resolve(GenerationConfig()).draft_max_batch == 1
+    lengths = [60, 12, 12]  # the long one ends alone
+    done = {d.key: d.result for d in e.generate_many(
+        [Request(PROMPTS[0], cfg("semspec", max_new_tokens=n, draft_max_batch=1), key=i)
+         for i, n in enumerate(lengths)], batch_size=3)}
+    long = done[0].steps
+    assert {s.reason for s in done[1].steps} == {"batch"}  # never alone: never drafted
+    assert long[0].reason == "batch" and long[-1].decision == "accepted"
+    first_drafted = next(i for i, s in enumerate(long) if s.decision == "accepted")
+    assert all(s.reason == "batch" for s in long[:first_drafted])
+    assert all(s.decision == "accepted" for s in long[first_drafted:])
