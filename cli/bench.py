@@ -106,11 +106,14 @@ def _unescape(value: str | None) -> str | None:
               help="Throughput by batch size instead, e.g. 1,4,8,16,32: every method of --methods "
                    "but hf_assisted (list hf_generate for the peer) over all prompts at each size "
                    "(results.json by_batch_size).")
+@click.option("--draft-max-batch", type=click.IntRange(min=0), default=None,
+              help="With --batch-size: semspec/step_judge draft only while at most this many sequences are "
+                   "in flight (0: always; default: the engine's, 1 on a CPU).")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="With --batch-size: the models' number type (auto: the fastest for each size).")
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
           ratio_floors, adaptive, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens, draft_stop_prob, judge_threshold, threads, device,
-          cache_dir, no_warmup, no_loglik, quiet, batch_sizes, dtype) -> None:
+          cache_dir, no_warmup, no_loglik, quiet, batch_sizes, draft_max_batch, dtype) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
 
     Ctrl-C or SIGTERM during the runs stops them and still writes the report, over the
@@ -145,7 +148,8 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
             click.echo(f"[{time.perf_counter() - t0:7.1f}s] {msg}", err=True)
 
     if batch_sizes:
-        return _sweep(settings, _ints(batch_sizes), dtype, device, target, draft, probes, cache_dir, out_dir, say)
+        return _sweep(settings, _ints(batch_sizes), dtype, device, target, draft, probes, cache_dir, out_dir, say,
+                      draft_max_batch)
     from semspec.benchmark.runner import plan_runs, run_bench
 
     try:
@@ -185,7 +189,8 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     click.echo(f"wrote {out / 'results.json'}, {out / 'results.md'} and plots")
 
 
-def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_dir, out_dir, say) -> None:
+def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_dir, out_dir, say,
+           draft_max_batch=None) -> None:
     import json
 
     from semspec.benchmark.runner import load_engine, load_prompts
@@ -194,7 +199,8 @@ def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_di
     methods = [m for m in settings.methods if m in BATCH_METHODS]
     sweep = SweepSettings(batch_sizes=tuple(batch_sizes), methods=tuple(methods),
                           temperature=settings.temperature, top_p=settings.top_p,
-                          max_new_tokens=settings.max_new_tokens, seed=settings.seed, dtype=dtype, device=device)
+                          max_new_tokens=settings.max_new_tokens, seed=settings.seed, dtype=dtype, device=device,
+                          draft_max_batch=draft_max_batch)
     try:
         prompt_list = load_prompts(settings.prompts, settings.limit, settings.offset)
     except ValueError as e:

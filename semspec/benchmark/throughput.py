@@ -41,11 +41,13 @@ class SweepSettings:
     seed: int = 0
     dtype: str = "auto"  # "auto": pick_dtype per batch size; else forced for every size
     device: str = "auto"
+    draft_max_batch: int | None = None  # None: the engine's (GenerationConfig.draft_max_batch)
 
 
 def _config(method: str, s: SweepSettings, i: int) -> GenerationConfig:
     return GenerationConfig(method=method, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                            top_p=s.top_p if s.temperature > 0 else 1.0, seed=s.seed + i)
+                            top_p=s.top_p if s.temperature > 0 else 1.0, seed=s.seed + i,
+                            draft_max_batch=s.draft_max_batch)
 
 
 def engine_run(engine, method: str, prompts: list[dict], s: SweepSettings,
