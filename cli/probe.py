@@ -102,12 +102,17 @@ def _submit(ctx, prompts, cfg) -> None:
     from worker.queues import queue_name
 
     options = {"target": "--target", "draft": "--draft", "out_dir": "--out", "device": "--device",
-               "threads": "--threads"}  # what the workers decide
+               "threads": "--threads", "max_prefixes": "--max-prefixes"}  # the workers' or per-run
     given = [flag for name, flag in options.items()
              if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)]
     if given:
         raise click.UsageError(f"{', '.join(given)} cannot go with --submit: the workers of the deployment's "
                                "pair collect (SEMJOBS_TARGET_MODEL / SEMJOBS_DRAFT_MODEL pick it)")
+    seen: set[str] = set()
+    for qid, _ in prompts:
+        if qid in seen:
+            raise click.UsageError(f"question id {qid!r} appears twice in the prompts; ids must be unique")
+        seen.add(qid)
     queue = queue_name()
     cal_id = create(prompts, cfg, queue)
     with calibration_publisher(queue) as send:

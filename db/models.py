@@ -189,7 +189,7 @@ class Calibration(Base):
 
 class CalibrationQuestion(Base):
     """One question of a calibration: the unit a worker takes (its trace and all its
-    prefixes). pending -> done | failed."""
+    prefixes). pending -> running (held by `worker`) -> done | failed."""
 
     __tablename__ = "calibration_questions"
 

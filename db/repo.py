@@ -173,6 +173,11 @@ def _beating(session: Session, dead_after_s: float):
     return Worker.heartbeat_at >= func.now() - timedelta(seconds=dead_after_s)
 
 
+def beats(session: Session, worker_name, dead_after_s: float):
+    """Whether the worker named by `worker_name` (a column or a value) still beats."""
+    return exists().where(Worker.name == worker_name, _beating(session, dead_after_s))
+
+
 def claim_item(session: Session, job_id: str, seq: int, worker: str | None,
                dead_after_s: float | None = None) -> Claim | None:
     """Claim one item for processing; None when it is finished, cancelled, its job was
@@ -185,7 +190,7 @@ def claim_item(session: Session, job_id: str, seq: int, worker: str | None,
         Item.status == "pending",
         Item.worker.is_(None),
         Item.worker == worker,
-        ~exists().where(Worker.name == Item.worker, _beating(session, dead_after_s)),
+        ~beats(session, Item.worker, dead_after_s),
     ) if dead_after_s is not None else (Item.status.in_(("pending", "running")),)
     row = session.connection().execute(
         update(Item)

@@ -23,9 +23,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from db import repo
 from db.models import Calibration, CalibrationPrefix, CalibrationQuestion, utcnow
 from db.session import session_factory
 from semjobs.settings import settings
@@ -68,56 +69,81 @@ def counts(calibration_id: str, url: str | None = None) -> dict[str, int]:
                 CalibrationQuestion.calibration_id == calibration_id).group_by(CalibrationQuestion.status)).all())
         prefixes = s.scalar(select(func.count()).select_from(CalibrationPrefix).where(
             CalibrationPrefix.calibration_id == calibration_id))
-    return {"pending": 0, "done": 0, "failed": 0, **by_status, "prefixes": prefixes}
+    return {"pending": 0, "running": 0, "done": 0, "failed": 0, **by_status, "prefixes": prefixes}
 
 
 def run_question(calibration_id: str, question_id: str, target, draft, worker: str,
                  url: str | None = None, collect: Callable | None = None) -> str:
     """Collect one question with the loaded pair and store what it wrote. Returns "done",
-    "skipped" (done before, or unknown) or "failed" (the attempt cap, or another pair)."""
+    "skipped" (done before, or unknown), "busy" (a worker that still beats runs it: ask
+    again later) or "failed" (the attempt cap, another pair, or the collection raised)."""
     from semspec.calibration.collect import CollectConfig, collect as collect_in_process
     from semspec.calibration.store import COLLECT_META, CalibrationStore
 
     collect = collect or collect_in_process
+    Q = CalibrationQuestion
+    this = (Q.calibration_id == calibration_id, Q.question_id == question_id)
     with session_factory(url)() as s:
         cal = s.get(Calibration, calibration_id)
+        if cal is None:
+            return "skipped"
+        # a lease, as items have: pending, or running on a worker that stopped beating
         claimed = s.execute(
-            update(CalibrationQuestion)
-            .where(CalibrationQuestion.calibration_id == calibration_id,
-                   CalibrationQuestion.question_id == question_id, CalibrationQuestion.status == "pending")
-            .values(attempts=CalibrationQuestion.attempts + 1, worker=worker)
-            .returning(CalibrationQuestion.prompt, CalibrationQuestion.attempts)
+            update(Q).where(*this, or_(Q.status == "pending", and_(
+                Q.status == "running",
+                or_(Q.worker == worker, ~repo.beats(s, Q.worker, settings.worker_dead_after_s)))))
+            .values(status="running", attempts=Q.attempts + 1, worker=worker)
+            .returning(Q.prompt, Q.attempts)
         ).first()
         s.commit()
-        if cal is None or claimed is None:
-            return "skipped"
+        if claimed is None:
+            status = s.scalar(select(Q.status).where(*this))
+            return "busy" if status == "running" else "skipped"
         prompt, attempts = claimed
+        mine = (*this, Q.status == "running", Q.worker == worker)
         if attempts > settings.max_attempts:
-            return _fail(s, calibration_id, question_id, f"gave up after {attempts - 1} deliveries that never "
-                         f"finished (max_attempts={settings.max_attempts}; was the worker killed?)")
-        if draft is None:
-            return _fail(s, calibration_id, question_id, "this worker loaded no draft; a calibration "
-                         "samples from both models of the pair")
+            return _fail(s, mine, f"gave up after {attempts - 1} deliveries that never finished "
+                         f"(max_attempts={settings.max_attempts}; was the worker killed?)")
+        problem = _wrong_pair(cal, target, draft)
+        if problem is not None:
+            return _fail(s, mine, problem)
         cfg = CollectConfig(**{**cal.config, "max_prefixes": None})
         with tempfile.TemporaryDirectory(prefix="semjobs-cal-") as scratch:
-            collect(target, draft, [(question_id, prompt)], scratch, cfg)
+            try:
+                collect(target, draft, [(question_id, prompt)], scratch, cfg)
+            except Exception as e:  # noqa: BLE001  (a bad question fails alone, with its reason)
+                return _fail(s, mine, f"{type(e).__name__}: {e}")
             store = CalibrationStore(scratch)
             meta = json.loads((store.root / COLLECT_META).read_text())
             problem = _check_pair(s, cal, meta)
             if problem is not None:
-                return _fail(s, calibration_id, question_id, problem)
+                return _fail(s, mine, problem)
             trace = store.load_traces().get(question_id, [])
             for key in store.keys():
                 s.merge(CalibrationPrefix(
                     calibration_id=calibration_id, key=key, question_id=question_id,
                     record=(store.prefix_dir / f"{key}.json").read_bytes(),
                     features=(store.prefix_dir / f"{key}.safetensors").read_bytes()))
-        s.execute(update(CalibrationQuestion)
-                  .where(CalibrationQuestion.calibration_id == calibration_id,
-                         CalibrationQuestion.question_id == question_id, CalibrationQuestion.status == "pending")
-                  .values(status="done", trace=trace, finished_at=utcnow(), error=None))
+        done = s.execute(update(Q).where(*mine).values(status="done", trace=trace, finished_at=utcnow(), error=None))
+        if done.rowcount == 0:  # another delivery took it over meanwhile: its result stands
+            s.rollback()
+            return "skipped"
         s.commit()
     return "done"
+
+
+def _wrong_pair(cal: Calibration, target, draft) -> str | None:
+    """Refuse before the work when the loaded pair is not the calibration's."""
+    if draft is None:
+        return "this worker loaded no draft; a calibration samples from both models of the pair"
+    models = (cal.meta or {}).get("models") or {}
+    for role, lm in (("target", target), ("draft", draft)):
+        want = (models.get(role) or {}).get("identity")
+        have = str(getattr(lm, "identity", ""))
+        if want is not None and have and want != have:
+            return (f"this worker's {role} is {have}, the calibration's {want}; run its questions on "
+                    "workers that load the same models")
+    return None
 
 
 def _check_pair(s: Session, cal: Calibration, meta: dict) -> str | None:
@@ -134,11 +160,11 @@ def _check_pair(s: Session, cal: Calibration, meta: dict) -> str | None:
     return None
 
 
-def _fail(s: Session, calibration_id: str, question_id: str, error: str) -> str:
-    s.execute(update(CalibrationQuestion)
-              .where(CalibrationQuestion.calibration_id == calibration_id,
-                     CalibrationQuestion.question_id == question_id)
-              .values(status="failed", error=error, finished_at=utcnow()))
+def _fail(s: Session, held, error: str) -> str:
+    """Mark the question this delivery holds failed (nothing if another took it over)."""
+    s.rollback()
+    s.execute(update(CalibrationQuestion).where(*held).values(status="failed", error=error[:10_000],
+                                                               finished_at=utcnow()))
     s.commit()
     return "failed"
 

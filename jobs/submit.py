@@ -50,6 +50,7 @@ def job_config(
         max_new_tokens=max_new_tokens if max_new_tokens is not None else settings.max_new_tokens,
         temperature=temperature if temperature is not None else settings.temperature,
         seed=seed if seed is not None else settings.seed,
+        draft_max_batch=settings.draft_max_batch,
     )
     if top_p is not None:
         cfg.top_p = top_p

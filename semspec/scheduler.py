@@ -246,6 +246,7 @@ class Scheduler:
 
     def _retire(self, entry: _Active, error: Exception | None) -> Finished:
         entry.request = None
+        self.in_flight -= 1  # at once: the others of this tick see the batch thinner
         for stream in entry.seq.streams:
             if stream.slot is not None:
                 stream.runner.free(stream.slot)

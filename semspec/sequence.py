@@ -284,6 +284,8 @@ class DraftingSequence(Sequence):
         # checkpoints (chars, draft length) to roll back to
         self.d_text = ""
         self.d_marks: list[tuple[int, int]] = [(0, len(d_prompt))]
+        if config.draft_max_batch is not None and config.draft_max_batch < 0:
+            raise ValueError("draft_max_batch must be at least 0 (0: no limit)")
         if config.adaptive:
             if config.draft_cost < 0 or config.verify_cost_per_token < 0:
                 raise ValueError("draft_cost and verify_cost_per_token must be at least 0")

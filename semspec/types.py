@@ -70,6 +70,7 @@ class GenerationConfig:
     # meanwhile (reason "batch"), and drafting resumes as the batch thins out at the end of
     # a job. None: the engine's choice (1 on a CPU, as measured; no limit on an
     # accelerator, untested); 0: no limit. Outputs then depend on the batch's occupancy.
+    # The service's default: SEMJOBS_DRAFT_MAX_BATCH.
     draft_max_batch: int | None = None
     # Extra arguments of the tokenizer's chat template (e.g. {"enable_thinking": True}).
     chat_template_kwargs: dict[str, Any] | None = None

@@ -61,12 +61,13 @@ def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
 
 @app.task(
     name=CALIBRATE,
+    bind=True,
     autoretry_for=(EngineLoadError, OperationalError),
     retry_backoff=5,
     retry_backoff_max=300,
     max_retries=10,
 )
-def calibrate(calibration_id: str, question_id: str) -> str:
+def calibrate(self, calibration_id: str, question_id: str) -> str:
     """One question of a probe calibration with this worker's pair (jobs.calibration)."""
     from jobs.calibration import run_question
 
@@ -74,4 +75,6 @@ def calibrate(calibration_id: str, question_id: str) -> str:
     outcome = run_question(calibration_id, question_id, engine.target, getattr(engine, "draft", None),
                            worker=liveness.name() or worker_name())
     log.info("calibration %s question %s: %s", calibration_id, question_id, outcome)
+    if outcome == "busy":  # a worker that beats runs it: look again once it could be dead
+        raise self.retry(countdown=settings.worker_dead_after_s, max_retries=None)
     return outcome

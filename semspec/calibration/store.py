@@ -43,6 +43,12 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(Path(path), (json.dumps(obj, indent=1, ensure_ascii=False) + "\n").encode())
 
 
+def with_old_defaults(meta: dict) -> dict:
+    """A collect.json read with the settings of collections from before they were recorded:
+    greedy traces cut at their first steps."""
+    return {"prefixes": "first", "trace_temperature": 0.0, **meta}
+
+
 def prefix_key(question_id: str, k: int) -> str:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", str(question_id))
     return f"{safe}__{k:03d}"
@@ -73,9 +79,9 @@ class CalibrationStore:
         path = self.root / COLLECT_META
         if path.exists():
             old = json.loads(path.read_text())
-            keys = ("target", "draft", "layer", "pooling", "samples", "step_delimiter", "prefixes")
-            # collections from before `prefixes` existed took the first steps
-            old, new = {"prefixes": "first", **old}, {"prefixes": "first", **meta}
+            keys = ("target", "draft", "layer", "pooling", "samples", "step_delimiter", "prefixes",
+                    "trace_temperature")
+            old, new = with_old_defaults(old), with_old_defaults(meta)
             diff = {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
             # The same spec can name new weights (a retrained embedded draft): compare content.
             for role, m in (meta.get("models") or {}).items():
@@ -188,7 +194,7 @@ def merge_stores(out: str | os.PathLike, sources: list[str | os.PathLike]) -> di
     if not sources:
         raise ValueError("nothing to merge")
     stores = [CalibrationStore(s) for s in sources]
-    metas = [s.meta() for s in stores]
+    metas = [with_old_defaults(s.meta()) for s in stores]
     for store, meta in zip(stores[1:], metas[1:]):
         diff = {k: (metas[0].get(k), meta.get(k)) for k in MERGE_KEYS if metas[0].get(k) != meta.get(k)}
         if diff:

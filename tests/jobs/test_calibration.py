@@ -44,7 +44,7 @@ def test_each_question_runs_once_and_exports_as_a_calibration_directory(pg_db, t
     for qid in ("q1", "q2", "q1"):  # the last: a redelivery
         cal.run_question(cal_id, qid, object(), object(), "w@h:1", url=pg_db, collect=collect)
     assert calls == ["q1", "q2"]
-    assert cal.counts(cal_id, url=pg_db) == {"pending": 0, "done": 2, "failed": 0, "prefixes": 4}
+    assert cal.counts(cal_id, url=pg_db) == {"pending": 0, "running": 0, "done": 2, "failed": 0, "prefixes": 4}
     stats = cal.export(cal_id, tmp_path / "out", url=pg_db)
     assert stats == {"questions_done": 2, "questions": 2, "prefixes": 4}
     store = CalibrationStore(tmp_path / "out")
@@ -81,3 +81,25 @@ def test_a_question_that_keeps_killing_workers_fails_after_the_attempt_cap(pg_db
     assert cal.counts(cal_id, url=pg_db)["failed"] == 1
     with pytest.raises(cal.CalibrationError, match="no calibration"):
         cal.counts("nope", url=pg_db)
+
+
+def test_a_question_another_live_worker_runs_is_busy_and_a_failing_one_fails_with_its_reason(pg_db):
+    from db import repo
+    from db.session import session_factory
+
+    cal_id = cal.create(PROMPTS, CollectConfig(samples=2), "q", url=pg_db)
+    with session_factory(pg_db)() as s:
+        repo.beat(s, "first@h:1")
+
+    def still_running(*_a, **_k):  # the first worker holds q1 when a second delivery comes
+        assert cal.run_question(cal_id, "q1", object(), object(), "second@h:2", url=pg_db,
+                                collect=fake_collect()[0]) == "busy"
+        fake_collect()[0](*_a, **_k)
+
+    assert cal.run_question(cal_id, "q1", object(), object(), "first@h:1", url=pg_db, collect=still_running) == "done"
+
+    def broken(*_a, **_k):
+        raise RuntimeError("CUDA out of memory")
+
+    assert cal.run_question(cal_id, "q2", object(), object(), "first@h:1", url=pg_db, collect=broken) == "failed"
+    assert cal.counts(cal_id, url=pg_db) == {"pending": 0, "running": 0, "done": 1, "failed": 1, "prefixes": 2}

@@ -35,7 +35,8 @@ def test_workers_collect_what_collect_in_process_collects(service_env, workers, 
     def status():
         return json.loads(run_cli(["probe", "status", cal_id], env).stdout)
 
-    st = wait_for(lambda: (s := status())["pending"] == 0 and s, 600, interval=2, what="the calibration")
+    st = wait_for(lambda: (s := status())["pending"] == s["running"] == 0 and s, 600, interval=2,
+                  what="the calibration")
     assert (st["done"], st["failed"]) == (2, 0) and st["prefixes"] >= 2
 
     out = tmp_path / "from_workers"

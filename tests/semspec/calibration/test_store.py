@@ -50,3 +50,18 @@ def test_merge_refuses_other_settings_and_conflicting_prefixes(tmp_path):
     with pytest.raises(FileNotFoundError):
         merge_stores(tmp_path / "m3", [tmp_path])
     assert json.loads((tmp_path / "a" / "collect.json").read_text())["samples"] == 2
+
+
+def test_a_collection_from_before_the_recipe_settings_merges_with_one_that_names_them(tmp_path):
+    """Greedy traces cut at their first steps: what a collect.json without `prefixes` and
+    `trace_temperature` meant; such a shard merges with one that says so, not with a
+    paper-recipe one."""
+    from semspec.calibration.store import CalibrationStore, merge_stores
+
+    base = {"target": "t", "draft": "d", "samples": 2, "models": {}, "layer": {}, "pooling": "mean"}
+    CalibrationStore(tmp_path / "old").init(base)
+    CalibrationStore(tmp_path / "named").init({**base, "prefixes": "first", "trace_temperature": 0.0})
+    CalibrationStore(tmp_path / "paper").init({**base, "prefixes": "spread", "trace_temperature": 0.6})
+    assert merge_stores(tmp_path / "m", [tmp_path / "old", tmp_path / "named"])["prefixes"] == 0
+    with pytest.raises(ValueError, match="other settings"):
+        merge_stores(tmp_path / "m2", [tmp_path / "old", tmp_path / "paper"])
