@@ -24,7 +24,7 @@ from sqlalchemy import case, delete, exists, func, insert, or_, select, text, up
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from db.models import JOB_ACTIVE, Item, ItemStats, Job, Output, StepLog, Worker, utcnow
+from db.models import JOB_ACTIVE, CalibrationQuestion, Item, ItemStats, Job, Output, StepLog, Worker, utcnow
 from semspec.types import COUNT_FIELDS
 
 # ---------------------------------------------------------------------------- submit
@@ -389,6 +389,8 @@ def beat(session: Session, worker: str) -> None:
 class Released:
     workers: list[str] = field(default_factory=list)  # dead workers, whose rows are deleted
     items: dict[str, list[int]] = field(default_factory=dict)  # job id -> seqs, now pending
+    # calibration id -> question ids they were collecting, now pending (jobs.calibration)
+    questions: dict[str, list[str]] = field(default_factory=dict)
 
 
 def live_workers(session: Session, dead_after_s: float) -> int:
@@ -430,7 +432,8 @@ def worker_names(session: Session, prefix: str) -> list[str]:
 
 def release_dead_workers(session: Session, dead_after_s: float, gone: Iterable[str] = ()) -> Released:
     """Workers silent for `dead_after_s`, and those named in `gone` (known dead by other
-    means), are dead: their pending and running items become
+    means), are dead: the calibration questions they were collecting become pending and
+    unheld, and their pending and running items become
     pending and unheld (attempts are kept, so the attempt cap still counts deliveries), and
     their rows are deleted. Not committed: the caller enqueues the items, then commits.
 
@@ -452,6 +455,14 @@ def release_dead_workers(session: Session, dead_after_s: float, gone: Iterable[s
     ).all()
     for job_id, seq in sorted(rows):
         released.items.setdefault(job_id, []).append(seq)
+    questions = session.execute(
+        update(CalibrationQuestion)
+        .where(CalibrationQuestion.worker.in_(dead), CalibrationQuestion.status == "running")
+        .values(status="pending", worker=None)
+        .returning(CalibrationQuestion.calibration_id, CalibrationQuestion.question_id)
+    ).all()
+    for cal_id, qid in sorted(questions):
+        released.questions.setdefault(cal_id, []).append(qid)
     session.execute(delete(Worker).where(Worker.name.in_(dead)))
     return released
 

@@ -64,9 +64,9 @@ def tick(reap: bool = True) -> None:
         log.warning("%s held items it no longer works on (a chunk that ended unsettled, or an earlier "
                     "process of the same name): re-enqueued %s", _name, handed)
     released = recover(me=_name) if reap else repo.Released()
-    if released.items:
-        log.warning("dead workers %s: re-enqueued their items %s",
-                    ", ".join(released.workers), released.items)
+    if released.items or released.questions:
+        log.warning("dead workers %s: re-enqueued their items %s and calibration questions %s",
+                    ", ".join(released.workers), released.items, released.questions)
     elif released.workers:
         log.info("removed the heartbeats of stopped workers %s", ", ".join(released.workers))
     try:  # a broker problem must not hold back the beat itself

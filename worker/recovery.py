@@ -24,7 +24,8 @@ Publisher = Callable[[str], AbstractContextManager[Callable[[str, list[int], lis
 
 
 def recover(url: str | None = None, dead_after_s: float | None = None,
-            publisher: Publisher | None = None, me: str | None = None) -> repo.Released:
+            publisher: Publisher | None = None, me: str | None = None,
+            question_publisher: Publisher | None = None) -> repo.Released:
     """Release the items of dead workers and enqueue them on their jobs' queues, in chunks.
     The release commits only after the messages are published: if publishing fails, the
     items stay held by the dead worker and the next run tries again.
@@ -40,8 +41,19 @@ def recover(url: str | None = None, dead_after_s: float | None = None,
         gone = gone_siblings(repo.worker_names(session, me.rpartition(":")[0] + ":")) if me else []
         released = repo.release_dead_workers(session, dead_after_s, gone)
         _enqueue(session, released.items, publisher)
+        _enqueue_questions(session, released.questions, question_publisher or publish.calibration_publisher)
         session.commit()
     return released
+
+
+def _enqueue_questions(session, questions: dict[str, list[str]], publisher: Publisher) -> None:
+    """Send the released calibration questions to their calibration's queue, one each."""
+    from db.models import Calibration
+
+    for cal_id, qids in questions.items():
+        with publisher(session.get(Calibration, cal_id).queue) as send:
+            for qid in qids:
+                send(cal_id, qid)
 
 
 def hand_back_unworked(me: str, working: Callable[[], set[tuple[str, int]]], url: str | None = None,

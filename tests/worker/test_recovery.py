@@ -276,3 +276,23 @@ def test_liveness_works_on_sqlite_too(sqlite_db, tmp_path):
     with session_factory(sqlite_db)() as s:
         assert repo.live_workers(s, 45) == 1
         assert repo.release_dead_workers(s, 45).workers == [DEAD]
+
+
+def test_the_calibration_questions_of_a_dead_worker_go_back_out(pg_db, crashed):
+    """A whole worker killed mid-question: the reaper makes the question pending again and
+    sends it to its calibration's queue, as it does the items."""
+    from jobs import calibration as cal
+    from semspec.calibration.collect import CollectConfig
+
+    cal_id = cal.create([("q1", "What is 2+2?"), ("q2", "And 3+3?")], CollectConfig(samples=2), "calq", url=pg_db)
+    sql(pg_db, "UPDATE calibration_questions SET status = 'running', worker = :w, attempts = 1 "
+        "WHERE calibration_id = :c AND question_id = 'q1'", w=DEAD, c=cal_id)
+    sent, questions = [], []
+
+    @contextmanager
+    def question_publisher(queue):
+        yield lambda c, q: questions.append((queue, c, q))
+
+    released = recover(pg_db, 45, recording_publisher(sent), question_publisher=question_publisher)
+    assert released.questions == {cal_id: ["q1"]} and questions == [("calq", cal_id, "q1")]
+    assert cal.counts(cal_id, url=pg_db)["pending"] == 2
