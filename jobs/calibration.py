@@ -30,10 +30,11 @@ from db import repo
 from db.models import Calibration, CalibrationPrefix, CalibrationQuestion, utcnow
 from db.session import session_factory
 from semjobs.settings import settings
+from semspec.calibration.store import MERGE_KEYS
 
-# collect.json keys that every question's run must agree on (the prompt count differs)
-SAME_META = ("target", "draft", "models", "layer", "pooling", "samples", "temperature", "top_p",
-             "step_delimiter", "max_step_tokens", "max_trace_tokens", "trace_temperature", "prefixes", "seed")
+# collect.json keys that every question's run must agree on: what merging needs, and the
+# seed, since one calibration is one sampling process
+SAME_META = (*MERGE_KEYS, "seed")
 
 
 class CalibrationError(RuntimeError):
@@ -120,10 +121,9 @@ def run_question(calibration_id: str, question_id: str, target, draft, worker: s
                 return _fail(s, mine, problem)
             trace = store.load_traces().get(question_id, [])
             for key in store.keys():
-                s.merge(CalibrationPrefix(
-                    calibration_id=calibration_id, key=key, question_id=question_id,
-                    record=(store.prefix_dir / f"{key}.json").read_bytes(),
-                    features=(store.prefix_dir / f"{key}.safetensors").read_bytes()))
+                record, features = store.prefix_files(key)
+                s.merge(CalibrationPrefix(calibration_id=calibration_id, key=key, question_id=question_id,
+                                          record=record, features=features))
         done = s.execute(update(Q).where(*mine).values(status="done", trace=trace, finished_at=utcnow(), error=None))
         if done.rowcount == 0:  # another delivery took it over meanwhile: its result stands
             s.rollback()
@@ -171,7 +171,7 @@ def _fail(s: Session, held, error: str) -> str:
 
 def export(calibration_id: str, out_dir: str | Path, url: str | None = None) -> dict:
     """Write what the workers stored as a calibration directory (`semspec.calibration.store`)."""
-    from semspec.calibration.store import CalibrationStore, atomic_write_bytes
+    from semspec.calibration.store import CalibrationStore
 
     store = CalibrationStore(out_dir)
     with session_factory(url)() as s:
@@ -189,8 +189,7 @@ def export(calibration_id: str, out_dir: str | Path, url: str | None = None) -> 
                 store.append_trace(q.question_id, list(q.trace or []))
         n = 0
         for row in s.scalars(select(CalibrationPrefix).where(CalibrationPrefix.calibration_id == calibration_id)):
-            atomic_write_bytes(store.prefix_dir / f"{row.key}.safetensors", row.features)
-            atomic_write_bytes(store.prefix_dir / f"{row.key}.json", row.record)  # last: complete
+            store.put_prefix_files(row.key, row.record, row.features)
             n += 1
     return {"questions_done": sum(q.status == "done" for q in questions),
             "questions": len(questions), "prefixes": n}

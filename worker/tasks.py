@@ -32,14 +32,12 @@ def _on_shutdown(**_kwargs) -> None:
     _shutting_down = True
 
 
-@app.task(
-    name=RUN_CHUNK,
-    bind=True,
-    autoretry_for=(EngineLoadError, OperationalError),
-    retry_backoff=5,
-    retry_backoff_max=300,
-    max_retries=10,
-)
+# Both tasks wait out an engine that cannot load yet and a database that is away.
+RETRYING = dict(bind=True, autoretry_for=(EngineLoadError, OperationalError), retry_backoff=5,
+                retry_backoff_max=300, max_retries=10)
+
+
+@app.task(name=RUN_CHUNK, **RETRYING)
 def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
     # Stop starting new items after half the visibility timeout: a task must end well
     # before Redis would hand its message to a second worker.
@@ -59,14 +57,7 @@ def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
     return {"done": report.done, "failed": report.failed}
 
 
-@app.task(
-    name=CALIBRATE,
-    bind=True,
-    autoretry_for=(EngineLoadError, OperationalError),
-    retry_backoff=5,
-    retry_backoff_max=300,
-    max_retries=10,
-)
+@app.task(name=CALIBRATE, **RETRYING)
 def calibrate(self, calibration_id: str, question_id: str) -> str:
     """One question of a probe calibration with this worker's pair (jobs.calibration)."""
     from jobs.calibration import run_question

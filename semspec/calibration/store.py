@@ -122,6 +122,17 @@ class CalibrationStore:
             },
         )
 
+    def prefix_files(self, key: str) -> tuple[bytes, bytes]:
+        """A stored prefix as bytes: (its .json record, its .safetensors features)."""
+        return ((self.prefix_dir / f"{key}.json").read_bytes(),
+                (self.prefix_dir / f"{key}.safetensors").read_bytes())
+
+    def put_prefix_files(self, key: str, record: bytes, features: bytes) -> None:
+        """Store a prefix from those bytes: the tensors first, the .json last, so the prefix
+        counts as complete only once both are there."""
+        atomic_write_bytes(self.prefix_dir / f"{key}.safetensors", features)
+        atomic_write_bytes(self.prefix_dir / f"{key}.json", record)
+
     def load_traces(self) -> dict[str, list[str]]:
         """Question id -> trace steps, from traces.jsonl (a torn last line is ignored)."""
         out: dict[str, list[str]] = {}
@@ -214,14 +225,11 @@ def merge_stores(out: str | os.PathLike, sources: list[str | os.PathLike]) -> di
             traces[qid] = steps
             added["traces"] += 1
         for key in store.keys():
-            row = (store.prefix_dir / f"{key}.json").read_bytes()
+            record, features = store.prefix_files(key)
             if dest.has_prefix(key):
-                if (dest.prefix_dir / f"{key}.json").read_bytes() != row:
+                if dest.prefix_files(key)[0] != record:
                     raise ValueError(f"prefix {key}: {store.root} holds other samples than {dest.root}")
                 continue
-            # tensors first, the .json last: the prefix counts as complete only then
-            atomic_write_bytes(dest.prefix_dir / f"{key}.safetensors",
-                                (store.prefix_dir / f"{key}.safetensors").read_bytes())
-            atomic_write_bytes(dest.prefix_dir / f"{key}.json", row)
+            dest.put_prefix_files(key, record, features)
             added["prefixes"] += 1
     return {"questions": len(traces), "prefixes": len(dest.keys()), "added": added}
