@@ -15,6 +15,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from db import repo
+from db.models import Calibration
 from db.session import session_factory
 from jobs.submit import send_chunks
 from semjobs.settings import settings
@@ -48,8 +49,6 @@ def recover(url: str | None = None, dead_after_s: float | None = None,
 
 def _enqueue_questions(session, questions: dict[str, list[str]], publisher: Publisher) -> None:
     """Send the released calibration questions to their calibration's queue, one each."""
-    from db.models import Calibration
-
     for cal_id, qids in questions.items():
         with publisher(session.get(Calibration, cal_id).queue) as send:
             for qid in qids:
