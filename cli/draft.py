@@ -63,14 +63,16 @@ def _pick(value, default):
 @click.option("--greedy-prompts", default=_H.greedy_prompts, show_default=True, type=int,
               help="eagle: questions the target answers greedily.")
 @click.option("--sampled-prompts", default=_H.sampled_prompts, show_default=True, type=int,
-              help="eagle: further questions it answers at the bench's sampling.")
+              help="eagle: questions it answers at the bench's sampling (from the first: the greedy ones get two answers).")
 @click.option("--reference-prompts", default=_H.reference_prompts, show_default=True, type=int,
-              help="eagle: further questions whose reference solutions are teacher-forced.")
+              help="eagle: questions after the answered ones whose reference solutions are teacher-forced.")
 @click.option("--reg-weight", default=_H.reg_weight, show_default=True, type=float,
               help="eagle: weight of the state regression beside the next-token loss.")
+@click.option("--unroll", default=_H.unroll, show_default=True, type=click.IntRange(1, 16),
+              help="eagle: passes per training step, each reading the last one's predictions (training-time test).")
 def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps, batch_size, lr, threads, cache_dir,
           data_only, frozen_layers, adapter_layers, adapter_init, gen_prompts, ref_prompts, draft_vocab, head_layers,
-          greedy_prompts, sampled_prompts, reference_prompts, reg_weight) -> None:
+          greedy_prompts, sampled_prompts, reference_prompts, reg_weight, unroll) -> None:
     """Distil a draft model from the target and write its artifact.
 
     \b
@@ -89,7 +91,7 @@ def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps
             reference_prompts=reference_prompts,
             max_new_tokens=_pick(max_new_tokens, _H.max_new_tokens), layers=head_layers,
             steps=_pick(steps, _H.steps), batch_size=_pick(batch_size, _H.batch_size), lr=_pick(lr, _H.lr),
-            reg_weight=reg_weight, threads=_pick(threads, _H.threads),
+            reg_weight=reg_weight, unroll=unroll, threads=_pick(threads, _H.threads),
         )
         return _train_head(cfg, out_dir, target_spec, cache_dir, data_only, log)
     cfg = DraftTrainConfig(

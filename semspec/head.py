@@ -28,10 +28,12 @@ import os
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .draft.artifact import check_fingerprint, files_sha256, target_checksums, target_signature
 from .models import EMBEDDED_PREFIX, LoadedModel, ModelIdentity
+from .runner import project_qkv
 
 HEAD_FORMAT = "semspec-head/1"
 HEAD_WEIGHTS = "head.safetensors"
@@ -100,18 +102,43 @@ class HeadModel(nn.Module):
         next tokens' embeddings."""
         return self.fc(torch.cat([states.to(embeds.dtype), embeds], dim=-1))
 
-    def train_forward(self, states_in: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced pass over whole sequences: ``states_in`` [B, L, H] (the state read
-        at each position), ``ids`` [B, L] -> predicted states [B, L, H] (after the norm)."""
+    def unrolled_forward(self, states_in: torch.Tensor, ids: torch.Tensor, levels: int = 1) -> list[torch.Tensor]:
+        """Teacher-forced passes over whole sequences, unrolled on the head's own predictions as
+        it drafts (EAGLE-3's training-time test). ``states_in`` [B, L, H] is the target state
+        read at each position, ``ids`` [B, L]; returns ``levels`` tensors of predicted states
+        [B, L, H] (after the norm). Level 1 reads the target's states. Level m at position j is
+        the head's m-th drafted token when it last read a target state at j - m + 1: it reads
+        level m-1's prediction at j - 1, and attends to level 1's keys up to j - m + 1 and to
+        level m''s key at j - m + m' for m' = 2..m -- the cache a draft of depth m holds."""
         bsz, length = ids.shape
-        x = self.fuse_inputs(states_in, self.embed_tokens(ids))
-        pos = torch.arange(length, device=ids.device).unsqueeze(0).expand(bsz, -1)
-        cos, sin = self.rotary_emb(x, pos)
-        causal = torch.full((length, length), float("-inf"), device=ids.device).triu(1).to(x.dtype)[None, None]
-        for layer in self.layers:
-            out = layer(x, attention_mask=causal, position_ids=pos, position_embeddings=(cos, sin))
-            x = out[0] if isinstance(out, tuple) else out
-        return self.norm(x)
+        n_h, n_kv = int(self.config.num_attention_heads), int(self.config.num_key_value_heads)
+        d = int(self.layers[0].self_attn.head_dim)
+        emb = self.embed_tokens(ids)
+        pos = torch.arange(length, device=ids.device)
+        cos, sin = self.rotary_emb(emb, pos.expand(bsz, -1))
+        cos, sin = cos.reshape(bsz * length, 1, d), sin.reshape(bsz * length, 1, d)
+        keys: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in self.layers]
+        preds: list[torch.Tensor] = []
+        read = states_in
+        for m in range(1, levels + 1):
+            # which keys a query at j may read: level 1 up to j - m + 1, then one per later level
+            allowed = [pos[None, :] <= pos[:, None] - m + 1]
+            allowed += [pos[None, :] == pos[:, None] - m + k for k in range(2, m + 1)]
+            mask = torch.cat(allowed, dim=1)[None, None]  # [1, 1, L, m * L]
+            x = self.fuse_inputs(read, emb).reshape(bsz * length, -1)
+            for li, layer in enumerate(self.layers):
+                q, k, v = project_qkv(layer, x, cos, sin, n_h, n_kv, d)
+                keys[li].append((k.view(bsz, length, n_kv, d).transpose(1, 2), v.view(bsz, length, n_kv, d).transpose(1, 2)))
+                att = F.scaled_dot_product_attention(
+                    q.view(bsz, length, n_h, d).transpose(1, 2), torch.cat([kk for kk, _ in keys[li]], dim=2),
+                    torch.cat([vv for _, vv in keys[li]], dim=2), attn_mask=mask,
+                    scale=float(layer.self_attn.scaling), enable_gqa=n_h != n_kv)
+                x = x + layer.self_attn.o_proj(att.transpose(1, 2).reshape(bsz * length, n_h * d))
+                x = x + layer.mlp(layer.post_attention_layernorm(x))
+            preds.append(self.norm(x).view(bsz, length, -1))
+            # the next level reads this one's prediction one position on
+            read = torch.cat([torch.zeros_like(preds[-1][:, :1]), preds[-1][:, :-1]], dim=1)
+        return preds
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """What the artifact stores: everything but the shared parts."""

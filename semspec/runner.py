@@ -69,6 +69,21 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
+def project_qkv(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv: int,
+                head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decoder layer's rotated queries and keys, and its values, for packed rows ``x`` [T, H]
+    (``cos``/``sin`` [T, 1, d]): [T, heads, d] each. Also the draft head's training forward."""
+    attn = layer.self_attn
+    h = layer.input_layernorm(x)
+    n_tok = h.shape[0]
+    q = attn.q_proj(h).view(n_tok, n_heads, head_dim)
+    k = attn.k_proj(h).view(n_tok, n_kv, head_dim)
+    v = attn.v_proj(h).view(n_tok, n_kv, head_dim)
+    if getattr(attn, "q_norm", None) is not None:  # Qwen3
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+
 def _split(rows: torch.Tensor | None, feeds: list[Feed], which: list[int]) -> list[torch.Tensor | None]:
     """Per feed, its slice of ``rows`` (the fed tokens of the feeds in ``which``, in order)."""
     out: list[torch.Tensor | None] = [None] * len(feeds)
@@ -275,14 +290,7 @@ class ModelRunner:
 
     def _attend(self, li, layer, x, cos, sin, pos, tok_slot, n_tok, plan):
         attn = layer.self_attn
-        h = layer.input_layernorm(x)
-        q = attn.q_proj(h).view(n_tok, self.n_heads, self.head_dim)
-        k = attn.k_proj(h).view(n_tok, self.n_kv, self.head_dim)
-        v = attn.v_proj(h).view(n_tok, self.n_kv, self.head_dim)
-        if getattr(attn, "q_norm", None) is not None:  # Qwen3
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k, v = project_qkv(layer, x, cos, sin, self.n_heads, self.n_kv, self.head_dim)
         K, V = self.k[li], self.v[li]
         K[tok_slot, :, pos] = k.to(K.dtype)
         V[tok_slot, :, pos] = v.to(V.dtype)

@@ -61,16 +61,16 @@ class HeadTrainConfig:
 
     seed: int = 0
     # Data: GSM8K-style JSONL; the first `holdout` lines (the benchmark slice) are never used.
-    # The next `greedy_prompts` questions are answered greedily by the target, the ones after
-    # them `sampled_prompts` at the bench's sampling, so the head sees the target's
-    # distribution and not one path through it.
+    # The first `greedy_prompts` questions after it are answered greedily by the target, the
+    # first `sampled_prompts` at the bench's sampling (so the greedy questions have two
+    # answers), so the head sees the target's distribution and not one path through it.
     data: str = str(GSM8K_TEST)
     holdout: int = 100
     greedy_prompts: int = 480
-    sampled_prompts: int = 288
+    sampled_prompts: int = 768
     # the next `reference_prompts` questions' reference solutions, teacher-forced: more text
-    # under the target's distribution, at no generation cost (lines 869-1060; the probes'
-    # calibration uses the questions after them)
+    # under the target's distribution, at no generation cost (lines 869-1060; the head's
+    # probe calibration uses the questions after them)
     reference_prompts: int = 192
     # also learn the target's next-token distribution over the prompt (the question), not
     # only over the answer: more positions against over-fitting a small set of answers
@@ -94,6 +94,11 @@ class HeadTrainConfig:
     # uniform noise added to the target states the head reads while training, so it stays
     # on course when it reads its own (imperfect) predictions while drafting (EAGLE)
     input_noise: float = 0.1
+    # training-time test (EAGLE-3): the head is also trained on `unroll` - 1 further passes
+    # that read its own predictions, as it does when it drafts several tokens; level m's loss
+    # weighs unroll_decay ** (m - 1). 1: read the target's states only (EAGLE-1).
+    unroll: int = 1
+    unroll_decay: float = 0.8
     # "bfloat16": the matrix products run in bfloat16 under autocast (weights and optimiser
     # state stay float32): about 2x faster on a CPU with bfloat16 matrix instructions and on
     # CUDA; "float32" for exact arithmetic
@@ -101,13 +106,16 @@ class HeadTrainConfig:
     threads: int = 2  # results depend on it: a bit-identical rebuild needs the same count
     eval_depths: tuple[int, ...] = (1, 2, 4, 8, 16)
     eval_stride: int = 8  # draft from every eval_stride-th response position
-    # every `select_every` steps the depth-1 agreement on the held-out traces is measured and
-    # the best weights so far are kept (the artifact holds the best; 0: the last)
+    # every `select_every` steps a quarter of the held-out traces scores the head (the mean
+    # accepted length of a greedy verification of 6 drafted tokens) and the best weights so
+    # far are kept (the artifact holds the best; 0: the last)
     select_every: int = 200
 
     def __post_init__(self):
         if self.train_dtype not in ("bfloat16", "float32"):
             raise ValueError(f"train_dtype must be bfloat16 or float32, not {self.train_dtype!r}")
+        if self.unroll < 1:
+            raise ValueError(f"unroll must be at least 1, not {self.unroll}")
 
     def to_dict(self) -> dict:
         return asdict(self)

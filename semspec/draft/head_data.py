@@ -2,7 +2,8 @@
 
 Traces: questions after the benchmark slice, answered by the target through the engine
 (``Engine.generate_many``, method ``ar``), greedily and at the bench's sampling; cached
-answer by answer, so an interrupted run resumes where it stopped.
+answer by answer, so an interrupted run resumes where it stopped. Each trace knows its
+question, so held-out questions keep every answer out of training.
 
 States: one float32 pass of the target over every trace records its final-norm state at every
 position -- what its LM head reads, and what the head learns to predict. Stored as float16
@@ -33,6 +34,7 @@ class Trace:
     ids: list[int]  # prompt + response token ids
     prompt_len: int
     kind: str  # "greedy", "sampled" (the target's own answers) or "reference" (a reference solution)
+    question: int = 0  # which question (index after the holdout): a question's traces are held out together
 
 
 def _cache_key(identity: str, settings: dict, questions: list[str]) -> str:
@@ -92,13 +94,15 @@ def generate_traces(engine, questions: list[str], config: GenerationConfig, kind
 
 def build_traces(engine, cfg, cache_dir: str | None = None, log: Log | None = None) -> list[Trace]:
     """Greedy traces for the first ``cfg.greedy_prompts`` questions after the holdout, sampled
-    ones for the next ``cfg.sampled_prompts``, reference solutions for the next
-    ``cfg.reference_prompts``."""
+    ones for the first ``cfg.sampled_prompts`` (the greedy questions get both: two answers of
+    one question differ where the target is unsure), reference solutions for the
+    ``cfg.reference_prompts`` questions after all of them."""
     from semspec.draft.data import clean_reference
 
     rows = load_questions(cfg.data, cfg.holdout)
     n_g, n_s = cfg.greedy_prompts, cfg.sampled_prompts
-    need = n_g + n_s + cfg.reference_prompts
+    answered = max(n_g, n_s)
+    need = answered + cfg.reference_prompts
     if len(rows) < need:
         raise ValueError(f"{cfg.data} has {len(rows)} questions after the first {cfg.holdout}; {need} are asked for")
     questions = [r["question"] for r in rows[:need]]
@@ -106,30 +110,38 @@ def build_traces(engine, cfg, cache_dir: str | None = None, log: Log | None = No
     sampled = GenerationConfig(method="ar", temperature=cfg.temperature, top_p=cfg.top_p,
                                max_new_tokens=cfg.max_new_tokens)
     traces = generate_traces(engine, questions[:n_g], greedy, "greedy", cfg.gen_batch_size, cfg.seed, cache_dir, log)
-    traces += generate_traces(engine, questions[n_g:n_g + n_s], sampled, "sampled", cfg.gen_batch_size,
+    traces += generate_traces(engine, questions[:n_s], sampled, "sampled", cfg.gen_batch_size,
                               cfg.seed + n_g, cache_dir, log)
+    for i, t in enumerate(traces):
+        t.question = i if i < n_g else i - n_g
     tok = engine.target.tokenizer
-    for r in rows[n_g + n_s:need]:
+    for q, r in enumerate(rows[answered:need], start=answered):
         prompt = encode_prompt(tok, r["question"])
         resp = tok(clean_reference(r["answer"]), add_special_tokens=False)["input_ids"]
         traces.append(Trace(prompt + resp + ([tok.eos_token_id] if tok.eos_token_id is not None else []),
-                            len(prompt), "reference"))
+                            len(prompt), "reference", q))
     return traces
 
 
 def split_traces(traces: list[Trace], eval_fraction: float) -> tuple[list[int], list[int]]:
-    """(train, eval) indices into ``traces``: the last ``eval_fraction`` of the target's greedy
-    and of its sampled answers (at least one each) are held out; references all train."""
-    train = [i for i, t in enumerate(traces) if t.kind == "reference"]
-    held = []
-    for kind in ("greedy", "sampled"):
-        of_kind = [i for i, t in enumerate(traces) if t.kind == kind]
-        n = int(round(len(of_kind) * eval_fraction))
-        if eval_fraction > 0 and len(of_kind) >= 2:
-            n = max(n, 1)  # every kind is evaluated
-        train += of_kind[: len(of_kind) - n]
-        held += of_kind[len(of_kind) - n:]
-    return sorted(train), held
+    """(train, eval) indices into ``traces``, split by question so no held-out question has an
+    answer in training: the last ``eval_fraction`` of the questions with a greedy answer and of
+    those answered only at sampling (at least one of each) are held out with all their
+    traces; references all train."""
+    def answered(kind: str) -> list[int]:
+        return sorted({t.question for t in traces if t.kind == kind})
+
+    with_greedy = answered("greedy")
+    groups = [with_greedy, [q for q in answered("sampled") if q not in set(with_greedy)]]
+    held_q: set[int] = set()
+    for group in groups:
+        n = int(round(len(group) * eval_fraction))
+        if eval_fraction > 0 and len(group) >= 2:
+            n = max(n, 1)  # every kind of question is evaluated
+        held_q.update(group[len(group) - n:])
+    train = [i for i, t in enumerate(traces) if t.kind == "reference" or t.question not in held_q]
+    held = [i for i, t in enumerate(traces) if t.kind != "reference" and t.question in held_q]
+    return train, held
 
 
 @torch.inference_mode()

@@ -71,16 +71,29 @@ def _batch(traces: list[Trace], states: list[torch.Tensor], noise: float, gen: t
 
 def head_loss(head: HeadModel, w_sub: torch.Tensor, traces, states, cfg: HeadTrainConfig,
               gen: torch.Generator | None) -> tuple[torch.Tensor, dict]:
+    """The weighted loss over the unrolled levels (level m weighs ``cfg.unroll_decay`` ** (m - 1);
+    level m counts from position m - 1 on, where a draft of depth m can start), normalised by
+    the weights' sum; figures per level."""
     ids, read, want, mask = _batch(traces, states, cfg.input_noise, gen, cfg.prompt_loss)
-    pred = head.train_forward(read, ids)[mask]
+    preds = head.unrolled_forward(read, ids, cfg.unroll)
     target = want[mask]
     with torch.no_grad():
         p = (target @ w_sub.T).softmax(-1)
-    logq = (pred @ w_sub.T).log_softmax(-1)
-    cls = -(p * logq).sum(-1).mean()
-    reg = F.smooth_l1_loss(pred, target)
-    top1 = float((logq.argmax(-1) == p.argmax(-1)).float().mean())
-    return cls + cfg.reg_weight * reg, {"cls": cls.item(), "reg": reg.item(), "top1": top1}
+        p_top = p.argmax(-1)
+    at = torch.arange(ids.shape[1]).expand_as(ids)[mask]
+    total, weights, stats = 0.0, 0.0, {"cls": [], "reg": [], "top1": []}
+    for m, pred in enumerate(preds):
+        valid = at >= m
+        got = pred[mask][valid]
+        logq = (got @ w_sub.T).log_softmax(-1)
+        cls = -(p[valid] * logq).sum(-1).mean()
+        reg = F.smooth_l1_loss(got, target[valid])
+        w = cfg.unroll_decay ** m
+        total, weights = total + w * (cls + cfg.reg_weight * reg), weights + w
+        stats["cls"].append(cls.item())
+        stats["reg"].append(reg.item())
+        stats["top1"].append(float((logq.argmax(-1) == p_top[valid]).float().mean()))
+    return total / weights, {k: v[0] for k, v in stats.items()} | {"top1_by_level": stats["top1"]}
 
 
 def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_states: list[torch.Tensor],

@@ -39,13 +39,28 @@ def head(tiny_target):
     return _head_model(tiny_target)
 
 
+def _layer_reference(head: HeadModel, states_in: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The head's teacher-forced pass through transformers' own decoder layers (the reference)."""
+    length = ids.shape[1]
+    x = head.fuse_inputs(states_in, head.embed_tokens(ids))
+    pos = torch.arange(length)[None]
+    cos, sin = head.rotary_emb(x, pos)
+    causal = torch.full((length, length), float("-inf")).triu(1)[None, None]
+    for layer in head.layers:
+        out = layer(x, attention_mask=causal, position_ids=pos, position_embeddings=(cos, sin))
+        x = out[0] if isinstance(out, tuple) else out
+    return head.norm(x)
+
+
 def test_runner_pass_matches_the_training_forward(head, tiny_target):
     torch.manual_seed(0)
     h = tiny_target.hidden_size
     ids = torch.randint(5, 300, (1, 12))
     states = torch.randn(1, 12, h)
     with torch.no_grad():
-        want = head.model.train_forward(states, ids)[0]
+        want = _layer_reference(head.model, states, ids)[0]
+        (level1,) = head.model.unrolled_forward(states, ids)
+    torch.testing.assert_close(level1[0], want, atol=1e-4, rtol=1e-4)
     runner = ModelRunner(head, slots=2)
     slot = runner.alloc()
     # 7 tokens in one row, then 5 one at a time beside another slot's feed
@@ -59,6 +74,34 @@ def test_runner_pass_matches_the_training_forward(head, tiny_target):
     torch.testing.assert_close(torch.cat(got), want, atol=1e-4, rtol=1e-4)
     # the logits are the target's LM head over the predicted state
     torch.testing.assert_close(out.logits[1], tiny_target.head_logits(want[-1:])[0], atol=1e-4, rtol=1e-4)
+
+
+def test_unrolled_levels_are_the_heads_own_drafts(head, tiny_target):
+    """Level m of the training forward at position j is what the head drafts m tokens after it
+    last read a target state (at j - m + 1), as the runner runs it, for every start at once."""
+    torch.manual_seed(1)
+    h = tiny_target.hidden_size
+    ids = torch.randint(5, 300, (2, 11))
+    states = torch.randn(2, 11, h)
+    with torch.no_grad():
+        levels = head.model.unrolled_forward(states, ids, levels=4)
+    checked = 0
+    for b in range(2):
+        for start in range(0, 8):
+            runner = ModelRunner(head, slots=1)
+            slot = runner.alloc()
+            out = runner.forward([Feed(slot, ids[b, :start + 1].tolist(), [], states=True,
+                                       head_inputs=states[b, :start + 1])])
+            pred = out.states[0][-1:]
+            torch.testing.assert_close(pred[0], levels[0][b, start], atol=1e-4, rtol=1e-4)
+            for m in range(2, 5):
+                j = start + m - 1
+                if j >= ids.shape[1]:
+                    break
+                pred = runner.forward([Feed(slot, [int(ids[b, j])], [], states=True, head_inputs=pred)]).states[0]
+                torch.testing.assert_close(pred[0], levels[m - 1][b, j], atol=1e-4, rtol=1e-4)
+                checked += 1
+    assert checked == 2 * 8 * 3  # every start reaches depth 4 inside the 11 positions
 
 
 def test_a_head_needs_its_input_states(head):
@@ -131,7 +174,7 @@ def test_after_verification_the_head_rereads_the_target_states(head, tiny_target
     states_in = torch.cat([torch.zeros(1, tiny_target.hidden_size),
                            torch.stack([T.states[p] for p in range(len(T.ids) - 1)])])[None]
     with torch.no_grad():
-        want = head.model.train_forward(states_in, ids)[0]
+        want = head.model.unrolled_forward(states_in, ids)[0][0]
     torch.testing.assert_close(out.hidden[-1], want[-1], atol=1e-4, rtol=1e-4)
 
 

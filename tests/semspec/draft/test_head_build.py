@@ -37,7 +37,7 @@ def questions(tmp_path_factory):
 
 def _cfg(questions, **kw):
     base = dict(data=str(questions), holdout=4, greedy_prompts=8, sampled_prompts=8, reference_prompts=4,
-                max_new_tokens=16, select_every=4,
+                max_new_tokens=16, select_every=4, unroll=2,
                 gen_batch_size=4, steps=12, batch_size=4, threads=1, eval_fraction=0.25, eval_depths=(1, 2, 4))
     base.update(kw)
     return HeadTrainConfig(**base)
@@ -80,9 +80,49 @@ def test_traces_leave_out_the_benchmark_slice(tiny_dir, questions, tmp_path):
     for i in range(4):  # the first `holdout` questions never appear
         assert not any(f"What is {i} plus {i + 1}?" in p for p in prompts)
     assert any("What is 4 plus 5?" in p for p in prompts)
+    # the greedy questions are the first 8 of the sampled ones: each has two answers
+    assert [t.question for t in traces] == [*range(8), *range(8), *range(8, 12)]
+    assert prompts[3] == prompts[8 + 3]
+    assert "#### 25" in tok.decode(traces[16].ids[traces[16].prompt_len:])  # the 9th question after the holdout: i = 12
+
+
+def test_held_out_questions_keep_all_their_answers_out_of_training():
+    def t(kind, q):
+        return Trace([1, 2, 3], 1, kind, q)
+
+    # questions 0-7 answered greedily and sampled, 8-11 sampled only, 12-13 references
+    traces = [t("greedy", q) for q in range(8)] + [t("sampled", q) for q in range(12)] + [t("reference", 12), t("reference", 13)]
     train, held = split_traces(traces, 0.25)
-    assert sorted(train + held) == list(range(20)) and held == [6, 7, 14, 15]
-    assert "#### 41" in tok.decode(traces[16].ids[traces[16].prompt_len:])  # the 17th question after the holdout: i = 20
+    assert sorted(train + held) == list(range(len(traces)))
+    held_q = {traces[i].question for i in held}
+    assert held_q == {6, 7, 11}  # the last quarter of each group (at least one)
+    assert {traces[i].question for i in train}.isdisjoint(held_q)
+    assert sorted(traces[i].kind for i in held) == ["greedy", "greedy", "sampled", "sampled", "sampled"]
+
+
+def test_unrolled_levels_are_weighted_as_configured(tiny_target):
+    """Level m weighs unroll_decay ** (m - 1): with a decay of 0 the unrolled loss is level 1's
+    alone, and with a decay above 0 the later levels change it."""
+    from semspec.draft.head_train import head_loss
+
+    torch.manual_seed(0)
+    traces = [Trace(torch.randint(5, 300, (14,)).tolist(), 4, "greedy") for _ in range(3)]
+    states = [torch.randn(14, tiny_target.hidden_size).half() for _ in traces]
+    w_sub = tiny_target.model.get_output_embeddings().weight[:200].detach().float()
+    torch.manual_seed(2)
+    head = HeadModel(tiny_target.model, layers=1)
+
+    def loss(**kw):
+        cfg = HeadTrainConfig(input_noise=0.0, threads=1, train_dtype="float32", **kw)
+        with torch.no_grad():
+            value, info = head_loss(head, w_sub, traces, states, cfg, None)
+        return value, info
+
+    one, info1 = loss(unroll=1)
+    only_first, info3 = loss(unroll=3, unroll_decay=0.0)
+    torch.testing.assert_close(only_first, one)
+    assert len(info3["top1_by_level"]) == 3 and info3["top1_by_level"][0] == info1["top1"]
+    assert not torch.isclose(loss(unroll=3, unroll_decay=0.8)[0], one)
 
 
 def test_interrupted_training_resumes_to_the_same_weights(tiny_target, tmp_path):
@@ -90,7 +130,7 @@ def test_interrupted_training_resumes_to_the_same_weights(tiny_target, tmp_path)
     traces = [Trace(torch.randint(5, 300, (20,)).tolist(), 6, "greedy") for _ in range(6)]
     states = [torch.randn(20, tiny_target.hidden_size).half() for _ in traces]
     w_sub = tiny_target.model.get_output_embeddings().weight[:200].detach().float()
-    cfg = HeadTrainConfig(steps=10, batch_size=2, warmup_steps=2, threads=1)
+    cfg = HeadTrainConfig(steps=10, batch_size=2, warmup_steps=2, threads=1, unroll=3)
 
     def fresh():
         torch.manual_seed(1)
