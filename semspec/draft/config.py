@@ -97,7 +97,7 @@ class HeadTrainConfig:
     # training-time test (EAGLE-3): the head is also trained on `unroll` - 1 further passes
     # that read its own predictions, as it does when it drafts several tokens; level m's loss
     # weighs unroll_decay ** (m - 1). 1: read the target's states only (EAGLE-1).
-    unroll: int = 1
+    unroll: int = 3
     unroll_decay: float = 0.8
     # "bfloat16": the matrix products run in bfloat16 under autocast (weights and optimiser
     # state stay float32): about 2x faster on a CPU with bfloat16 matrix instructions and on

@@ -71,9 +71,10 @@ def _batch(traces: list[Trace], states: list[torch.Tensor], noise: float, gen: t
 
 def head_loss(head: HeadModel, w_sub: torch.Tensor, traces, states, cfg: HeadTrainConfig,
               gen: torch.Generator | None) -> tuple[torch.Tensor, dict]:
-    """The weighted loss over the unrolled levels (level m weighs ``cfg.unroll_decay`` ** (m - 1);
-    level m counts from position m - 1 on, where a draft of depth m can start), normalised by
-    the weights' sum; figures per level."""
+    """The weighted loss over the unrolled levels (level m weighs ``cfg.unroll_decay`` ** (m - 1)),
+    normalised by the weights' sum; figures per level. Level 1 counts at every position of
+    the loss mask; a later level m only where a draft of depth m starts inside the answer (the
+    head never drafts in a prompt): at j with j - m + 1 >= the answer's first position."""
     ids, read, want, mask = _batch(traces, states, cfg.input_noise, gen, cfg.prompt_loss)
     preds = head.unrolled_forward(read, ids, cfg.unroll)
     target = want[mask]
@@ -81,9 +82,10 @@ def head_loss(head: HeadModel, w_sub: torch.Tensor, traces, states, cfg: HeadTra
         p = (target @ w_sub.T).softmax(-1)
         p_top = p.argmax(-1)
     at = torch.arange(ids.shape[1]).expand_as(ids)[mask]
+    answer_from = torch.tensor([t.prompt_len - 1 for t in traces])[:, None].expand_as(ids)[mask]
     total, weights, stats = 0.0, 0.0, {"cls": [], "reg": [], "top1": []}
     for m, pred in enumerate(preds):
-        valid = at >= m
+        valid = (at - m >= answer_from) if m else torch.ones_like(at, dtype=torch.bool)
         got = pred[mask][valid]
         logq = (got @ w_sub.T).log_softmax(-1)
         cls = -(p[valid] * logq).sum(-1).mean()
@@ -143,7 +145,8 @@ def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_s
             progress(step + 1, last)
         if log and (step % 100 == 0 or step == cfg.steps - 1):
             log(f"step {step + 1}/{cfg.steps} loss {loss.item():.4f} (cls {last['cls']:.3f} reg {last['reg']:.4f}) "
-                f"batch top-1 {last['top1']:.3f} lr {lr_at(step):.2e} {time.perf_counter() - t0:.0f}s")
+                f"batch top-1 by level {'/'.join(f'{x:.3f}' for x in last['top1_by_level'])} lr {lr_at(step):.2e} "
+                f"{time.perf_counter() - t0:.0f}s")
         if select is not None and cfg.select_every and ((step + 1) % cfg.select_every == 0 or step + 1 == cfg.steps):
             head.eval()
             score = float(select(head))
