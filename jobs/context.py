@@ -17,6 +17,7 @@ MIN_CHECKED_BYTES = 1024
 
 class ContextCheck:
     def __init__(self, target_spec: str | None, cache_dir):
+        """``cache_dir``: the semjobs cache directory (its models live in ``models_cache`` of it)."""
         self.target_spec, self.cache_dir = target_spec, cache_dir
         self._tokenizer: Any = None
         self.max_context: int | None = None
@@ -24,10 +25,10 @@ class ContextCheck:
 
     def _load(self) -> bool:
         if self._tokenizer is None and self.unavailable is None:
-            from semspec.models import ModelLoadError, load_tokenizer
+            from semspec.models import ModelLoadError, load_tokenizer, models_cache
 
             try:
-                self._tokenizer, self.max_context = load_tokenizer(self.target_spec, self.cache_dir)
+                self._tokenizer, self.max_context = load_tokenizer(self.target_spec, models_cache(self.cache_dir))
             except (ModelLoadError, OSError, ValueError, ImportError) as e:
                 self.unavailable = f"{type(e).__name__}: {e}"
         return self._tokenizer is not None

@@ -112,7 +112,7 @@ def validate(path: str | Path, samples: int = 1) -> Validation:
     """`validate_file` with the settings' limits and the target's context (jobs.context)."""
     from jobs.context import ContextCheck
 
-    check = ContextCheck(settings.target_model, settings.cache_dir / "models") if settings.check_prompt_lengths else None
+    check = ContextCheck(settings.target_model, settings.cache_dir) if settings.check_prompt_lengths else None
     validation = validate_file(path, settings.max_line_bytes, samples, fits=check)
     validation.context_unchecked = check.unavailable if check is not None else None
     return validation

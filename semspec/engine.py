@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .head import load_draft
-from .models import DEFAULT_TARGET, LoadedModel, load_model, pick_dtype
+from .models import DEFAULT_TARGET, LoadedModel, load_model, models_cache, pick_dtype
 from .probes import ProbePair, embedded_probes_available, resolve_probes
 from .scheduler import DEFAULT_MAX_PREFILL_TOKENS, PassStats, Runners, Scheduler
 from .sequence import METHOD_CLASSES, MethodUnavailable, PromptError, Sequence
@@ -110,7 +110,7 @@ class Engine:
         probes shipped for that draft (else none). ``draft="none"`` / ``probes="none"`` load none. A
         draft spec naming a draft head (``embedded:smollm2-135m-head``, or a directory with
         ``head.json``) loads it onto the target (``semspec.head``)."""
-        model_cache = Path(cache_dir).expanduser() / "models" if cache_dir is not None else None
+        model_cache = models_cache(cache_dir)
         dt = pick_dtype(device, batch_size, dtype)
         t = load_model(target, device=device, cache_dir=model_cache, dtype=dt)
         embedded_target = target in (None, DEFAULT_TARGET)

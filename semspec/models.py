@@ -64,6 +64,12 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def models_cache(cache_dir: str | os.PathLike | None) -> Path | None:
+    """Where converted and materialised models live under a semjobs cache directory (None:
+    the loaders' default, ``~/.cache/semjobs/models``)."""
+    return Path(cache_dir).expanduser() / "models" if cache_dir is not None else None
+
+
 def _hash_memo_path(cache_dir: Path, path: Path) -> Path:
     key = hashlib.sha1(str(path).encode()).hexdigest()[:20]
     return cache_dir / ".hashes" / f"{key}.json"

@@ -475,10 +475,10 @@ def load_engine(target: str | None = None, draft: str | None = None, probes: str
     device's default (float32 on a CPU)."""
     from semspec.engine import Engine, default_draft, default_probes
     from semspec.head import load_draft
-    from semspec.models import DEFAULT_TARGET, load_model, truncated_copy
+    from semspec.models import DEFAULT_TARGET, load_model, models_cache, truncated_copy
     from semspec.probes import ProbePair, resolve_probes
 
-    model_cache = Path(cache_dir).expanduser() / "models" if cache_dir is not None else None
+    model_cache = models_cache(cache_dir)
     t = load_model(target, device=device, cache_dir=model_cache, dtype=dtype)
     embedded_target = target in (None, DEFAULT_TARGET)
     if draft is None and embedded_target:
