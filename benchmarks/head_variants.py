@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from semspec.draft.config import HeadTrainConfig  # noqa: E402
 from semspec.draft.head_build import DRAFT_VOCAB  # noqa: E402
-from semspec.draft.head_data import build_traces, split_traces  # noqa: E402
+from semspec.draft.head_data import build_traces, padded_batches, split_traces  # noqa: E402
 from semspec.draft.head_train import select_vocab, train_head  # noqa: E402
 from semspec.head import HeadModel  # noqa: E402
 from semspec.models import load_model  # noqa: E402
@@ -84,13 +84,7 @@ def layer_states(target, traces, layers: tuple[int, int], batch_size: int = 8):
     """Per trace [len, 3H] float16: RMS-normalised hidden states after ``layers`` (transformers'
     hidden_states indices) and the final-norm state."""
     out = [None] * len(traces)
-    order = sorted(range(len(traces)), key=lambda i: len(traces[i].ids))
-    for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
-        width = max(len(traces[i].ids) for i in idx)
-        ids = torch.zeros(len(idx), width, dtype=torch.long)
-        for r, i in enumerate(idx):
-            ids[r, : len(traces[i].ids)] = torch.tensor(traces[i].ids)
+    for idx, ids in padded_batches(traces, batch_size):
         hs = target.model(input_ids=ids, output_hidden_states=True).hidden_states
         feats = torch.cat([_rms(hs[layers[0]]), _rms(hs[layers[1]]), hs[-1]], dim=-1)
         for r, i in enumerate(idx):
@@ -126,7 +120,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="final,fused", help=f"comma-separated, of: {', '.join(VARIANTS)}")
     ap.add_argument("--train-traces", type=int, default=500, help="training traces used (the first ones)")
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--unroll", type=int, default=1, help="training-time test levels, both heads")
+    ap.add_argument("--unroll", type=int, default=1, help="training-time test levels, every head")
     ap.add_argument("--layers", default="3,15", help="the low and middle layers fused (hidden_states indices)")
     ap.add_argument("--depths", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)

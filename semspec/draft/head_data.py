@@ -18,7 +18,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -132,7 +132,8 @@ def split_traces(traces: list[Trace], eval_fraction: float) -> tuple[list[int], 
         return sorted({t.question for t in traces if t.kind == kind})
 
     with_greedy = answered("greedy")
-    groups = [with_greedy, [q for q in answered("sampled") if q not in set(with_greedy)]]
+    greedy_set = set(with_greedy)
+    groups = [with_greedy, [q for q in answered("sampled") if q not in greedy_set]]
     held_q: set[int] = set()
     for group in groups:
         n = int(round(len(group) * eval_fraction))
@@ -144,24 +145,31 @@ def split_traces(traces: list[Trace], eval_fraction: float) -> tuple[list[int], 
     return train, held
 
 
+def padded_batches(traces: list[Trace], batch_size: int) -> Iterator[tuple[list[int], torch.Tensor]]:
+    """The traces in batches of similar length: (trace indices, their ids [B, width]). Right
+    padding: causal attention keeps it out of the real rows."""
+    order = sorted(range(len(traces)), key=lambda i: (len(traces[i].ids), i))
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        ids = torch.zeros(len(idx), max(len(traces[i].ids) for i in idx), dtype=torch.long)
+        for r, i in enumerate(idx):
+            ids[r, : len(traces[i].ids)] = torch.tensor(traces[i].ids)
+        yield idx, ids
+
+
 @torch.inference_mode()
 def target_states(target, traces: list[Trace], batch_size: int = 8, log: Log | None = None) -> list[torch.Tensor]:
     """The target's final-norm states [len(ids), H] (float16) over each trace."""
     dec = target.model.get_decoder()
-    order = sorted(range(len(traces)), key=lambda i: (len(traces[i].ids), i))
     out: list[torch.Tensor | None] = [None] * len(traces)
-    pad = 0
-    for b, start in enumerate(range(0, len(order), batch_size)):
-        idx = order[start:start + batch_size]
-        width = max(len(traces[i].ids) for i in idx)
-        ids = torch.full((len(idx), width), pad, dtype=torch.long)
-        for r, i in enumerate(idx):  # right padding: causal attention keeps it out of real rows
-            ids[r, : len(traces[i].ids)] = torch.tensor(traces[i].ids)
+    done = 0
+    for b, (idx, ids) in enumerate(padded_batches(traces, batch_size)):
         last = dec(input_ids=ids.to(target.device)).last_hidden_state
         for r, i in enumerate(idx):
             out[i] = last[r, : len(traces[i].ids)].to(torch.float16).cpu().clone()
+        done += len(idx)
         if log and b % 20 == 0:
-            log(f"target states {min(start + batch_size, len(order))}/{len(order)}")
+            log(f"target states {done}/{len(traces)}")
     return out  # type: ignore[return-value]
 
 
