@@ -36,6 +36,11 @@ EMBEDDED_DRAFT = "embedded:smollm2-135m-draft"
 EMBEDDED_HEAD = "embedded:smollm2-135m-head"
 # the probes calibrated for each embedded draft on the embedded target
 EMBEDDED_PROBES_FOR = {EMBEDDED_DRAFT: "smollm2-135m", EMBEDDED_HEAD: "smollm2-135m-head"}
+# One pass of each embedded draft in passes of the embedded target, measured at batch 1 on a
+# CPU (docs/benchmarks.md, "Adaptive speculation"): the adaptive rule's draft_cost for them.
+# Other pairs get the ratio of the weights a pass reads (a decoding pass is memory-bound):
+# 0.14 and 0.066 for these two, so it errs on the cheap side by the passes' fixed overhead.
+MEASURED_DRAFT_COST = {EMBEDDED_DRAFT: 0.16, EMBEDDED_HEAD: 0.08}
 
 
 def default_probes(draft: str | None, target: str | None) -> str | None:
@@ -134,6 +139,16 @@ class Engine:
         large vocabulary costs tens of milliseconds)."""
         return detect_think_end(self.target.tokenizer)
 
+    @functools.cached_property
+    def draft_cost(self) -> float | None:
+        """One draft pass in target decoding passes (``GenerationConfig.draft_cost`` when the
+        caller leaves it unset): measured for the embedded pairs, else estimated."""
+        if self.draft is None:
+            return None
+        if self.target.spec == DEFAULT_TARGET and self.draft.spec in MEASURED_DRAFT_COST:
+            return MEASURED_DRAFT_COST[self.draft.spec]
+        return self.draft.weights_per_pass / self.target.weights_per_pass
+
     @property
     def identities(self) -> dict[str, str]:
         """What made an output: each model's and probe's identity, and the number type the
@@ -155,12 +170,13 @@ class Engine:
     def resolve(self, config: GenerationConfig) -> GenerationConfig:
         """``config`` with its unset step rule filled in (the probes' calibration, else the
         defaults: every method gets the same rule, so their step logs compare) and the
-        device's ``draft_max_batch``."""
+        device's ``draft_max_batch`` and the draft's ``draft_cost``."""
         rule = {"step_delimiter": DEFAULT_STEP_DELIMITER, "max_step_tokens": DEFAULT_MAX_STEP_TOKENS}
         if self.probes is not None:
             rule.update(self.probes.step_rule())
         # drafting in a batch measured slower than the target alone on a CPU (docs/batching.md)
         rule["draft_max_batch"] = 1 if self.target.device.type == "cpu" else 0
+        rule["draft_cost"] = self.draft_cost
         unset = {k: v for k, v in rule.items() if getattr(config, k) is None}
         return dataclasses.replace(config, **unset) if unset else config
 

@@ -292,6 +292,22 @@ class LoadedModel:
         return int(self.model.get_output_embeddings().weight.shape[0])
 
     @property
+    def weights_per_pass(self) -> int:
+        """Parameters one decoding pass reads: all but the input embedding (a token reads
+        one row of it), with the LM head's rows of the reduced vocabulary only; parameters a
+        draft head shares with its target (held outside its modules) count once here too."""
+        params = {id(p): p for p in self.model.parameters()}
+        n = sum(p.numel() for p in params.values())
+        embed = self.model.get_decoder().embed_tokens.weight
+        head = self.model.get_output_embeddings().weight
+        if id(embed) in params:
+            n -= embed.numel()
+        if id(head) in params and head is not embed:
+            n -= head.numel()
+        rows = len(self.vocab_ids) if self.vocab_ids is not None else head.shape[0]
+        return int(n + rows * head.shape[1])
+
+    @property
     def identity_string(self) -> str:
         return str(self.identity)
 

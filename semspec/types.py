@@ -59,10 +59,12 @@ class GenerationConfig:
     # than the target writing it (semspec.adaptive): the target writes the next steps itself
     # while the sequence's acceptance rate is below the break-even of these unit costs, in
     # target decoding passes (one draft pass; a verification pass's extra cost per token).
-    # Fixed per job, so reruns decide alike; the defaults are the embedded pair's, measured
-    # at batch 1 (docs/benchmarks.md).
+    # Fixed per job, so reruns decide alike. draft_cost None: the loaded draft's
+    # (Engine.draft_cost: measured for the embedded drafts, else estimated from the weights
+    # a pass reads); verify_cost_per_token is the embedded target's, measured at batch 1
+    # (docs/benchmarks.md).
     adaptive: bool = True
-    draft_cost: float = 0.16
+    draft_cost: float | None = None
     verify_cost_per_token: float = 0.066
     # semspec and step_judge: draft only while at most this many sequences are in flight.
     # With more, the target's pass runs on every tick for the others anyway, and a drafted

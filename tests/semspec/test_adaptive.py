@@ -8,6 +8,7 @@ import pytest
 from semspec.adaptive import FIRST_BACKOFF, MAX_BACKOFF, Governor
 from semspec.engine import Engine
 from semspec.probes import ProbePair
+from semspec.types import GenerationConfig
 from tests.semspec.test_engine import PROMPT, cfg
 
 
@@ -68,3 +69,26 @@ def test_decisions_are_reproducible_and_costs_are_checked(tiny_target, tiny_draf
     assert [(s.decision, s.reason) for s in runs[0].steps] == [(s.decision, s.reason) for s in runs[1].steps]
     with pytest.raises(ValueError, match="draft_cost"):
         half.generate(PROMPT, cfg("semspec", draft_cost=-1))
+
+
+def test_the_draft_cost_is_the_drafts_own_unless_the_job_sets_it(tiny_target, tiny_draft):
+    import dataclasses
+
+    from semspec.engine import EMBEDDED_HEAD, MEASURED_DRAFT_COST
+    from semspec.models import DEFAULT_TARGET
+    from tests.semspec.test_head import _head_model
+
+    engine = Engine(tiny_target, tiny_draft, ProbePair.always_accept(64, 64))
+    estimate = tiny_draft.weights_per_pass / tiny_target.weights_per_pass  # 1 layer of the target's 2
+    assert 0.3 < estimate < 0.9
+    assert engine.resolve(GenerationConfig(method="semspec")).draft_cost == pytest.approx(estimate)
+    assert engine.resolve(cfg("semspec", draft_cost=0.5)).draft_cost == 0.5
+    # a head shares the target's embedding and LM head: its pass reads its own modules and the head
+    head = _head_model(tiny_target)
+    own = sum(p.numel() for p in head.model.parameters())
+    lm_head = tiny_target.model.get_output_embeddings().weight.numel()
+    assert Engine(tiny_target, head).draft_cost == pytest.approx((own + lm_head) / tiny_target.weights_per_pass)
+    # the embedded pairs use the costs measured for them
+    named = Engine(dataclasses.replace(tiny_target, spec=DEFAULT_TARGET), dataclasses.replace(head, spec=EMBEDDED_HEAD))
+    assert named.draft_cost == MEASURED_DRAFT_COST[EMBEDDED_HEAD]
+    assert Engine(tiny_target).resolve(GenerationConfig(method="ar")).draft_cost is None

@@ -13,6 +13,7 @@ from semspec.models import LoadedModel, ModelIdentity
 from semspec.probes import ProbePair
 from semspec.runner import Feed, ModelRunner
 from semspec.types import GenerationConfig
+from tests.semspec.test_engine import cfg as engine_cfg
 
 PROMPTS = [
     "Natalia sold 48 clips in April and half as many in May. How many clips in total?",
@@ -125,10 +126,7 @@ def test_artifact_round_trip_and_target_check(head, tiny_target, tiny_draft, tmp
 
 
 def _cfg(method, **kw):
-    base = dict(method=method, max_new_tokens=40, max_step_tokens=6, temperature=0.0, seed=0, draft_tokens=3,
-                draft_max_batch=0)  # heads draft in a batch too here
-    base.update(kw)
-    return GenerationConfig(**base)
+    return engine_cfg(method, **{"max_step_tokens": 6, "draft_tokens": 3, **kw})
 
 
 def test_greedy_token_sd_with_a_head_is_the_target_text(head, tiny_target):

@@ -165,3 +165,16 @@ def test_a_pickled_checkpoint_is_refused(tiny_dirs, tiny_cache, tmp_path):
     torch.save(model.state_dict(), pickled / "pytorch_model.bin")
     with pytest.raises(ModelLoadError, match="no .safetensors weights; pickled checkpoints are not loaded"):
         load_model(str(pickled), device="cpu", cache_dir=tiny_cache)
+
+
+def test_weights_per_pass_skip_the_input_embedding_and_count_the_reduced_head_rows(tiny_target):
+    import dataclasses
+
+    model = tiny_target.model
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    everything = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    tied = head is embed  # one matrix: read as the LM head, not as the embedding
+    assert tiny_target.weights_per_pass == everything - (0 if tied else embed.numel())
+    sub = dataclasses.replace(tiny_target, vocab_ids=torch.tensor([3, 7, 11]))
+    assert tiny_target.weights_per_pass - sub.weights_per_pass == (head.shape[0] - 3) * head.shape[1]

@@ -9,6 +9,7 @@ from semspec.engine import Engine, PromptError, Request
 from semspec.models import encode_prompt
 from semspec.probes import ProbePair
 from semspec.types import GenerationConfig
+from tests.semspec.test_engine import cfg as engine_cfg
 
 PROMPTS = [
     "Natalia sold 48 clips in April and half as many in May. How many clips in total?",
@@ -23,10 +24,7 @@ PROMPTS = [
 
 
 def cfg(method, **kw):
-    # draft_max_batch=0: sequences draft in a batch too (the scheduler's machinery is tested)
-    base = dict(method=method, max_new_tokens=30, max_step_tokens=6, temperature=0.0, seed=0, draft_max_batch=0)
-    base.update(kw)
-    return GenerationConfig(**base)
+    return engine_cfg(method, **{"max_new_tokens": 30, "max_step_tokens": 6, **kw})
 
 
 def _requests(configs):
