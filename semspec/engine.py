@@ -62,13 +62,11 @@ def embedded_draft_available() -> bool:
 
 
 def default_draft() -> str | None:
-    """The embedded target's default draft: the draft head once it is shipped with probes
-    calibrated for it (it drafts from the target's own states, see docs/draft.md), else the
-    layer draft when shipped, else none."""
-    from .head import embedded_head_available
-
-    if embedded_head_available() and embedded_probes_available(EMBEDDED_PROBES_FOR[EMBEDDED_HEAD]):
-        return EMBEDDED_HEAD
+    """The embedded target's default draft: the layer draft when shipped, else none. The
+    draft head ships with probes of its own too (``embedded:smollm2-135m-head``) but is not
+    the default: semspec with it is faster at the default floors only by keeping less
+    target-like steps, and at equal target log-likelihood about as fast as with the layer
+    draft (docs/benchmarks.md, "The draft head in semspec")."""
     return EMBEDDED_DRAFT if embedded_draft_available() else None
 
 

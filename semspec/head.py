@@ -177,10 +177,6 @@ def resolve_head(spec: str | os.PathLike | None) -> Path | None:
     return p if (p / HEAD_META).is_file() else None
 
 
-def embedded_head_available() -> bool:
-    return (EMBEDDED_HEAD_DIR / HEAD_WEIGHTS).is_file() and (EMBEDDED_HEAD_DIR / HEAD_META).is_file()
-
-
 def load_head(artifact_dir: str | os.PathLike, target: LoadedModel, spec: str | None = None) -> LoadedModel:
     """The head in ``artifact_dir`` on ``target`` (checked against it), as a loaded draft."""
     from safetensors.torch import load_file
