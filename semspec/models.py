@@ -294,8 +294,8 @@ class LoadedModel:
     @property
     def weights_per_pass(self) -> int:
         """Parameters one decoding pass reads: all but the input embedding (a token reads
-        one row of it), with the LM head's rows of the reduced vocabulary only; parameters a
-        draft head shares with its target (held outside its modules) count once here too."""
+        one row of it), with the LM head's rows of the reduced vocabulary only -- also for a
+        draft head, whose LM head is the target's, held outside its own modules."""
         params = {id(p): p for p in self.model.parameters()}
         n = sum(p.numel() for p in params.values())
         embed = self.model.get_decoder().embed_tokens.weight
