@@ -30,11 +30,21 @@ def test_failures_back_off_doubling_and_a_kept_step_resumes():
             n += 1
         waits.append(n)
         g.waiting = 0
-    # 0.5 -> 0.35 is still above break-even (0.28); then 2, 4, 8, ... steps, at most 32
-    assert waits[0] == 0 and waits[1:] == [FIRST_BACKOFF, 4, 8, 16, MAX_BACKOFF, MAX_BACKOFF, MAX_BACKOFF]
-    g.observe_verification(True)
-    g.observe_verification(True)  # the estimate climbs back over break-even
+    # the prior (0.5, as one step) and one rejection: 0.25, under break-even (0.28); then
+    # 2, 4, 8, ... steps, at most 32
+    assert waits == [FIRST_BACKOFF, 4, 8, 16, MAX_BACKOFF, MAX_BACKOFF, MAX_BACKOFF, MAX_BACKOFF]
+    g.observe_verification(True)  # later steps weigh SMOOTHING: one kept step climbs back over
     assert g.acceptance > g.break_even() and g.should_speculate() and g.backoff == FIRST_BACKOFF
+
+
+def test_the_first_steps_move_the_estimate_as_a_mean_would():
+    g = Governor(draft_cost=0.16, verify_cost_per_token=0.066)
+    g.observe_verification(True)
+    assert g.acceptance == pytest.approx(0.75)  # (0.5 + 1) / 2
+    g.observe_verification(False)
+    assert g.acceptance == pytest.approx(0.5)  # (0.5 + 1 + 0) / 3
+    g.observe_verification(False)
+    assert g.acceptance == pytest.approx(0.5 * 0.7)  # from here an exponential average
 
 
 @pytest.fixture(scope="module")
