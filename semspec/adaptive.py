@@ -18,9 +18,9 @@ kept step to 0.75), later ones as an exponential average that follows a sequence
 steps get harder or easier. Answers here are 5 to 20 steps long, so how soon a useless draft
 is noticed is most of what it costs (docs/benchmarks.md, "Adaptive speculation"). Below the
 break-even the target writes the next steps itself, 2 at first, doubling up to 32 while
-speculation keeps failing; then one step is drafted again to look (back-off). The costs are fixed per job (settings of
-the GenerationConfig, recorded with it), not read off the clock, so a rerun with the same
-seed makes the same decisions and the same text.
+speculation keeps failing; then one step is drafted again to look (back-off). The costs are
+fixed per job (settings of the GenerationConfig, recorded with it), not read off the clock,
+so a rerun with the same seed makes the same decisions and the same text.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 PRIOR_ACCEPTANCE = 0.5  # a fresh sequence drafts: nothing is known of its steps yet
 PRIOR_WEIGHT = 1.0  # the prior counts as this many verified steps
 PRIOR_STEP_TOKENS = 20.0
-SMOOTHING = 0.3  # the least weight of the newest step in the running estimates
+SMOOTHING = 0.3  # weight of the newest step in the step-length estimate, and at least in a's
 FIRST_BACKOFF, MAX_BACKOFF = 2, 32
 
 
