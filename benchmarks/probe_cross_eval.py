@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from semspec.calibration.rule_eval import evaluate_rule  # noqa: E402
 from semspec.calibration.train import load_role_data  # noqa: E402
-from semspec.probes import ProbePair  # noqa: E402
+from semspec.probes import ProbePair, resolve_probes  # noqa: E402
 
 
 def cross_eval(cal_dir: str, probes_dir: str, split_report: str) -> dict:
@@ -34,8 +34,9 @@ def cross_eval(cal_dir: str, probes_dir: str, split_report: str) -> dict:
     for role, probe in (("target", pair.target), ("draft", pair.draft)):
         rows = data[role]
         held = [i for i, q in enumerate(rows.questions) if q in held_out]
-        with torch.no_grad():
-            preds[role] = [probe.predict(rows.features[i]) for i in held]
+        probe.eval()
+        with torch.no_grad():  # one batched pass over the held-out rows
+            preds[role] = probe(rows.features[held].float()).tolist()
         labels[role] = rows.labels[held].tolist()
     sources = [s for s, q in zip(data["target"].sources, data["target"].questions) if q in held_out]
     return evaluate_rule(labels["target"], labels["draft"], preds["target"], preds["draft"], sources)
@@ -48,8 +49,6 @@ def main() -> None:
     ap.add_argument("--split-from", required=True, help="report.json of probes trained on cal_dir (its held-out questions)")
     ap.add_argument("--out", help="write the result as JSON here")
     args = ap.parse_args()
-    from semspec.probes import resolve_probes
-
     result = cross_eval(args.cal_dir, str(resolve_probes(args.probes_dir)), args.split_from)
     text = json.dumps(result, indent=1)
     if args.out:
