@@ -33,6 +33,8 @@ from typing import Any, Callable
 
 import torch
 
+from .cpu_linear import small_rows_matmul, use_small_rows_linears
+
 EMBEDDED_PREFIX = "embedded:"
 DEFAULT_TARGET = "embedded:smollm2-135m"
 DEFAULT_CACHE_DIR = Path(
@@ -232,6 +234,10 @@ class LoadedModel:
     # None: the full vocabulary.
     vocab_ids: torch.Tensor | None = None
 
+    def __post_init__(self):
+        # float32 on a CPU: passes of a few rows read a transposed copy of each weight
+        use_small_rows_linears(self.model)
+
     def forward(self, input_ids: torch.Tensor, cache, want_hidden: bool, keep: int | torch.Tensor = 0):
         """One pass of ``input_ids`` [1, n] through the model with ``cache``: (logits
         [rows, V] float32 for the last ``keep`` positions -- all when 0, the given row indices
@@ -263,7 +269,8 @@ class LoadedModel:
         head (the reduced vocabulary's rows only, when the model has one)."""
         if self.vocab_ids is None:
             return self.model.get_output_embeddings()(hidden).float()
-        return reduced_head_logits(hidden, self._head_rows(), self.vocab_ids, self.vocab_size).float()
+        return reduced_head_logits(hidden, self._head_rows(), self.vocab_ids, self.vocab_size,
+                                   self._head_rows_t()).float()
 
     @contextmanager
     def reduced_head(self):
@@ -286,6 +293,16 @@ class LoadedModel:
             rows = self.model.get_output_embeddings().weight[self.vocab_ids].detach().contiguous()
             self._head_rows_cache = rows
         return rows
+
+    def _head_rows_t(self) -> torch.Tensor | None:
+        """The reduced head's rows transposed, for passes of a few rows (float32 on a CPU)."""
+        rows = self._head_rows()
+        if rows.device.type != "cpu" or rows.dtype != torch.float32:
+            return None
+        rows_t = getattr(self, "_head_rows_t_cache", None)
+        if rows_t is None:
+            rows_t = self._head_rows_t_cache = rows.t().contiguous()
+        return rows_t
 
     @property
     def vocab_size(self) -> int:
@@ -342,10 +359,12 @@ class LoadedModel:
         return ids
 
 
-def reduced_head_logits(hidden: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, vocab_size: int):
-    """Logits over the whole vocabulary from the LM head rows of ``ids`` only: -inf elsewhere."""
+def reduced_head_logits(hidden: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, vocab_size: int,
+                        rows_t: torch.Tensor | None = None):
+    """Logits over the whole vocabulary from the LM head rows of ``ids`` only: -inf elsewhere.
+    ``rows_t``: the rows transposed, read by passes of a few rows (``semspec.cpu_linear``)."""
     logits = hidden.new_full((*hidden.shape[:-1], vocab_size), float("-inf"))
-    logits[..., ids] = hidden @ rows.T
+    logits[..., ids] = small_rows_matmul(hidden, rows, rows_t)
     return logits
 
 
