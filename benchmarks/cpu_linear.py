@@ -65,14 +65,14 @@ def matmuls(turns: int) -> dict:
     return out
 
 
-def decode_passes(turns: int, spec: str | None = None) -> dict:
+def decode_passes(turns: int, spec: str | None = None, cache_dir: str | None = None) -> dict:
     """Decoding passes of the model ``spec`` (None: the embedded target)."""
     from semspec.models import load_model
     from semspec.runner import Feed, ModelRunner
 
     runners = {}
     for dtype in (torch.float32, torch.bfloat16):
-        runner = ModelRunner(load_model(spec, device="cpu", dtype=dtype), slots=4)
+        runner = ModelRunner(load_model(spec, device="cpu", cache_dir=cache_dir, dtype=dtype), slots=4)
         runners[dtype] = (runner, [runner.alloc() for _ in range(4)])
     shipped = cpu_linear.SMALL_ROWS
 

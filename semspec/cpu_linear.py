@@ -23,23 +23,31 @@ SMALL_ROWS = 3
 
 
 class SmallRowsLinear(torch.nn.Linear):
-    """nn.Linear with a transposed copy of its weight for passes of a few rows. The copy
-    follows the weight: it is remade when the weight is replaced or changed in place
-    (e.g. by an optimizer step between evaluations)."""
+    """nn.Linear with a transposed copy of its weight for passes of a few rows. The copy is
+    remade when the weight's storage or version changes (a replaced weight, an optimizer
+    step, ``load_state_dict``, a deep copy) and dropped when the module is moved or cast;
+    writes through ``weight.data`` bypass the version counter and are not noticed."""
 
     _weight_t: torch.Tensor | None = None
-    _copied: tuple[torch.Tensor, int] | None = None  # the weight the copy was made from, its version
+    _copied: tuple[int, int] | None = None  # (storage address, version) of the weight copied
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if (x.numel() > SMALL_ROWS * x.shape[-1] or x.dtype != torch.float32 or w.dtype != torch.float32
-                or w.device.type != "cpu" or (w.requires_grad and torch.is_grad_enabled())):
+                or w.device.type != "cpu" or w.is_inference() or (w.requires_grad and torch.is_grad_enabled())):
             return F.linear(x, w, self.bias)
-        if self._copied is None or self._copied[0] is not w or self._copied[1] != w._version:
-            self._weight_t = w.detach().t().contiguous()
-            self._copied = (w, w._version)
+        key = (w.data_ptr(), w._version)
+        if self._copied != key:
+            # a normal tensor even inside inference_mode, so later autograd passes may read it
+            with torch.inference_mode(False):
+                self._weight_t = w.detach().t().contiguous()
+            self._copied = key
         y = x @ self._weight_t
         return y if self.bias is None else y + self.bias
+
+    def _apply(self, fn, *args, **kwargs):
+        self._weight_t = self._copied = None
+        return super()._apply(fn, *args, **kwargs)
 
 
 def use_small_rows_linears(model: torch.nn.Module) -> int:
@@ -55,10 +63,3 @@ def use_small_rows_linears(model: torch.nn.Module) -> int:
             module.__class__ = SmallRowsLinear
             n += 1
     return n
-
-
-def small_rows_matmul(x: torch.Tensor, w: torch.Tensor, w_t: torch.Tensor | None) -> torch.Tensor:
-    """``x @ w.T``, through ``w_t`` (w's transpose, stored contiguous) for a few float32 rows."""
-    if w_t is not None and x.numel() <= SMALL_ROWS * x.shape[-1] and x.dtype == w_t.dtype == torch.float32:
-        return x @ w_t
-    return x @ w.T

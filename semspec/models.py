@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from .cpu_linear import small_rows_matmul, use_small_rows_linears
+from .cpu_linear import SmallRowsLinear, use_small_rows_linears
 
 EMBEDDED_PREFIX = "embedded:"
 DEFAULT_TARGET = "embedded:smollm2-135m"
@@ -269,8 +269,7 @@ class LoadedModel:
         head (the reduced vocabulary's rows only, when the model has one)."""
         if self.vocab_ids is None:
             return self.model.get_output_embeddings()(hidden).float()
-        return reduced_head_logits(hidden, self._head_rows(), self.vocab_ids, self.vocab_size,
-                                   self._head_rows_t()).float()
+        return reduced_head_logits(hidden, self._reduced_rows(), self.vocab_ids, self.vocab_size).float()
 
     @contextmanager
     def reduced_head(self):
@@ -281,28 +280,22 @@ class LoadedModel:
             yield self.model
             return
         full = self.model.get_output_embeddings()
-        self.model.set_output_embeddings(_ReducedHead(self._head_rows(), self.vocab_ids, self.vocab_size))
+        self.model.set_output_embeddings(_ReducedHead(self._reduced_rows(), self.vocab_ids, self.vocab_size))
         try:
             yield self.model
         finally:
             self.model.set_output_embeddings(full)
 
-    def _head_rows(self) -> torch.Tensor:
-        rows = getattr(self, "_head_rows_cache", None)
-        if rows is None:
+    def _reduced_rows(self) -> torch.nn.Linear:
+        """A linear layer over the LM head's rows of the reduced vocabulary (made once; like
+        the model's own layers, it reads a transposed copy in passes of a few rows)."""
+        head = getattr(self, "_reduced_rows_cache", None)
+        if head is None:
             rows = self.model.get_output_embeddings().weight[self.vocab_ids].detach().contiguous()
-            self._head_rows_cache = rows
-        return rows
-
-    def _head_rows_t(self) -> torch.Tensor | None:
-        """The reduced head's rows transposed, for passes of a few rows (float32 on a CPU)."""
-        rows = self._head_rows()
-        if rows.device.type != "cpu" or rows.dtype != torch.float32:
-            return None
-        rows_t = getattr(self, "_head_rows_t_cache", None)
-        if rows_t is None:
-            rows_t = self._head_rows_t_cache = rows.t().contiguous()
-        return rows_t
+            head = SmallRowsLinear(rows.shape[1], rows.shape[0], bias=False, device="meta")
+            head.weight = torch.nn.Parameter(rows, requires_grad=False)
+            self._reduced_rows_cache = head
+        return head
 
     @property
     def vocab_size(self) -> int:
@@ -359,17 +352,16 @@ class LoadedModel:
         return ids
 
 
-def reduced_head_logits(hidden: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, vocab_size: int,
-                        rows_t: torch.Tensor | None = None):
-    """Logits over the whole vocabulary from the LM head rows of ``ids`` only: -inf elsewhere.
-    ``rows_t``: the rows transposed, read by passes of a few rows (``semspec.cpu_linear``)."""
+def reduced_head_logits(hidden: torch.Tensor, rows: torch.nn.Linear, ids: torch.Tensor, vocab_size: int):
+    """Logits over the whole vocabulary from ``rows``, the LM head's rows of ``ids`` only:
+    -inf elsewhere."""
     logits = hidden.new_full((*hidden.shape[:-1], vocab_size), float("-inf"))
-    logits[..., ids] = small_rows_matmul(hidden, rows, rows_t)
+    logits[..., ids] = rows(hidden)
     return logits
 
 
 class _ReducedHead(torch.nn.Module):
-    def __init__(self, rows: torch.Tensor, ids: torch.Tensor, vocab_size: int):
+    def __init__(self, rows: torch.nn.Linear, ids: torch.Tensor, vocab_size: int):
         super().__init__()
         self.rows, self.ids, self.vocab_size = rows, ids, vocab_size
 

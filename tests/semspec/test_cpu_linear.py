@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from semspec import cpu_linear
-from semspec.cpu_linear import SmallRowsLinear, small_rows_matmul, use_small_rows_linears
+from semspec.cpu_linear import SmallRowsLinear, use_small_rows_linears
 from semspec.testing import tiny_model, tiny_tokenizer
 
 
@@ -46,6 +48,23 @@ def test_the_copy_follows_the_weight():
         torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-6)
         lin.weight = torch.nn.Parameter(torch.randn(48, 32))  # the weight replaced
         torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-6)
+        twin = copy.deepcopy(lin)  # its weight restarts at version 0: one step brings it to 1
+        twin.weight.add_(1.0)
+        torch.testing.assert_close(twin(x), F.linear(x, twin.weight, twin.bias), rtol=1e-5, atol=1e-6)
+        lin.bfloat16().float()  # cast and back: other values, version 0 again
+        assert lin._weight_t is None
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-6)
+
+
+def test_a_copy_made_in_inference_mode_serves_autograd_later():
+    lin = _linear()
+    lin.weight.requires_grad_(False)  # a frozen layer that a trained one reads through
+    x = torch.randn(1, 32)
+    with torch.inference_mode():
+        lin(x)
+    x.requires_grad_(True)
+    lin(x).sum().backward()
+    torch.testing.assert_close(x.grad, lin.weight.sum(0, keepdim=True))
 
 
 def test_training_keeps_gradients():
@@ -77,17 +96,9 @@ def test_model_swap_keeps_tied_weights_and_outputs():
         assert model.lm_head.weight is model.model.embed_tokens.weight
         torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(model(ids[:, :1]).logits, before[:, :1], rtol=1e-5, atol=1e-5)
+    assert model.lm_head._weight_t is not None  # the one-token pass read the copies
     assert use_small_rows_linears(tiny_model(tok).to(torch.bfloat16)) == 0
 
 
 def test_loaded_models_swap(tiny_target):
     assert all(type(m) is SmallRowsLinear for m in tiny_target.model.modules() if isinstance(m, torch.nn.Linear))
-
-
-def test_small_rows_matmul():
-    w = torch.randn(40, 16)
-    w_t = w.t().contiguous()
-    few, many = torch.randn(2, 16), torch.randn(8, 16)
-    torch.testing.assert_close(small_rows_matmul(few, w, w_t), few @ w.T, rtol=1e-5, atol=1e-6)
-    assert torch.equal(small_rows_matmul(many, w, w_t), many @ w.T)
-    assert torch.equal(small_rows_matmul(few, w, None), few @ w.T)

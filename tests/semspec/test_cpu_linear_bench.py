@@ -25,10 +25,10 @@ def test_turns_alternate_and_take_medians():
     assert out == {"linear_ms": 6.0, "transposed_ms": 2.0, "speedup": 2.0, "bfloat16_ms": 2.0}
 
 
-def test_decode_passes_measure_both_layouts_and_restore_the_setting(tiny_dirs):
+def test_decode_passes_measure_both_layouts_and_restore_the_setting(tiny_dirs, tiny_cache):
     bench = _bench()
     shipped = cpu_linear.SMALL_ROWS
-    out = bench.decode_passes(1, spec=str(tiny_dirs["target"]))
+    out = bench.decode_passes(1, spec=str(tiny_dirs["target"]), cache_dir=str(tiny_cache))
     assert list(out) == [f"{n} sequences" for n in (1, 2, 3, 4)]
     assert all(v["linear_ms"] > 0 and v["transposed_ms"] > 0 and v["bfloat16_ms"] > 0 for v in out.values())
     assert cpu_linear.SMALL_ROWS == shipped
