@@ -1,11 +1,14 @@
-"""Few-row passes on a CPU: nn.Linear's weight layout against the transposed copy that
-``semspec.cpu_linear`` keeps, measured in turns so that the machine's drift hits both.
+"""Few-row passes on a CPU: torch's nn.Linear kernel against the two copies
+``semspec.cpu_linear`` can keep (the transposed weight read by torch's kernel, and the
+packed weight read by its own C kernel), measured in turns so the machine's drift hits all.
 
 1. Matrix products alone: 60 distinct [1536, 576] float32 matrices (more than the CPU's
-   caches hold, as in a real pass) and the [49152, 576] LM head, for 1-8 rows.
-2. The embedded target's decoding pass through the batched runner, 1-4 sequences of one
-   token each, with the transposed copies on (``SMALL_ROWS`` as shipped) and off (0), and
-   the same passes in bfloat16 (``semspec.models.BF16_MIN_BATCH`` is where it wins).
+   caches hold, as in a real pass) and the [49152, 576] LM head, for 1-32 rows.
+2. The embedded target's passes through the batched runner: decoding passes of 1-8
+   sequences (one token each) and verification passes of one sequence over 4-24 tokens.
+
+Each layout is forced for a whole run of passes: ``linear`` reads no copy, ``transposed``
+the transposed copy (its row limit as shipped), ``packed`` the packed copy (as shipped).
 
     python benchmarks/cpu_linear.py [--threads 1] [--turns 8] [--out result.json]
 """
@@ -17,6 +20,7 @@ import json
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,6 +29,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from semspec import cpu_linear  # noqa: E402
+
+LAYOUTS = ("linear", "transposed", "packed")
 
 
 def _ms(fn, reps: int) -> float:
@@ -35,64 +41,79 @@ def _ms(fn, reps: int) -> float:
     return (time.perf_counter() - t) / reps * 1000
 
 
-def _turns(a, b, turns: int, c=None) -> dict:
-    """Median times of ``a``, ``b`` (and ``c``) run in turns, and the median of a/b."""
-    ta, tb, tc = [], [], []
+def _turns(fns: dict, turns: int) -> dict:
+    """Median time of each of ``fns`` (name -> timed call, the first the baseline), run in
+    turns, and each one's median speed-up over the baseline."""
+    times = {name: [] for name in fns}
     for _ in range(turns):
-        ta.append(a())
-        tb.append(b())
-        if c is not None:
-            tc.append(c())
-    out = {"linear_ms": statistics.median(ta), "transposed_ms": statistics.median(tb),
-           "speedup": statistics.median(x / y for x, y in zip(ta, tb))}
-    if c is not None:
-        out["bfloat16_ms"] = statistics.median(tc)
+        for name, fn in fns.items():
+            times[name].append(fn())
+    base = times[next(iter(fns))]
+    out = {f"{name}_ms": statistics.median(t) for name, t in times.items()}
+    for name, t in list(times.items())[1:]:
+        out[f"{name}_speedup"] = statistics.median(b / x for b, x in zip(base, t))
     return out
+
+
+@contextmanager
+def layout(name: str):
+    """Every SmallRowsLinear reads ``name``'s layout inside the block."""
+    kernel, transposed_rows = cpu_linear.packed_kernel, cpu_linear.TRANSPOSED_ROWS
+    if name != "packed":
+        cpu_linear.packed_kernel = lambda: None
+    if name == "linear":
+        cpu_linear.TRANSPOSED_ROWS = 0
+    try:
+        yield
+    finally:
+        cpu_linear.packed_kernel, cpu_linear.TRANSPOSED_ROWS = kernel, transposed_rows
 
 
 def matmuls(turns: int) -> dict:
     mats = [torch.randn(1536, 576) for _ in range(60)]
-    mats_t = [m.t().contiguous() for m in mats]
     head = torch.randn(49152, 576)
-    head_t = head.t().contiguous()
+    copies = {"transposed": ([m.t().contiguous() for m in mats], head.t().contiguous()),
+              "packed": ([cpu_linear.pack(m) for m in mats], cpu_linear.pack(head))}
+
+    def product(name, x, w, i=None):
+        if name == "linear":
+            return F.linear(x, w)
+        c = copies[name][0][i] if i is not None else copies[name][1]
+        return x @ c if name == "transposed" else cpu_linear.packed_matmul(x, c, w.shape[0])
+
     out = {}
-    for rows in (1, 2, 3, 4, 8):
+    for rows in (1, 2, 3, 4, 8, 16, 32):
         x = torch.randn(rows, 576)
-        out[f"60 layers, {rows} rows"] = _turns(lambda: _ms(lambda: [F.linear(x, m) for m in mats], 3),
-                                                lambda: _ms(lambda: [x @ m for m in mats_t], 3), turns)
-        out[f"LM head, {rows} rows"] = _turns(lambda: _ms(lambda: F.linear(x, head), 3),
-                                              lambda: _ms(lambda: x @ head_t, 3), turns)
+        out[f"60 layers, {rows} rows"] = _turns(
+            {n: (lambda n=n: _ms(lambda: [product(n, x, m, i) for i, m in enumerate(mats)], 3)) for n in LAYOUTS},
+            turns)
+        out[f"LM head, {rows} rows"] = _turns({n: (lambda n=n: _ms(lambda: product(n, x, head), 3)) for n in LAYOUTS},
+                                              turns)
     return out
 
 
-def decode_passes(turns: int, spec: str | None = None, cache_dir: str | None = None) -> dict:
-    """Decoding passes of the model ``spec`` (None: the embedded target)."""
+def model_passes(turns: int, spec: str | None = None, cache_dir: str | None = None) -> dict:
+    """Decoding and verification passes of the model ``spec`` (None: the embedded target)."""
     from semspec.models import load_model
     from semspec.runner import Feed, ModelRunner
 
-    runners = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        runner = ModelRunner(load_model(spec, device="cpu", cache_dir=cache_dir, dtype=dtype), slots=4)
-        runners[dtype] = (runner, [runner.alloc() for _ in range(4)])
-    shipped = cpu_linear.SMALL_ROWS
+    runner = ModelRunner(load_model(spec, device="cpu", cache_dir=cache_dir, dtype=torch.float32), slots=8)
+    slots = [runner.alloc() for _ in range(8)]
 
-    def pass_ms(n_seqs: int, small_rows: int, dtype=torch.float32) -> float:
-        cpu_linear.SMALL_ROWS = small_rows
-        runner, slots = runners[dtype]
-        for s in slots[:n_seqs]:
-            runner.set_length(s, 0)
-        runner.forward([Feed(s, list(range(100, 160)), [59]) for s in slots[:n_seqs]])
-        return _ms(lambda: runner.forward([Feed(s, [200], [0]) for s in slots[:n_seqs]]), 8)
+    def pass_ms(name: str, n_seqs: int, n_tokens: int) -> float:
+        def one():
+            for s in slots[:n_seqs]:
+                runner.set_length(s, 60)
+            runner.forward([Feed(s, list(range(200, 200 + n_tokens)), [n_tokens - 1]) for s in slots[:n_seqs]])
+        with layout(name):
+            return _ms(one, 6)
 
-    out = {}
-    try:
-        with torch.inference_mode():
-            for n in (1, 2, 3, 4):
-                out[f"{n} sequences"] = _turns(lambda: pass_ms(n, 0), lambda: pass_ms(n, shipped), turns,
-                                               lambda: pass_ms(n, shipped, torch.bfloat16))
-    finally:
-        cpu_linear.SMALL_ROWS = shipped
-    return out
+    with torch.inference_mode():
+        runner.forward([Feed(s, list(range(100, 160)), [59]) for s in slots])  # a 60-token prompt in each
+        shapes = [(n, 1) for n in (1, 2, 3, 4, 8)] + [(1, t) for t in (4, 8, 16, 24)]
+        return {f"{n} sequences x {t} tokens": _turns({name: (lambda name=name: pass_ms(name, n, t)) for name in LAYOUTS},
+                                                      turns)
+                for n, t in shapes}
 
 
 def main(argv=None) -> None:
@@ -102,8 +123,11 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    result = {"threads": args.threads, "turns": args.turns, "small_rows": cpu_linear.SMALL_ROWS,
-              "torch": torch.__version__, "matmuls": matmuls(args.turns), "decode_passes": decode_passes(args.turns)}
+    if cpu_linear.packed_kernel() is None:
+        sys.exit("the packed kernel is unavailable here (see the log): nothing to compare")
+    result = {"threads": args.threads, "turns": args.turns, "packed_rows": cpu_linear.fast_rows(),
+              "transposed_rows": cpu_linear.TRANSPOSED_ROWS, "torch": torch.__version__,
+              "matmuls": matmuls(args.turns), "passes": model_passes(args.turns)}
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

@@ -1,52 +1,148 @@
 """Linear layers that read their weights faster in passes of a few rows on a CPU.
 
-A decoding pass over one or two sequences reads every weight once and does little with
-it: in float32 on a CPU it is bound by memory bandwidth. torch's kernel for nn.Linear's
-layout (``x @ W.T``, W stored [out, in]) streams W more slowly there than its kernel for
-``x @ Wt`` with the transpose stored [in, out]: 1.5-2x faster for one to three rows on
-the development machine's 2 CPU cores, but 0.7-0.95x from four rows on, where the
-product is no longer bandwidth-bound (``benchmarks/cpu_linear.py``; docs/batching.md, "Few-row passes
-on a CPU"). So each linear layer keeps both layouts: passes of at most ``SMALL_ROWS``
-rows read the transposed copy, made on first use, and larger ones nn.Linear's own
-kernel. The copy costs memory (about the size of the weights again) and is only made
-where it pays: float32 on a CPU (in bfloat16 the transposed kernel is slower at every
-size), with no gradient wanted.
+A decoding pass over a few sequences, or a verification pass over a few drafted tokens,
+reads every weight once and does little with it: in float32 on a CPU it is bound by how
+fast the weights stream from memory. torch's kernels do poorly there on the development
+machine (docs/batching.md, "Few-row passes on a CPU"): nn.Linear's reads the weights once
+per row up to three rows, and its kernel for four rows and more runs at a fraction of the
+machine's bandwidth. So each linear layer keeps a copy of its weight in a layout made for
+such passes and, for passes of a few rows, reads that:
+
+- the packed layout, read by the C kernel beside this file (``cpu_linear.c``: panels of 8
+  output columns, each streamed once for all the rows of the pass), compiled on first use
+  with the system's C compiler (``$CC``, else ``cc``) into ``~/.cache/semjobs/kernels``
+  (``SEMJOBS_KERNEL_CACHE``). Each output is one chain of multiply-adds in a fixed order,
+  so a row's result does not depend on the other rows of its pass. Up to 32 rows at one
+  torch thread, 16 at more (the kernel runs on one thread; torch's own, on several, wins
+  sooner).
+- without a compiler or AVX2 + FMA: the transposed copy (``x @ Wt``), which torch's kernel
+  reads faster for one to three rows.
+
+The copy costs memory (about the size of the weights again) and is only made where it
+pays: float32 on a CPU (in bfloat16 torch's kernels are faster), with no gradient wanted
+(the kernel has no backward).
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
-# The most rows (tokens in one pass, over all its sequences) that read the transposed copy.
-SMALL_ROWS = 3
+log = logging.getLogger(__name__)
+
+KERNEL_SOURCE = Path(__file__).with_name("cpu_linear.c")
+KERNEL_FLAGS = ("-O3", "-mavx2", "-mfma", "-shared", "-fPIC")
+PANEL = 8  # output columns per panel of the packed layout
+# the most rows a pass may have to read the packed copy, at one torch thread / at more
+PACKED_ROWS_ONE_THREAD, PACKED_ROWS_THREADS = 32, 16
+TRANSPOSED_ROWS = 3  # the same for the transposed copy, when the kernel is unavailable
+
+
+def kernel_cache() -> Path:
+    return Path(os.environ.get("SEMJOBS_KERNEL_CACHE", Path.home() / ".cache" / "semjobs" / "kernels"))
+
+
+def _compile(source: Path, out_dir: Path) -> Path:
+    """The kernel's shared library, built once per source, compiler and flags (atomically:
+    processes that start together may all build it; one file wins)."""
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        raise OSError(f"no C compiler {cc!r} on PATH")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([source.read_text(), cc, version, *KERNEL_FLAGS]).encode()).hexdigest()[:16]
+    lib = out_dir / f"cpu_linear-{key}.so"
+    if lib.exists():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *KERNEL_FLAGS, str(source), "-o", tmp], capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode != 0:
+            raise OSError(f"{cc} failed: {done.stderr.strip()[-500:]}")
+        os.replace(tmp, lib)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+@lru_cache(maxsize=1)
+def packed_kernel():
+    """The compiled ``packed_linear`` function, or None where it cannot run here (no AVX2 +
+    FMA, no compiler, a failed build: said once in the log; the transposed copy serves)."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        log.info("few-row float32 kernel off: this CPU has no AVX2")
+        return None
+    try:
+        fn = ctypes.CDLL(str(_compile(KERNEL_SOURCE, kernel_cache()))).packed_linear
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("few-row float32 kernel unavailable (%s); few-row passes read a transposed copy", e)
+        return None
+    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
+    fn.restype = None
+    return fn
+
+
+def fast_rows() -> int:
+    """The most rows a float32 CPU pass may have to read the packed copy, at the current
+    torch thread count."""
+    return PACKED_ROWS_ONE_THREAD if torch.get_num_threads() == 1 else PACKED_ROWS_THREADS
+
+
+def pack(w: torch.Tensor) -> torch.Tensor:
+    """``w`` [N, K] as panels of ``PANEL`` output columns: [N / PANEL, K, PANEL], contiguous."""
+    n, k = w.shape
+    return w.reshape(n // PANEL, PANEL, k).transpose(1, 2).contiguous()
+
+
+def packed_matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """``x`` [..., K] times the weight ``packed`` holds: [..., out_features]."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.empty(rows.shape[0], out_features, dtype=torch.float32)
+    packed_kernel()(rows.data_ptr(), packed.data_ptr(), y.data_ptr(), rows.shape[0], out_features, rows.shape[1])
+    return y.reshape(*x.shape[:-1], out_features)
 
 
 class SmallRowsLinear(torch.nn.Linear):
-    """nn.Linear with a transposed copy of its weight for passes of a few rows. The copy is
-    remade when the weight's storage or version changes (a replaced weight, an optimizer
-    step, ``load_state_dict``, a deep copy) and dropped when the module is moved or cast;
-    writes through ``weight.data`` bypass the version counter and are not noticed."""
+    """nn.Linear with a copy of its weight in the fast layout for passes of a few rows. The
+    copy is remade when the weight's storage or version changes (a replaced weight, an
+    optimizer step, ``load_state_dict``, a deep copy) and dropped when the module is moved
+    or cast; writes through ``weight.data`` bypass the version counter and are not noticed."""
 
-    _weight_t: torch.Tensor | None = None
-    _copied: tuple[int, int] | None = None  # (storage address, version) of the weight copied
+    _fast_weight: torch.Tensor | None = None
+    _copied: tuple[int, int, bool] | None = None  # (storage address, version, packed) of the copy
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if (x.numel() > SMALL_ROWS * x.shape[-1] or x.dtype != torch.float32 or w.dtype != torch.float32
-                or w.device.type != "cpu" or w.is_inference() or (w.requires_grad and torch.is_grad_enabled())):
+        if (x.dtype != torch.float32 or w.dtype != torch.float32 or w.device.type != "cpu" or w.is_inference()
+                or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
             return F.linear(x, w, self.bias)
-        key = (w.data_ptr(), w._version)
+        packed = packed_kernel() is not None and w.shape[0] % PANEL == 0
+        if x.numel() > (fast_rows() if packed else TRANSPOSED_ROWS) * x.shape[-1]:
+            return F.linear(x, w, self.bias)
+        key = (w.data_ptr(), w._version, packed)
         if self._copied != key:
             # a normal tensor even inside inference_mode, so later autograd passes may read it
             with torch.inference_mode(False):
-                self._weight_t = w.detach().t().contiguous()
+                self._fast_weight = pack(w.detach()) if packed else w.detach().t().contiguous()
             self._copied = key
-        y = x @ self._weight_t
+        y = packed_matmul(x, self._fast_weight, w.shape[0]) if packed else x @ self._fast_weight
         return y if self.bias is None else y + self.bias
 
     def _apply(self, fn, *args, **kwargs):
-        self._weight_t = self._copied = None
+        self._fast_weight = self._copied = None
         return super()._apply(fn, *args, **kwargs)
 
 

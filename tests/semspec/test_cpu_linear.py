@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import shutil
 
 import pytest
 import torch
@@ -18,25 +20,104 @@ def _linear(out_features=48, in_features=32, bias=True, seed=0):
     return lin
 
 
+needs_kernel = pytest.mark.skipif(cpu_linear.packed_kernel() is None,
+                                  reason="no C compiler or no AVX2 here: the packed kernel cannot run")
+
+
+def test_the_packed_kernel_builds_where_there_is_a_compiler_and_avx2():
+    if shutil.which(os.environ.get("CC", "cc")) is None or torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("no C compiler or no AVX2 here")
+    assert cpu_linear.packed_kernel() is not None
+
+
+def test_pack_lays_out_panels_of_eight_output_columns():
+    w = torch.arange(16 * 3, dtype=torch.float32).reshape(16, 3)
+    p = cpu_linear.pack(w)
+    assert p.shape == (2, 3, 8) and p.is_contiguous()
+    for n in range(16):
+        for k in range(3):
+            assert p[n // 8, k, n % 8] == w[n, k]
+
+
+@needs_kernel
 @pytest.mark.parametrize("bias", [True, False])
-def test_few_rows_read_the_transposed_copy_and_match_linear(bias):
-    lin = _linear(bias=bias)
+@pytest.mark.parametrize("in_features", [32, 37])  # a row length the 8-wide loads do not divide
+def test_few_rows_read_the_packed_copy_and_match_linear(bias, in_features):
+    lin = _linear(out_features=48, in_features=in_features, bias=bias)
     with torch.no_grad():
-        for rows in range(1, cpu_linear.SMALL_ROWS + 1):
+        for rows in range(1, cpu_linear.fast_rows() + 1):
+            x = torch.randn(rows, in_features)
+            torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+        # transformers' shape [batch, positions, features], and a strided view
+        x = torch.randn(2, 3, in_features * 2)[..., ::2]
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lin._fast_weight, cpu_linear.pack(lin.weight))
+
+
+@needs_kernel
+def test_a_rows_result_does_not_depend_on_the_other_rows_of_its_pass():
+    lin = _linear(out_features=64, in_features=40)
+    x = torch.randn(cpu_linear.fast_rows(), 40)
+    with torch.no_grad():
+        alone = torch.cat([lin(x[i:i + 1]) for i in range(len(x))])
+        for rows in range(1, len(x) + 1):  # every blocking of the rows the kernel uses
+            assert torch.equal(lin(x[:rows]), alone[:rows])
+
+
+def test_without_the_kernel_few_rows_read_the_transposed_copy(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "packed_kernel", lambda: None)
+    lin = _linear()
+    with torch.no_grad():
+        for rows in range(1, cpu_linear.TRANSPOSED_ROWS + 1):
             x = torch.randn(rows, 32)
             torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-6)
-            # transformers' shape: [batch, positions, features]
-            torch.testing.assert_close(lin(x[None]), F.linear(x[None], lin.weight, lin.bias), rtol=1e-5, atol=1e-6)
-    assert lin._weight_t is not None and lin._weight_t.is_contiguous()
-    torch.testing.assert_close(lin._weight_t, lin.weight.t())
+        torch.testing.assert_close(lin._fast_weight, lin.weight.t())
+        x = torch.randn(cpu_linear.TRANSPOSED_ROWS + 1, 32)
+        assert torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
+
+
+def test_output_sizes_the_panels_do_not_divide_read_the_transposed_copy():
+    lin = _linear(out_features=50)
+    with torch.no_grad():
+        x = torch.randn(2, 32)
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(lin._fast_weight, lin.weight.t())
+        x = torch.randn(cpu_linear.TRANSPOSED_ROWS + 1, 32)
+        assert torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
 
 
 def test_more_rows_use_linears_own_kernel_and_make_no_copy():
     lin = _linear()
-    x = torch.randn(cpu_linear.SMALL_ROWS + 1, 32)
+    x = torch.randn(cpu_linear.fast_rows() + 1, 32)
     with torch.no_grad():
         assert torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
-    assert lin._weight_t is None
+    assert lin._fast_weight is None
+
+
+def test_a_failed_build_leaves_the_transposed_copy_and_says_why(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setenv("SEMJOBS_KERNEL_CACHE", str(tmp_path))
+    cpu_linear.packed_kernel.cache_clear()
+    try:
+        with caplog.at_level("WARNING"):
+            if torch.backends.cpu.get_cpu_capability() != "DEFAULT":
+                assert cpu_linear.packed_kernel() is None
+                assert "no-such-compiler" in caplog.text
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        cpu_linear.packed_kernel.cache_clear()
+
+
+def test_the_build_is_made_once_per_source_and_compiler(tmp_path):
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler here")
+    lib = cpu_linear._compile(cpu_linear.KERNEL_SOURCE, tmp_path)
+    stamp = lib.stat().st_mtime_ns
+    assert cpu_linear._compile(cpu_linear.KERNEL_SOURCE, tmp_path) == lib and lib.stat().st_mtime_ns == stamp
+    other = tmp_path / "changed.c"
+    other.write_text(cpu_linear.KERNEL_SOURCE.read_text() + "\n/* changed */\n")
+    assert cpu_linear._compile(other, tmp_path) != lib
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".c", ".so", ".so"]  # no temporary left
 
 
 def test_the_copy_follows_the_weight():
@@ -52,11 +133,11 @@ def test_the_copy_follows_the_weight():
         twin.weight.add_(1.0)
         torch.testing.assert_close(twin(x), F.linear(x, twin.weight, twin.bias), rtol=1e-5, atol=1e-6)
         lin.bfloat16().float()  # cast and back: other values, version 0 again
-        assert lin._weight_t is None
+        assert lin._fast_weight is None
         torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-6)
 
 
-def test_a_copy_made_in_inference_mode_serves_autograd_later():
+def test_a_copy_made_in_inference_mode_leaves_autograd_working_later():
     lin = _linear()
     lin.weight.requires_grad_(False)  # a frozen layer that a trained one reads through
     x = torch.randn(1, 32)
@@ -71,7 +152,7 @@ def test_training_keeps_gradients():
     lin = _linear()
     y = lin(torch.randn(1, 32)).sum()
     y.backward()
-    assert lin.weight.grad is not None and lin._weight_t is None
+    assert lin.weight.grad is not None and lin._fast_weight is None
 
 
 def test_bfloat16_uses_linear():
@@ -79,7 +160,7 @@ def test_bfloat16_uses_linear():
     x = torch.randn(1, 32, dtype=torch.bfloat16)
     with torch.no_grad():
         assert torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
-    assert lin._weight_t is None
+    assert lin._fast_weight is None
 
 
 def test_model_swap_keeps_tied_weights_and_outputs():
@@ -96,7 +177,7 @@ def test_model_swap_keeps_tied_weights_and_outputs():
         assert model.lm_head.weight is model.model.embed_tokens.weight
         torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(model(ids[:, :1]).logits, before[:, :1], rtol=1e-5, atol=1e-5)
-    assert model.lm_head._weight_t is not None  # the one-token pass read the copies
+    assert model.lm_head._fast_weight is not None  # the one-token pass read the copies
     assert use_small_rows_linears(tiny_model(tok).to(torch.bfloat16)) == 0
 
 

@@ -1,0 +1,101 @@
+/* y = x @ w.T in float32 for passes of a few rows, with w packed in panels of 8 output
+   columns: p[(n / 8) * K * 8 + k * 8 + n % 8] = w[n, k] (semspec/cpu_linear.py packs it).
+
+   A pass over a few rows is bound by how fast the weights stream from memory: each panel
+   is read once, contiguously, and used for every row while it is in the L1 cache. Each
+   output element is one chain of fused multiply-adds over k in order, whatever the number
+   of rows and however they are blocked, so a row's result does not depend on the other rows
+   of its pass (a sequence's logits are the same alone and in a batch).
+
+   Built by semspec/cpu_linear.py with: cc -O3 -mavx2 -mfma -shared -fPIC */
+#include <immintrin.h>
+
+/* accumulators a<row>_<panel>: up to 12 rows against one panel, 5 against two, 3 against four */
+#define R12(OP, j) OP(0, j) OP(1, j) OP(2, j) OP(3, j) OP(4, j) OP(5, j) OP(6, j) OP(7, j) \
+                   OP(8, j) OP(9, j) OP(10, j) OP(11, j)
+#define R3(OP, j) OP(0, j) OP(1, j) OP(2, j)
+#define R5(OP, j) OP(0, j) OP(1, j) OP(2, j) OP(3, j) OP(4, j)
+#define DECL(i, j) __m256 a##i##_##j = _mm256_setzero_ps();
+#define STEP(i, j) \
+    if (mb > i) a##i##_##j = _mm256_fmadd_ps(_mm256_broadcast_ss(x + i * ldx + k), w##j, a##i##_##j);
+#define STORE(i, j) if (mb > i) _mm256_storeu_ps(y + i * ldy + 8 * j, a##i##_##j);
+
+/* MB rows (1..12) against one panel */
+#define ONE_PANEL(MB)                                                                        \
+static void rows_##MB(const float *restrict x, long ldx, const float *restrict p,           \
+                      float *restrict y, long ldy, long K) {                                \
+    const int mb = MB;                                                                       \
+    R12(DECL, 0)                                                                             \
+    for (long k = 0; k < K; k++) {                                                           \
+        __m256 w0 = _mm256_loadu_ps(p + k * 8);                                              \
+        R12(STEP, 0)                                                                         \
+    }                                                                                        \
+    R12(STORE, 0)                                                                            \
+}
+
+/* MB rows (1..3) against four panels: one or two rows alone would wait on one chain of
+   multiply-adds; four panels give four times the independent chains */
+#define FOUR_PANELS(MB)                                                                      \
+static void rows4_##MB(const float *restrict x, long ldx, const float *restrict p,          \
+                       float *restrict y, long ldy, long K) {                               \
+    const int mb = MB;                                                                       \
+    R3(DECL, 0) R3(DECL, 1) R3(DECL, 2) R3(DECL, 3)                                          \
+    const float *p1 = p + 8 * K, *p2 = p1 + 8 * K, *p3 = p2 + 8 * K;                         \
+    for (long k = 0; k < K; k++) {                                                           \
+        __m256 w0 = _mm256_loadu_ps(p + k * 8), w1 = _mm256_loadu_ps(p1 + k * 8);            \
+        __m256 w2 = _mm256_loadu_ps(p2 + k * 8), w3 = _mm256_loadu_ps(p3 + k * 8);           \
+        R3(STEP, 0) R3(STEP, 1) R3(STEP, 2) R3(STEP, 3)                                      \
+    }                                                                                        \
+    R3(STORE, 0) R3(STORE, 1) R3(STORE, 2) R3(STORE, 3)                                      \
+}
+
+/* MB rows (4..5) against two panels (six rows would not fit the 16 vector registers) */
+#define TWO_PANELS(MB)                                                                       \
+static void rows2_##MB(const float *restrict x, long ldx, const float *restrict p,          \
+                       float *restrict y, long ldy, long K) {                               \
+    const int mb = MB;                                                                       \
+    R5(DECL, 0) R5(DECL, 1)                                                                  \
+    const float *p1 = p + 8 * K;                                                             \
+    for (long k = 0; k < K; k++) {                                                           \
+        __m256 w0 = _mm256_loadu_ps(p + k * 8), w1 = _mm256_loadu_ps(p1 + k * 8);            \
+        R5(STEP, 0) R5(STEP, 1)                                                              \
+    }                                                                                        \
+    R5(STORE, 0) R5(STORE, 1)                                                                \
+}
+
+ONE_PANEL(1) ONE_PANEL(2) ONE_PANEL(3) ONE_PANEL(4) ONE_PANEL(5) ONE_PANEL(6)
+ONE_PANEL(7) ONE_PANEL(8) ONE_PANEL(9) ONE_PANEL(10) ONE_PANEL(11) ONE_PANEL(12)
+FOUR_PANELS(1) FOUR_PANELS(2) FOUR_PANELS(3)
+TWO_PANELS(4) TWO_PANELS(5)
+
+typedef void (*kernel)(const float *, long, const float *, float *, long, long);
+static const kernel ONE[13] = {0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6,
+                               rows_7, rows_8, rows_9, rows_10, rows_11, rows_12};
+static const kernel FOUR[4] = {0, rows4_1, rows4_2, rows4_3};
+static const kernel TWO[6] = {0, 0, 0, 0, rows2_4, rows2_5};
+
+/* x [M, K] and y [M, N] row-major and contiguous; N a multiple of 8; M >= 1 */
+void packed_linear(const float *x, const float *p, float *y, long M, long N, long K) {
+    if (M <= 3) {
+        long n = 0;
+        for (; n + 32 <= N; n += 32) FOUR[M](x, K, p + n * K, y + n, N, K);
+        for (; n < N; n += 8) ONE[M](x, K, p + n * K, y + n, N, K);
+        return;
+    }
+    if (M <= 5) {
+        long n = 0;
+        for (; n + 16 <= N; n += 16) TWO[M](x, K, p + n * K, y + n, N, K);
+        for (; n < N; n += 8) ONE[M](x, K, p + n * K, y + n, N, K);
+        return;
+    }
+    long blocks = (M + 11) / 12;
+    for (long n = 0; n < N; n += 8) {
+        const float *pn = p + n * K;
+        long m = 0;
+        for (long b = 0; b < blocks; b++) {
+            long mb = (M - m) / (blocks - b); /* balanced blocks of at most 12 rows */
+            ONE[mb](x + m * K, K, pn, y + m * N + n, N, K);
+            m += mb;
+        }
+    }
+}
