@@ -5,7 +5,8 @@
    is read once, contiguously, and used for every row while it is in the L1 cache. Each
    output element is one chain of fused multiply-adds over k in order, whatever the number
    of rows and however they are blocked, so a row's result does not depend on the other rows
-   of its pass (a sequence's logits are the same alone and in a batch).
+   of its pass (a sequence's logits are the same alone and in a batch, for passes up to the
+   row limit of semspec/cpu_linear.py).
 
    Built by semspec/cpu_linear.py with: cc -O3 -mavx2 -mfma -shared -fPIC */
 #include <immintrin.h>
@@ -49,7 +50,7 @@ static void rows4_##MB(const float *restrict x, long ldx, const float *restrict 
     R3(STORE, 0) R3(STORE, 1) R3(STORE, 2) R3(STORE, 3)                                      \
 }
 
-/* MB rows (4..5) against two panels (six rows would not fit the 16 vector registers) */
+/* MB rows (4..5) against two panels (with six, gcc 12 spills accumulators to the stack) */
 #define TWO_PANELS(MB)                                                                       \
 static void rows2_##MB(const float *restrict x, long ldx, const float *restrict p,          \
                        float *restrict y, long ldy, long K) {                               \
@@ -76,6 +77,7 @@ static const kernel TWO[6] = {0, 0, 0, 0, rows2_4, rows2_5};
 
 /* x [M, K] and y [M, N] row-major and contiguous; N a multiple of 8; M >= 1 */
 void packed_linear(const float *x, const float *p, float *y, long M, long N, long K) {
+    if (M <= 0) return;
     if (M <= 3) {
         long n = 0;
         for (; n + 32 <= N; n += 32) FOUR[M](x, K, p + n * K, y + n, N, K);

@@ -15,12 +15,12 @@ such passes and, for passes of a few rows, reads that:
   so a row's result does not depend on the other rows of its pass. Up to 32 rows at one
   torch thread, 16 at more (the kernel runs on one thread; torch's own, on several, wins
   sooner).
-- without a compiler or AVX2 + FMA: the transposed copy (``x @ Wt``), which torch's kernel
-  reads faster for one to three rows.
+- without a compiler or AVX2 + FMA, or for an output size the panels do not divide: the
+  transposed copy (``x @ Wt``), which torch's kernel reads faster for one to three rows.
 
 The copy costs memory (about the size of the weights again) and is only made where it
 pays: float32 on a CPU (in bfloat16 torch's kernels are faster), with no gradient wanted
-(the kernel has no backward).
+(the kernel has no backward, forward-mode or functorch rule: such passes use F.linear).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,15 @@ TRANSPOSED_ROWS = 3  # the same for the transposed copy, when the kernel is unav
 
 
 def kernel_cache() -> Path:
-    return Path(os.environ.get("SEMJOBS_KERNEL_CACHE", Path.home() / ".cache" / "semjobs" / "kernels"))
+    if "SEMJOBS_KERNEL_CACHE" in os.environ:
+        return Path(os.environ["SEMJOBS_KERNEL_CACHE"])
+    return Path.home() / ".cache" / "semjobs" / "kernels"
+
+
+def has_avx2() -> bool:
+    """Whether this CPU runs the kernel's instructions (AVX2 and FMA; torch reports both as
+    AVX2, and AVX-512 hosts have them too)."""
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
 def _compile(source: Path, out_dir: Path) -> Path:
@@ -58,7 +67,7 @@ def _compile(source: Path, out_dir: Path) -> Path:
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise OSError(f"no C compiler {cc!r} on PATH")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, errors="replace", timeout=30).stdout
     key = hashlib.sha256("\0".join([source.read_text(), cc, version, *KERNEL_FLAGS]).encode()).hexdigest()[:16]
     lib = out_dir / f"cpu_linear-{key}.so"
     if lib.exists():
@@ -68,9 +77,10 @@ def _compile(source: Path, out_dir: Path) -> Path:
     os.close(fd)
     try:
         done = subprocess.run([cc, *KERNEL_FLAGS, str(source), "-o", tmp], capture_output=True, text=True,
-                              timeout=120)
+                              errors="replace", timeout=120)
         if done.returncode != 0:
             raise OSError(f"{cc} failed: {done.stderr.strip()[-500:]}")
+        os.chmod(tmp, 0o755)  # mkstemp's 0600 would keep a shared cache from other users
         os.replace(tmp, lib)
     finally:
         if os.path.exists(tmp):
@@ -82,12 +92,12 @@ def _compile(source: Path, out_dir: Path) -> Path:
 def packed_kernel():
     """The compiled ``packed_linear`` function, or None where it cannot run here (no AVX2 +
     FMA, no compiler, a failed build: said once in the log; the transposed copy serves)."""
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+    if not has_avx2():
         log.info("few-row float32 kernel off: this CPU has no AVX2")
         return None
     try:
         fn = ctypes.CDLL(str(_compile(KERNEL_SOURCE, kernel_cache()))).packed_linear
-    except (OSError, subprocess.SubprocessError) as e:
+    except Exception as e:  # noqa: BLE001 -- whatever stops the build, the layers still work without it
         log.warning("few-row float32 kernel unavailable (%s); few-row passes read a transposed copy", e)
         return None
     fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
@@ -108,9 +118,12 @@ def pack(w: torch.Tensor) -> torch.Tensor:
 
 
 def packed_matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    """``x`` [..., K] times the weight ``packed`` holds: [..., out_features]."""
+    """``x`` [..., K] (float32, on the CPU, at least one row) times the weight ``packed``
+    holds: [..., out_features]."""
     rows = x.reshape(-1, x.shape[-1]).contiguous()
-    y = torch.empty(rows.shape[0], out_features, dtype=torch.float32)
+    if packed.shape != (out_features // PANEL, rows.shape[1], PANEL) or not packed.is_contiguous():
+        raise ValueError(f"packed weight {tuple(packed.shape)} does not fit {out_features} x {rows.shape[1]}")
+    y = torch.empty(rows.shape[0], out_features, dtype=torch.float32, device="cpu")
     packed_kernel()(rows.data_ptr(), packed.data_ptr(), y.data_ptr(), rows.shape[0], out_features, rows.shape[1])
     return y.reshape(*x.shape[:-1], out_features)
 
@@ -126,17 +139,18 @@ class SmallRowsLinear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if (x.dtype != torch.float32 or w.dtype != torch.float32 or w.device.type != "cpu" or w.is_inference()
-                or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))):
+        if (x.dtype != torch.float32 or w.dtype != torch.float32 or w.device.type != "cpu"
+                or x.device.type != "cpu" or x.layout != torch.strided or w.is_inference()
+                or x.numel() == 0 or x.shape[-1] != w.shape[1]  # F.linear's own result or error
+                or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
+                or torch._C._functorch.is_functorch_wrapped_tensor(x) or forward_ad.unpack_dual(x).tangent is not None):
             return F.linear(x, w, self.bias)
         packed = packed_kernel() is not None and w.shape[0] % PANEL == 0
         if x.numel() > (fast_rows() if packed else TRANSPOSED_ROWS) * x.shape[-1]:
             return F.linear(x, w, self.bias)
         key = (w.data_ptr(), w._version, packed)
         if self._copied != key:
-            # a normal tensor even inside inference_mode, so later autograd passes may read it
-            with torch.inference_mode(False):
-                self._fast_weight = pack(w.detach()) if packed else w.detach().t().contiguous()
+            self._fast_weight = pack(w.detach()) if packed else w.detach().t().contiguous()
             self._copied = key
         y = packed_matmul(x, self._fast_weight, w.shape[0]) if packed else x @ self._fast_weight
         return y if self.bias is None else y + self.bias

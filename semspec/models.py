@@ -235,7 +235,7 @@ class LoadedModel:
     vocab_ids: torch.Tensor | None = None
 
     def __post_init__(self):
-        # float32 on a CPU: passes of a few rows read a transposed copy of each weight
+        # float32 on a CPU: passes of a few rows read a copy of each weight laid out for them
         use_small_rows_linears(self.model)
 
     def forward(self, input_ids: torch.Tensor, cache, want_hidden: bool, keep: int | torch.Tensor = 0):
