@@ -75,19 +75,23 @@ static const kernel ONE[13] = {0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6
 static const kernel FOUR[4] = {0, rows4_1, rows4_2, rows4_3};
 static const kernel TWO[6] = {0, 0, 0, 0, rows2_4, rows2_5};
 
+/* all M rows against ``wide`` (``span`` output columns at a time), the rest panel by panel */
+static void wide_then_one(kernel wide, long span, const float *x, const float *p, float *y,
+                          long M, long N, long K) {
+    long n = 0;
+    for (; n + span <= N; n += span) wide(x, K, p + n * K, y + n, N, K);
+    for (; n < N; n += 8) ONE[M](x, K, p + n * K, y + n, N, K);
+}
+
 /* x [M, K] and y [M, N] row-major and contiguous; N a multiple of 8; M >= 1 */
 void packed_linear(const float *x, const float *p, float *y, long M, long N, long K) {
     if (M <= 0) return;
     if (M <= 3) {
-        long n = 0;
-        for (; n + 32 <= N; n += 32) FOUR[M](x, K, p + n * K, y + n, N, K);
-        for (; n < N; n += 8) ONE[M](x, K, p + n * K, y + n, N, K);
+        wide_then_one(FOUR[M], 32, x, p, y, M, N, K);
         return;
     }
     if (M <= 5) {
-        long n = 0;
-        for (; n + 16 <= N; n += 16) TWO[M](x, K, p + n * K, y + n, N, K);
-        for (; n < N; n += 8) ONE[M](x, K, p + n * K, y + n, N, K);
+        wide_then_one(TWO[M], 16, x, p, y, M, N, K);
         return;
     }
     long blocks = (M + 11) / 12;
