@@ -2,7 +2,9 @@
    columns: p[(n / 8) * K * 8 + k * 8 + n % 8] = w[n, k] (semspec/cpu_linear.py packs it).
 
    A pass over a few rows is bound by how fast the weights stream from memory: each panel
-   is read once, contiguously, and used for every row while it is in the L1 cache. Each
+   is read once, contiguously, and used for every row while it is in the L1 cache. The
+   loops prefetch the weights they will read a few KB ahead: the hardware prefetcher alone
+   left a pass over 4-12 rows at half the memory's speed (docs/batching.md). Each
    output element is one chain of fused multiply-adds over k in order, whatever the number
    of rows and however they are blocked, so a row's result does not depend on the other rows
    of its pass (a sequence's logits are the same alone and in a batch, for passes up to the
@@ -11,11 +13,17 @@
    Built by semspec/cpu_linear.py with: cc -O3 -mavx2 -mfma -shared -fPIC */
 #include <immintrin.h>
 
-/* accumulators a<row>_<panel>: up to 12 rows against one panel, 5 against two, 3 against four */
+/* how far ahead (in floats) each stream of weights is prefetched: the one-panel loop reads
+   one stream, the four-panel loop four at once (measured best on the development machine:
+   16 KB and 4 x 2 KB; 2-4x shorter or longer cost up to 1.3x) */
+#define AHEAD_ONE 4096
+#define AHEAD_FOUR 512
+#define PREFETCH(q, ahead) _mm_prefetch((const char *)((q) + k * 8 + (ahead)), _MM_HINT_T0);
+
+/* accumulators a<row>_<panel>: up to 12 rows against one panel, 3 against four */
 #define R12(OP, j) OP(0, j) OP(1, j) OP(2, j) OP(3, j) OP(4, j) OP(5, j) OP(6, j) OP(7, j) \
                    OP(8, j) OP(9, j) OP(10, j) OP(11, j)
 #define R3(OP, j) OP(0, j) OP(1, j) OP(2, j)
-#define R5(OP, j) OP(0, j) OP(1, j) OP(2, j) OP(3, j) OP(4, j)
 #define DECL(i, j) __m256 a##i##_##j = _mm256_setzero_ps();
 #define STEP(i, j) \
     if (mb > i) a##i##_##j = _mm256_fmadd_ps(_mm256_broadcast_ss(x + i * ldx + k), w##j, a##i##_##j);
@@ -28,6 +36,7 @@ static void rows_##MB(const float *restrict x, long ldx, const float *restrict p
     const int mb = MB;                                                                       \
     R12(DECL, 0)                                                                             \
     for (long k = 0; k < K; k++) {                                                           \
+        PREFETCH(p, AHEAD_ONE)                                                               \
         __m256 w0 = _mm256_loadu_ps(p + k * 8);                                              \
         R12(STEP, 0)                                                                         \
     }                                                                                        \
@@ -43,6 +52,8 @@ static void rows4_##MB(const float *restrict x, long ldx, const float *restrict 
     R3(DECL, 0) R3(DECL, 1) R3(DECL, 2) R3(DECL, 3)                                          \
     const float *p1 = p + 8 * K, *p2 = p1 + 8 * K, *p3 = p2 + 8 * K;                         \
     for (long k = 0; k < K; k++) {                                                           \
+        PREFETCH(p, AHEAD_FOUR) PREFETCH(p1, AHEAD_FOUR)                                     \
+        PREFETCH(p2, AHEAD_FOUR) PREFETCH(p3, AHEAD_FOUR)                                    \
         __m256 w0 = _mm256_loadu_ps(p + k * 8), w1 = _mm256_loadu_ps(p1 + k * 8);            \
         __m256 w2 = _mm256_loadu_ps(p2 + k * 8), w3 = _mm256_loadu_ps(p3 + k * 8);           \
         R3(STEP, 0) R3(STEP, 1) R3(STEP, 2) R3(STEP, 3)                                      \
@@ -50,48 +61,22 @@ static void rows4_##MB(const float *restrict x, long ldx, const float *restrict 
     R3(STORE, 0) R3(STORE, 1) R3(STORE, 2) R3(STORE, 3)                                      \
 }
 
-/* MB rows (4..5) against two panels (with six, gcc 12 spills accumulators to the stack) */
-#define TWO_PANELS(MB)                                                                       \
-static void rows2_##MB(const float *restrict x, long ldx, const float *restrict p,          \
-                       float *restrict y, long ldy, long K) {                               \
-    const int mb = MB;                                                                       \
-    R5(DECL, 0) R5(DECL, 1)                                                                  \
-    const float *p1 = p + 8 * K;                                                             \
-    for (long k = 0; k < K; k++) {                                                           \
-        __m256 w0 = _mm256_loadu_ps(p + k * 8), w1 = _mm256_loadu_ps(p1 + k * 8);            \
-        R5(STEP, 0) R5(STEP, 1)                                                              \
-    }                                                                                        \
-    R5(STORE, 0) R5(STORE, 1)                                                                \
-}
-
 ONE_PANEL(1) ONE_PANEL(2) ONE_PANEL(3) ONE_PANEL(4) ONE_PANEL(5) ONE_PANEL(6)
 ONE_PANEL(7) ONE_PANEL(8) ONE_PANEL(9) ONE_PANEL(10) ONE_PANEL(11) ONE_PANEL(12)
 FOUR_PANELS(1) FOUR_PANELS(2) FOUR_PANELS(3)
-TWO_PANELS(4) TWO_PANELS(5)
 
 typedef void (*kernel)(const float *, long, const float *, float *, long, long);
 static const kernel ONE[13] = {0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6,
                                rows_7, rows_8, rows_9, rows_10, rows_11, rows_12};
 static const kernel FOUR[4] = {0, rows4_1, rows4_2, rows4_3};
-static const kernel TWO[6] = {0, 0, 0, 0, rows2_4, rows2_5};
-
-/* all M rows against ``wide`` (``span`` output columns at a time), the rest panel by panel */
-static void wide_then_one(kernel wide, long span, const float *x, const float *p, float *y,
-                          long M, long N, long K) {
-    long n = 0;
-    for (; n + span <= N; n += span) wide(x, K, p + n * K, y + n, N, K);
-    for (; n < N; n += 8) ONE[M](x, K, p + n * K, y + n, N, K);
-}
 
 /* x [M, K] and y [M, N] row-major and contiguous; N a multiple of 8; M >= 1 */
 void packed_linear(const float *x, const float *p, float *y, long M, long N, long K) {
     if (M <= 0) return;
-    if (M <= 3) {
-        wide_then_one(FOUR[M], 32, x, p, y, M, N, K);
-        return;
-    }
-    if (M <= 5) {
-        wide_then_one(TWO[M], 16, x, p, y, M, N, K);
+    if (M <= 3) { /* four panels at a time, then any left one by one */
+        long n = 0;
+        for (; n + 32 <= N; n += 32) FOUR[M](x, K, p + n * K, y + n, N, K);
+        for (; n < N; n += 8) ONE[M](x, K, p + n * K, y + n, N, K);
         return;
     }
     long blocks = (M + 11) / 12;
