@@ -8,7 +8,9 @@ packed weight read by its own C kernel), measured in turns so the machine's drif
    sequences (one token each) and verification passes of one sequence over 4-24 tokens.
 
 Each layout is forced for a whole run of passes: ``linear`` reads no copy, ``transposed``
-the transposed copy (its row limit as shipped), ``packed`` the packed copy (as shipped).
+the transposed copy (its row limit as shipped), ``packed`` the packed copy (as shipped:
+the build for this CPU's widest vectors) and, on a CPU with AVX-512, ``packed_avx2`` the
+packed copy read by the AVX2 build (panels of 8), to show what the wider vectors add.
 
     python benchmarks/cpu_linear.py [--threads 1] [--turns 8] [--out result.json]
 """
@@ -21,6 +23,7 @@ import statistics
 import sys
 import time
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -31,6 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from semspec import cpu_linear  # noqa: E402
 
 LAYOUTS = ("linear", "transposed", "packed")
+
+
+@lru_cache(maxsize=1)
+def avx2_kernel() -> cpu_linear.Kernel:
+    return cpu_linear.load_kernel(cpu_linear.AVX2_FLAGS)
+
+
+def layouts() -> tuple[str, ...]:
+    """The layouts this CPU can compare: the AVX2 build too where the shipped one is wider."""
+    kernel = cpu_linear.packed_kernel()
+    return LAYOUTS + (("packed_avx2",) if kernel is not None and kernel.panel != 8 else ())
 
 
 def _ms(fn, reps: int) -> float:
@@ -59,7 +73,9 @@ def _turns(fns: dict, turns: int) -> dict:
 def layout(name: str):
     """Every SmallRowsLinear reads ``name``'s layout inside the block."""
     kernel, transposed_rows = cpu_linear.packed_kernel, cpu_linear.TRANSPOSED_ROWS
-    if name != "packed":
+    if name == "packed_avx2":
+        cpu_linear.packed_kernel = avx2_kernel
+    elif name != "packed":
         cpu_linear.packed_kernel = lambda: None
     if name == "linear":
         cpu_linear.TRANSPOSED_ROWS = 0
@@ -72,22 +88,26 @@ def layout(name: str):
 def matmuls(turns: int) -> dict:
     mats = [torch.randn(1536, 576) for _ in range(60)]
     head = torch.randn(49152, 576)
-    copies = {"transposed": ([m.t().contiguous() for m in mats], head.t().contiguous()),
-              "packed": ([cpu_linear.pack(m) for m in mats], cpu_linear.pack(head))}
+    names = layouts()
+    kernels = {"packed": cpu_linear.packed_kernel(), "packed_avx2": avx2_kernel() if "packed_avx2" in names else None}
+    copies = {"transposed": ([m.t().contiguous() for m in mats], head.t().contiguous())}
+    for name in names[2:]:
+        panel = kernels[name].panel
+        copies[name] = ([cpu_linear.pack(m, panel) for m in mats], cpu_linear.pack(head, panel))
 
     def product(name, x, w, i=None):
         if name == "linear":
             return F.linear(x, w)
         c = copies[name][0][i] if i is not None else copies[name][1]
-        return x @ c if name == "transposed" else cpu_linear.packed_matmul(x, c, w.shape[0])
+        return x @ c if name == "transposed" else cpu_linear.packed_matmul(x, c, w.shape[0], kernels[name])
 
     out = {}
     for rows in (1, 2, 3, 4, 8, 16, 32):
         x = torch.randn(rows, 576)
         out[f"60 layers, {rows} rows"] = _turns(
-            {n: (lambda n=n: _ms(lambda: [product(n, x, m, i) for i, m in enumerate(mats)], 3)) for n in LAYOUTS},
+            {n: (lambda n=n: _ms(lambda: [product(n, x, m, i) for i, m in enumerate(mats)], 3)) for n in names},
             turns)
-        out[f"LM head, {rows} rows"] = _turns({n: (lambda n=n: _ms(lambda: product(n, x, head), 3)) for n in LAYOUTS},
+        out[f"LM head, {rows} rows"] = _turns({n: (lambda n=n: _ms(lambda: product(n, x, head), 3)) for n in names},
                                               turns)
     return out
 
@@ -108,10 +128,11 @@ def model_passes(turns: int, spec: str | None = None, cache_dir: str | None = No
         with layout(name):
             return _ms(one, 6)
 
+    names = layouts()
     with torch.inference_mode():
         runner.forward([Feed(s, list(range(100, 160)), [59]) for s in slots])  # a 60-token prompt in each
         shapes = [(n, 1) for n in (1, 2, 3, 4, 8)] + [(1, t) for t in (4, 8, 16, 24)]
-        return {f"{n} sequences x {t} tokens": _turns({name: (lambda name=name: pass_ms(name, n, t)) for name in LAYOUTS},
+        return {f"{n} sequences x {t} tokens": _turns({name: (lambda name=name: pass_ms(name, n, t)) for name in names},
                                                       turns)
                 for n, t in shapes}
 

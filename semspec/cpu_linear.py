@@ -8,13 +8,14 @@ per row up to three rows, and its kernel for four rows and more runs at a fracti
 machine's bandwidth. So each linear layer keeps a copy of its weight in a layout made for
 such passes and, for passes of a few rows, reads that:
 
-- the packed layout, read by the C kernel beside this file (``cpu_linear.c``: panels of 8
-  output columns, each streamed once for all the rows of the pass), compiled on first use
-  with the system's C compiler (``$CC``, else ``cc``) into ``~/.cache/semjobs/kernels``
+- the packed layout, read by the C kernel beside this file (``cpu_linear.c``: panels of
+  16 output columns with AVX-512, else 8 with AVX2 + FMA, each streamed once for all the
+  rows of the pass), compiled on first use with the system's C compiler (``$CC``, else
+  ``cc``) for the CPU's vector width into ``~/.cache/semjobs/kernels``
   (``SEMJOBS_KERNEL_CACHE``). Each output is one chain of multiply-adds in a fixed order,
-  so a row's result does not depend on the other rows of its pass. Up to 32 rows at one
-  torch thread, 16 at more (the kernel runs on one thread; torch's own, on several, wins
-  sooner).
+  so a row's result does not depend on the other rows of its pass, nor on the vector
+  width. Up to 32 rows at one torch thread, 16 at more (the kernel runs on one thread;
+  torch's own, on several, wins sooner).
 - without a compiler or AVX2 + FMA, or for an output size the panels do not divide: the
   transposed copy (``x @ Wt``), which torch's kernel reads faster for one to three rows.
 
@@ -32,6 +33,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -42,8 +44,9 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 KERNEL_SOURCE = Path(__file__).with_name("cpu_linear.c")
-KERNEL_FLAGS = ("-O3", "-mavx2", "-mfma", "-shared", "-fPIC")
-PANEL = 8  # output columns per panel of the packed layout
+BUILD_FLAGS = ("-O3", "-shared", "-fPIC")
+AVX2_FLAGS = ("-mavx2", "-mfma")  # panels of 8 output columns
+AVX512_FLAGS = (*AVX2_FLAGS, "-mavx512f")  # panels of 16
 # the most rows a pass may have to read the packed copy, at one torch thread / at more
 PACKED_ROWS_ONE_THREAD, PACKED_ROWS_THREADS = 32, 16
 TRANSPOSED_ROWS = 3  # the same for the transposed copy, when the kernel is unavailable
@@ -55,20 +58,39 @@ def kernel_cache() -> Path:
     return Path.home() / ".cache" / "semjobs" / "kernels"
 
 
-def has_avx2() -> bool:
-    """Whether this CPU runs the kernel's instructions (AVX2 and FMA; torch reports both as
-    AVX2, and AVX-512 hosts have them too)."""
-    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+def isa_flags() -> tuple[str, ...] | None:
+    """The instruction-set flags the kernel is built with for this CPU (its widest vectors:
+    torch reports AVX2 + FMA as AVX2), or None where it cannot run."""
+    return {"AVX2": AVX2_FLAGS, "AVX512": AVX512_FLAGS}.get(torch.backends.cpu.get_cpu_capability())
 
 
-def _compile(source: Path, out_dir: Path) -> Path:
+@dataclass(frozen=True)
+class Kernel:
+    """A build of the kernel: ``matmul`` is its ``packed_linear`` (x, packed, y, M, N, K),
+    ``panel`` the output columns per panel of the layout it reads."""
+
+    matmul: ctypes._CFuncPtr
+    panel: int
+
+
+def load_kernel(flags: tuple[str, ...], out_dir: Path | None = None) -> Kernel:
+    """The kernel built with instruction-set ``flags`` (raises where it cannot be built)."""
+    lib = ctypes.CDLL(str(_compile(KERNEL_SOURCE, out_dir or kernel_cache(), flags)))
+    fn = lib.packed_linear
+    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
+    fn.restype = None
+    return Kernel(fn, int(lib.packed_panel()))
+
+
+def _compile(source: Path, out_dir: Path, flags: tuple[str, ...]) -> Path:
     """The kernel's shared library, built once per source, compiler and flags (atomically:
     processes that start together may all build it; one file wins)."""
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise OSError(f"no C compiler {cc!r} on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, errors="replace", timeout=30).stdout
-    key = hashlib.sha256("\0".join([source.read_text(), cc, version, *KERNEL_FLAGS]).encode()).hexdigest()[:16]
+    flags = (*BUILD_FLAGS, *flags)
+    key = hashlib.sha256("\0".join([source.read_text(), cc, version, *flags]).encode()).hexdigest()[:16]
     lib = out_dir / f"cpu_linear-{key}.so"
     if lib.exists():
         return lib
@@ -76,7 +98,7 @@ def _compile(source: Path, out_dir: Path) -> Path:
     fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.tmp")
     os.close(fd)
     try:
-        done = subprocess.run([cc, *KERNEL_FLAGS, str(source), "-o", tmp], capture_output=True, text=True,
+        done = subprocess.run([cc, *flags, str(source), "-o", tmp], capture_output=True, text=True,
                               errors="replace", timeout=120)
         if done.returncode != 0:
             raise OSError(f"{cc} failed: {done.stderr.strip()[-500:]}")
@@ -89,20 +111,18 @@ def _compile(source: Path, out_dir: Path) -> Path:
 
 
 @lru_cache(maxsize=1)
-def packed_kernel():
-    """The compiled ``packed_linear`` function, or None where it cannot run here (no AVX2 +
-    FMA, no compiler, a failed build: said once in the log; the transposed copy serves)."""
-    if not has_avx2():
+def packed_kernel() -> Kernel | None:
+    """The kernel built for this CPU, or None where it cannot run here (no AVX2 + FMA, no
+    compiler, a failed build: said once in the log; the transposed copy serves)."""
+    flags = isa_flags()
+    if flags is None:
         log.info("few-row float32 kernel off: this CPU has no AVX2")
         return None
     try:
-        fn = ctypes.CDLL(str(_compile(KERNEL_SOURCE, kernel_cache()))).packed_linear
+        return load_kernel(flags)
     except Exception as e:  # noqa: BLE001 -- whatever stops the build, the layers still work without it
         log.warning("few-row float32 kernel unavailable (%s); few-row passes read a transposed copy", e)
         return None
-    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
-    fn.restype = None
-    return fn
 
 
 def fast_rows() -> int:
@@ -111,20 +131,24 @@ def fast_rows() -> int:
     return PACKED_ROWS_ONE_THREAD if torch.get_num_threads() == 1 else PACKED_ROWS_THREADS
 
 
-def pack(w: torch.Tensor) -> torch.Tensor:
-    """``w`` [N, K] as panels of ``PANEL`` output columns: [N / PANEL, K, PANEL], contiguous."""
+def pack(w: torch.Tensor, panel: int) -> torch.Tensor:
+    """``w`` [N, K] as panels of ``panel`` output columns: [N / panel, K, panel], contiguous."""
     n, k = w.shape
-    return w.reshape(n // PANEL, PANEL, k).transpose(1, 2).contiguous()
+    return w.reshape(n // panel, panel, k).transpose(1, 2).contiguous()
 
 
-def packed_matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+def packed_matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int,
+                  kernel: Kernel | None = None) -> torch.Tensor:
     """``x`` [..., K] (float32, on the CPU, at least one row) times the weight ``packed``
-    holds: [..., out_features]."""
+    holds, read by ``kernel`` (default: this CPU's build): [..., out_features]."""
+    kernel = kernel or packed_kernel()
     rows = x.reshape(-1, x.shape[-1]).contiguous()
-    if packed.shape != (out_features // PANEL, rows.shape[1], PANEL) or not packed.is_contiguous():
-        raise ValueError(f"packed weight {tuple(packed.shape)} does not fit {out_features} x {rows.shape[1]}")
+    panel = kernel.panel
+    if packed.shape != (out_features // panel, rows.shape[1], panel) or not packed.is_contiguous():
+        raise ValueError(f"packed weight {tuple(packed.shape)} does not fit {out_features} x {rows.shape[1]} "
+                         f"in panels of {panel}")
     y = torch.empty(rows.shape[0], out_features, dtype=torch.float32, device="cpu")
-    packed_kernel()(rows.data_ptr(), packed.data_ptr(), y.data_ptr(), rows.shape[0], out_features, rows.shape[1])
+    kernel.matmul(rows.data_ptr(), packed.data_ptr(), y.data_ptr(), rows.shape[0], out_features, rows.shape[1])
     return y.reshape(*x.shape[:-1], out_features)
 
 
@@ -135,7 +159,8 @@ class SmallRowsLinear(torch.nn.Linear):
     or cast; writes through ``weight.data`` bypass the version counter and are not noticed."""
 
     _fast_weight: torch.Tensor | None = None
-    _copied: tuple[int, int, bool] | None = None  # (storage address, version, packed) of the copy
+    # (storage address, version, panel width; 0 for the transposed copy) of the copy
+    _copied: tuple[int, int, int] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
@@ -145,14 +170,15 @@ class SmallRowsLinear(torch.nn.Linear):
                 or (torch.is_grad_enabled() and (w.requires_grad or x.requires_grad))
                 or torch._C._functorch.is_functorch_wrapped_tensor(x) or forward_ad.unpack_dual(x).tangent is not None):
             return F.linear(x, w, self.bias)
-        packed = packed_kernel() is not None and w.shape[0] % PANEL == 0
+        kernel = packed_kernel()
+        packed = kernel is not None and w.shape[0] % kernel.panel == 0
         if x.numel() > (fast_rows() if packed else TRANSPOSED_ROWS) * x.shape[-1]:
             return F.linear(x, w, self.bias)
-        key = (w.data_ptr(), w._version, packed)
+        key = (w.data_ptr(), w._version, kernel.panel if packed else 0)
         if self._copied != key:
-            self._fast_weight = pack(w.detach()) if packed else w.detach().t().contiguous()
+            self._fast_weight = pack(w.detach(), kernel.panel) if packed else w.detach().t().contiguous()
             self._copied = key
-        y = packed_matmul(x, self._fast_weight, w.shape[0]) if packed else x @ self._fast_weight
+        y = packed_matmul(x, self._fast_weight, w.shape[0], kernel) if packed else x @ self._fast_weight
         return y if self.bias is None else y + self.bias
 
     def _apply(self, fn, *args, **kwargs):

@@ -23,8 +23,12 @@ def _linear(out_features=48, in_features=32, bias=True, seed=0):
 
 needs_kernel = pytest.mark.skipif(cpu_linear.packed_kernel() is None,
                                   reason="no C compiler or no AVX2 here: the packed kernel cannot run")
-can_build = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None or not cpu_linear.has_avx2(),
+can_build = pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None or cpu_linear.isa_flags() is None,
                                reason="no C compiler or no AVX2 here")
+
+
+def _panel() -> int:
+    return cpu_linear.packed_kernel().panel
 
 
 @can_build
@@ -32,13 +36,19 @@ def test_the_packed_kernel_builds_where_there_is_a_compiler_and_avx2():
     assert cpu_linear.packed_kernel() is not None
 
 
-def test_pack_lays_out_panels_of_eight_output_columns():
-    w = torch.arange(16 * 3, dtype=torch.float32).reshape(16, 3)
-    p = cpu_linear.pack(w)
-    assert p.shape == (2, 3, 8) and p.is_contiguous()
-    for n in range(16):
+@pytest.mark.parametrize("panel", [8, 16])
+def test_pack_lays_out_panels_of_output_columns(panel):
+    w = torch.arange(32 * 3, dtype=torch.float32).reshape(32, 3)
+    p = cpu_linear.pack(w, panel)
+    assert p.shape == (32 // panel, 3, panel) and p.is_contiguous()
+    for n in range(32):
         for k in range(3):
-            assert p[n // 8, k, n % 8] == w[n, k]
+            assert p[n // panel, k, n % panel] == w[n, k]
+
+
+@can_build
+def test_the_build_matches_the_cpus_widest_vectors():
+    assert cpu_linear.packed_kernel().panel == (16 if cpu_linear.isa_flags() == cpu_linear.AVX512_FLAGS else 8)
 
 
 @needs_kernel
@@ -53,20 +63,32 @@ def test_few_rows_read_the_packed_copy_and_match_linear(bias, in_features):
         # transformers' shape [batch, positions, features], and a strided view
         x = torch.randn(2, 3, in_features * 2)[..., ::2]
         torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(lin._fast_weight, cpu_linear.pack(lin.weight))
+    torch.testing.assert_close(lin._fast_weight, cpu_linear.pack(lin.weight, _panel()))
 
 
 @needs_kernel
 def test_a_rows_result_does_not_depend_on_the_other_rows_of_its_pass():
-    # 7 panels: the four- and two-panel paths leave a one-panel tail; up to 40 rows: one,
-    # two and three balanced blocks of the one-panel path
-    w = torch.randn(56, 40)
-    packed = cpu_linear.pack(w)
+    # 7 panels: the four-panel path leaves a one-panel tail; up to 40 rows: one, two and
+    # three balanced blocks of the one-panel path
+    n = 7 * _panel()
+    w = torch.randn(n, 40)
+    packed = cpu_linear.pack(w, _panel())
     x = torch.randn(40, 40)
-    alone = torch.cat([cpu_linear.packed_matmul(x[i:i + 1], packed, 56) for i in range(len(x))])
+    alone = torch.cat([cpu_linear.packed_matmul(x[i:i + 1], packed, n) for i in range(len(x))])
     torch.testing.assert_close(alone, x @ w.t(), rtol=1e-5, atol=1e-5)
     for rows in range(1, len(x) + 1):
-        assert torch.equal(cpu_linear.packed_matmul(x[:rows], packed, 56), alone[:rows])
+        assert torch.equal(cpu_linear.packed_matmul(x[:rows], packed, n), alone[:rows])
+
+
+@pytest.mark.skipif(cpu_linear.isa_flags() != cpu_linear.AVX512_FLAGS or cpu_linear.packed_kernel() is None,
+                    reason="no AVX-512 build here")
+def test_the_avx512_build_computes_what_the_avx2_build_does_bit_for_bit(tmp_path):
+    wide, narrow = cpu_linear.packed_kernel(), cpu_linear.load_kernel(cpu_linear.AVX2_FLAGS, tmp_path)
+    assert (wide.panel, narrow.panel) == (16, 8)
+    w, x = torch.randn(7 * 16, 40), torch.randn(40, 40)
+    for rows in range(1, len(x) + 1):
+        assert torch.equal(cpu_linear.packed_matmul(x[:rows], cpu_linear.pack(w, 16), len(w), wide),
+                           cpu_linear.packed_matmul(x[:rows], cpu_linear.pack(w, 8), len(w), narrow))
 
 
 @needs_kernel
@@ -80,7 +102,7 @@ def test_inputs_the_kernel_cannot_take_get_linears_answer():
             y = lin(torch.randn(1, 32, device="cpu"))
         assert y.device.type == "cpu"
     with pytest.raises(ValueError):
-        cpu_linear.packed_matmul(torch.randn(1, 16), cpu_linear.pack(torch.randn(48, 32)), 48)
+        cpu_linear.packed_matmul(torch.randn(1, 16), cpu_linear.pack(torch.randn(48, 32), _panel()), 48)
     x, t = torch.randn(1, 32), torch.randn(1, 32)
     lin.weight.requires_grad_(False)
     with torch.no_grad(), forward_ad.dual_level():  # forward-mode derivatives survive
@@ -118,7 +140,7 @@ def test_more_rows_use_linears_own_kernel_and_make_no_copy():
     assert lin._fast_weight is None
 
 
-@pytest.mark.skipif(not cpu_linear.has_avx2(), reason="no AVX2 here: no build is tried")
+@pytest.mark.skipif(cpu_linear.isa_flags() is None, reason="no AVX2 here: no build is tried")
 @pytest.mark.parametrize("compiler", ["no-such-compiler", "false"])  # missing; present but failing
 def test_a_failed_build_leaves_the_transposed_copy_and_says_why(monkeypatch, tmp_path, caplog, compiler):
     monkeypatch.setenv("CC", compiler)
@@ -134,14 +156,16 @@ def test_a_failed_build_leaves_the_transposed_copy_and_says_why(monkeypatch, tmp
 
 
 @can_build
-def test_the_build_is_made_once_per_source_and_compiler(tmp_path):
-    lib = cpu_linear._compile(cpu_linear.KERNEL_SOURCE, tmp_path)
+def test_the_build_is_made_once_per_source_compiler_and_flags(tmp_path):
+    flags = cpu_linear.isa_flags()
+    lib = cpu_linear._compile(cpu_linear.KERNEL_SOURCE, tmp_path, flags)
     stamp = lib.stat().st_mtime_ns
-    assert cpu_linear._compile(cpu_linear.KERNEL_SOURCE, tmp_path) == lib and lib.stat().st_mtime_ns == stamp
+    assert cpu_linear._compile(cpu_linear.KERNEL_SOURCE, tmp_path, flags) == lib and lib.stat().st_mtime_ns == stamp
     other = tmp_path / "changed.c"
     other.write_text(cpu_linear.KERNEL_SOURCE.read_text() + "\n/* changed */\n")
-    assert cpu_linear._compile(other, tmp_path) != lib
-    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".c", ".so", ".so"]  # no temporary left
+    assert cpu_linear._compile(other, tmp_path, flags) != lib
+    assert cpu_linear._compile(cpu_linear.KERNEL_SOURCE, tmp_path, (*flags, "-fno-unroll-loops")) != lib
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".c", ".so", ".so", ".so"]  # no temporary left
 
 
 def test_the_copy_follows_the_weight():
