@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import cpu_linear
 from .cpu_linear import SmallRowsLinear, use_small_rows_linears
 
 EMBEDDED_PREFIX = "embedded:"
@@ -377,10 +378,12 @@ def pick_device(device: str | torch.device = "auto") -> tuple[torch.device, torc
     return dev, (torch.bfloat16 if dev.type == "cuda" else torch.float32)
 
 
-# Measured on a 2-core AMX CPU, one thread, SmolLM2-135M, 250 tokens of context: one decode
-# pass costs 69 ms for 1 sequence in float32 and 89 ms in bfloat16, but 179 vs 73 ms for 8
-# and 211 vs 137 ms for 32 (docs/batching.md). From about 4 sequences on, bfloat16 wins
-# wherever the CPU has bfloat16 matrix instructions.
+# Against torch's float32 kernels, bfloat16 wins from about 4 sequences on wherever the CPU
+# has bfloat16 matrix instructions (measured on a 2-core AMX CPU, one thread, SmolLM2-135M:
+# a decode pass of 1 / 8 / 32 sequences 69 / 179 / 211 ms in float32, 89 / 73 / 137 ms in
+# bfloat16). The few-row float32 kernel (semspec/cpu_linear.py) moves that point to the
+# most rows it serves: `ar` ran 1.27x / 1.59x the tokens/s of bfloat16 at batch 8 / 16 with
+# it on an AVX512-BF16 host (docs/batching.md).
 BF16_MIN_BATCH = 4
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -399,7 +402,8 @@ def cpu_has_fast_bf16() -> bool:
 def pick_dtype(device: str | torch.device = "auto", batch_size: int = 1, choice: str = "auto") -> torch.dtype:
     """The number type the models run in: ``choice`` when it names one, else bfloat16 on
     CUDA, bfloat16 on a CPU with bfloat16 instructions once ``batch_size`` reaches
-    ``BF16_MIN_BATCH``, float32 otherwise."""
+    ``BF16_MIN_BATCH`` or, where the few-row float32 kernel runs, once it exceeds the rows
+    that kernel serves; float32 otherwise."""
     if choice != "auto":
         if choice not in DTYPES:
             raise ValueError(f"unknown dtype {choice!r}; one of auto, {', '.join(DTYPES)}")
@@ -407,7 +411,10 @@ def pick_dtype(device: str | torch.device = "auto", batch_size: int = 1, choice:
     dev, _ = pick_device(device)
     if dev.type == "cuda":
         return torch.bfloat16
-    return torch.bfloat16 if batch_size >= BF16_MIN_BATCH and cpu_has_fast_bf16() else torch.float32
+    if not cpu_has_fast_bf16():
+        return torch.float32
+    float32_max = cpu_linear.fast_rows() if cpu_linear.packed_kernel() is not None else BF16_MIN_BATCH - 1
+    return torch.bfloat16 if batch_size > float32_max else torch.float32
 
 
 def _from_pretrained(path: Path, dtype: torch.dtype, gguf_file: str | None = None):
