@@ -292,9 +292,13 @@ class LoadedModel:
         the model's own layers, it reads a transposed copy in passes of a few rows)."""
         head = getattr(self, "_reduced_rows_cache", None)
         if head is None:
-            rows = self.model.get_output_embeddings().weight[self.vocab_ids].detach().contiguous()
-            head = SmallRowsLinear(rows.shape[1], rows.shape[0], bias=False, device="meta")
-            head.weight = torch.nn.Parameter(rows, requires_grad=False)
+            # made outside inference mode even when first asked for inside a pass: an
+            # inference tensor has no version counter, so SmallRowsLinear would not keep its
+            # fast copy and every draft pass would read the rows through F.linear
+            with torch.inference_mode(False):
+                rows = self.model.get_output_embeddings().weight[self.vocab_ids].detach().contiguous()
+                head = SmallRowsLinear(rows.shape[1], rows.shape[0], bias=False, device="meta")
+                head.weight = torch.nn.Parameter(rows, requires_grad=False)
             self._reduced_rows_cache = head
         return head
 

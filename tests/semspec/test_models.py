@@ -135,6 +135,22 @@ def test_reduced_head_swaps_the_lm_head_for_the_block_only(tiny_target):
         assert model.get_output_embeddings() is tiny_target.model.get_output_embeddings()
 
 
+def test_the_reduced_head_keeps_its_fast_copy_when_first_used_inside_a_pass(tiny_target):
+    import dataclasses
+
+    sub = dataclasses.replace(tiny_target, vocab_ids=torch.arange(3, 3 + 16))
+    hidden = torch.randn(1, sub.hidden_size)
+    with torch.inference_mode():  # as the runner's passes run
+        logits = sub.head_logits(hidden)
+        rows = sub._reduced_rows()
+        again = sub.head_logits(hidden)
+    assert not rows.weight.is_inference()
+    assert rows._fast_weight is not None  # read through the few-row copy, not F.linear
+    full = tiny_target.head_logits(hidden)
+    torch.testing.assert_close(logits[0, 3:19], full[0, 3:19], atol=1e-5, rtol=1e-5)
+    assert torch.equal(logits, again) and int(torch.isfinite(logits).sum()) == 16
+
+
 def test_pick_dtype(monkeypatch):
     import torch
 
