@@ -588,12 +588,33 @@ def steps_for(session: Session, item_pk: int) -> list[StepLog]:
     )
 
 
-def step_outcomes(session: Session, job_id: str) -> list[tuple]:
-    """(step index, author, decision, target tokens, reason) of every logged step of the job."""
-    return list(session.execute(
-        select(StepLog.step_index, StepLog.author, StepLog.decision, StepLog.target_tokens, StepLog.reason)
-        .where(StepLog.job_id == job_id)
-    ))
+@dataclass
+class StepCounts:
+    """A job's step log counted by the database, for reports: a job of a million items logs
+    tens of millions of steps, which a report must not load. Each maps a group to its steps."""
+
+    # (step index, capped at the max_position asked for, decision)
+    by_position: dict[tuple[int, str], int]
+    # (author, decision, target tokens) of steps whose target-token count is known and > 0
+    by_length: dict[tuple[str, str, int], int]
+    by_reason: dict[tuple[str, str | None], int]  # (decision, reason)
+
+
+def step_counts(session: Session, job_id: str, max_position: int) -> StepCounts:
+    """The job's logged steps grouped three ways (``StepCounts``), in three GROUP BY queries."""
+    mine = StepLog.job_id == job_id
+    position = case((StepLog.step_index > max_position, max_position), else_=StepLog.step_index)
+
+    def grouped(*columns, where=mine):
+        rows = session.execute(select(*columns, func.count()).where(where).group_by(*columns))
+        return {tuple(row[:-1]): int(row[-1]) for row in rows}
+
+    return StepCounts(
+        by_position=grouped(position, StepLog.decision),
+        by_length=grouped(StepLog.author, StepLog.decision, StepLog.target_tokens,
+                          where=mine & (StepLog.target_tokens > 0)),
+        by_reason=grouped(StepLog.decision, StepLog.reason),
+    )
 
 
 def completions(session: Session, job_id: str) -> list[tuple]:

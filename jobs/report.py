@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from db import repo
@@ -27,16 +28,41 @@ def _plt():
     return plt
 
 
-def plot_acceptance(steps: list[tuple], path: Path) -> None:
+@dataclass
+class StepFigures:
+    """What the report shows of a job's step log, each a count of steps."""
+
+    drafted: Counter = field(default_factory=Counter)  # by step position (capped): verified drafts
+    kept: Counter = field(default_factory=Counter)  # by step position (capped): kept drafts
+    kept_lengths: Counter = field(default_factory=Counter)  # by target tokens: kept drafted steps
+    written_lengths: Counter = field(default_factory=Counter)  # by target tokens: target-written steps
+    decisions: Counter = field(default_factory=Counter)
+    reasons: Counter = field(default_factory=Counter)  # why the target wrote an undrafted step
+
+    @classmethod
+    def of(cls, counts: repo.StepCounts) -> "StepFigures":
+        f = cls()
+        for (pos, decision), n in counts.by_position.items():
+            if decision in VERIFIED:
+                f.drafted[pos] += n
+                f.kept[pos] += n if decision == "accepted" else 0
+        for (author, decision, tokens), n in counts.by_length.items():
+            if decision == "accepted":
+                f.kept_lengths[tokens] += n
+            if author == "target":
+                f.written_lengths[tokens] += n
+        for (decision, reason), n in counts.by_reason.items():
+            f.decisions[decision] += n
+            if decision == "target_only" and reason:
+                f.reasons[reason] += n
+        return f
+
+
+def plot_acceptance(figures: StepFigures, path: Path) -> None:
     """Share of drafted steps kept, by step position, with how many were drafted there."""
     plt = _plt()
     from matplotlib.ticker import MaxNLocator
-    drafted, kept = Counter(), Counter()
-    for index, _author, decision, _tokens, _reason in steps:
-        if decision in VERIFIED:
-            pos = min(index, MAX_POSITION)
-            drafted[pos] += 1
-            kept[pos] += decision == "accepted"
+    drafted, kept = figures.drafted, figures.kept
     fig, ax = plt.subplots(figsize=(8, 4))
     if drafted:
         xs = sorted(drafted)
@@ -58,18 +84,19 @@ def plot_acceptance(steps: list[tuple], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_step_lengths(steps: list[tuple], path: Path) -> None:
+def plot_step_lengths(figures: StepFigures, path: Path) -> None:
     """Target tokens per step: drafted steps kept beside steps the target wrote."""
     plt = _plt()
-    kept = [t for _, author, decision, t, _ in steps if decision == "accepted" and t]
-    written = [t for _, author, decision, t, _ in steps if author == "target" and t]
+    kept, written = figures.kept_lengths, figures.written_lengths
     fig, ax = plt.subplots(figsize=(8, 4))
-    top = max(kept + written + [1])
+    top = max([*kept, *written, 1])
     bins = range(0, top + 2, max(1, (top + 1) // 30))
-    if kept:
-        ax.hist(kept, bins=bins, alpha=0.7, label=f"kept drafted steps ({len(kept)})", color="tab:blue")
-    if written:
-        ax.hist(written, bins=bins, alpha=0.5, label=f"target-written steps ({len(written)})", color="tab:orange")
+    for lengths, label, alpha, color in ((kept, "kept drafted steps", 0.7, "tab:blue"),
+                                         (written, "target-written steps", 0.5, "tab:orange")):
+        if lengths:
+            xs = sorted(lengths)
+            ax.hist(xs, bins=bins, weights=[lengths[x] for x in xs], alpha=alpha, color=color,
+                    label=f"{label} ({sum(lengths.values())})")
     ax.set_xlabel("target tokens in the step")
     ax.set_ylabel("steps")
     ax.set_title("Step lengths")
@@ -113,9 +140,8 @@ def plot_throughput(done: list[tuple], started, path: Path) -> None:
     plt.close(fig)
 
 
-def markdown(st: dict, steps: list[tuple]) -> str:
-    decisions = Counter(d for _, _, d, _, _ in steps)
-    reasons = Counter(r for _, _, d, _, r in steps if d == "target_only" and r)
+def markdown(st: dict, figures: StepFigures) -> str:
+    decisions, reasons = figures.decisions, figures.reasons
     lines = [f"# Job {st['id']} — {st['name'] or ''}".rstrip(" —"), "", "```", render(st), "```", "",
              "| figure | value |", "|---|---|",
              f"| status | {st['status']} |", f"| method | {st['method']} |",
@@ -142,12 +168,12 @@ def write_report(job_id: str, out_dir: str | Path, *, url: str | None = None) ->
     if st is None:
         raise KeyError(job_id)
     with session_factory(url)() as session:
-        steps = repo.step_outcomes(session, job_id)
+        figures = StepFigures.of(repo.step_counts(session, job_id, MAX_POSITION))
         done = repo.completions(session, job_id)
         started = repo.as_utc(repo.get_job(session, job_id).started_at)
-    plot_acceptance(steps, out / "step_acceptance.png")
-    plot_step_lengths(steps, out / "step_lengths.png")
+    plot_acceptance(figures, out / "step_acceptance.png")
+    plot_step_lengths(figures, out / "step_lengths.png")
     plot_throughput(done, started, out / "throughput.png")
-    (out / "report.md").write_text(markdown(st, steps), encoding="utf-8")
+    (out / "report.md").write_text(markdown(st, figures), encoding="utf-8")
     (out / "manifest.json").write_text(json.dumps(manifest_of(job_id, url=url), indent=2, default=str) + "\n")
     return out

@@ -2,7 +2,9 @@
 database alone (SQLite, the instant test-double engine)."""
 
 import json
+from collections import Counter
 
+import pytest
 from click.testing import CliRunner
 
 from cli.main import main
@@ -28,14 +30,60 @@ def test_report_of_the_job_just_run(tmp_path, sqlite_db, fake_engine):
     assert json.loads((out / "manifest.json").read_text())["job"]["id"] == job_id
 
 
+def _add_steps(url, job_id, steps):
+    """Log ``steps`` (step index, author, decision, target tokens, reason) on the job's first item."""
+    from sqlalchemy import select
+
+    from db.models import Item, StepLog
+    from db.session import session_factory
+
+    with session_factory(url)() as session:
+        item = session.scalars(select(Item).where(Item.job_id == job_id).order_by(Item.id)).first()
+        for index, author, decision, tokens, reason in steps:
+            session.add(StepLog(item_pk=item.id, job_id=job_id, step_index=index, author=author, text="x",
+                                drafted_tokens=0, accepted_tokens=0, decision=decision, seconds=0.0,
+                                target_tokens=tokens, reason=reason))
+        session.commit()
+
+
+def _run_job(tmp_path, sqlite_db):
+    res = invoke("run", ROOT / "examples" / "prompts.jsonl", "-o", tmp_path / "o.jsonl", "--db", sqlite_db)
+    return res.output.strip().splitlines()[-1]
+
+
 def test_the_figures_count_why_the_target_wrote_undrafted_steps(tmp_path, sqlite_db, fake_engine):
-    from jobs.report import markdown
+    from jobs.report import StepFigures, markdown
     from jobs.status import job_status
 
-    res = invoke("run", ROOT / "examples" / "prompts.jsonl", "-o", tmp_path / "o.jsonl", "--db", sqlite_db)
-    st = job_status(res.output.strip().splitlines()[-1], url=sqlite_db)
-    steps = [(0, "target", "target_only", 5, "backoff"), (1, "target", "target_only", 5, "backoff"),
-             (2, "target", "target_only", 3, "answer"), (3, "draft", "accepted", 4, None)]
-    md = markdown(st, steps)
+    st = job_status(_run_job(tmp_path, sqlite_db), url=sqlite_db)
+    figures = StepFigures(decisions=Counter(accepted=1, target_only=3), reasons=Counter(backoff=2, answer=1))
+    md = markdown(st, figures)
     assert "| target-only steps by reason | answer 1, backoff 2 |" in md
     assert "| steps by decision | accepted 1, target_only 3 |" in md
+
+
+@pytest.mark.parametrize("database", ["sqlite_db", "pg_db"])
+def test_the_step_figures_are_counted_in_the_database(tmp_path, database, request, fake_engine):
+    from db import repo
+    from db.session import session_factory
+    from jobs.report import MAX_POSITION, StepFigures
+
+    url = request.getfixturevalue(database)
+    job_id = _run_job(tmp_path, url)  # 3 items, each a kept draft at step 0, a rejected one at 1
+    _add_steps(url, job_id, [
+        (100, "draft", "accepted", 7, None), (101, "draft", "rejected", 9, None),  # beyond the last bar
+        (102, "target", "target_only", 5, "backoff"), (103, "target", "target_only", 5, "backoff"),
+        (104, "target", "target_only", 3, "answer"), (105, "target", "target_only", None, "answer"),
+    ])
+    with session_factory(url)() as session:
+        counts = repo.step_counts(session, job_id, MAX_POSITION)
+    f = StepFigures.of(counts)
+    assert max(pos for pos, _ in counts.by_position) == MAX_POSITION
+    assert f.drafted == Counter({0: 3, 1: 3, MAX_POSITION: 2})
+    assert f.kept == Counter({0: 3, 1: 0, MAX_POSITION: 1})
+    assert f.decisions == Counter(accepted=4, rejected=4, target_only=4)
+    assert f.reasons == Counter(backoff=2, answer=2)
+    # lengths: only steps whose target-token count is known; a rejected draft's is not a kept length
+    assert f.kept_lengths[7] == 1 and 9 not in f.kept_lengths
+    assert f.written_lengths[5] == 2 and f.written_lengths[3] == 1 and None not in f.written_lengths
+    assert sum(f.kept_lengths.values()) == 4
