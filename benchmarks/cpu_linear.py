@@ -3,7 +3,7 @@
 packed weight read by its own C kernel), measured in turns so the machine's drift hits all.
 
 1. Matrix products alone: 60 distinct [1536, 576] float32 matrices (more than the CPU's
-   caches hold, as in a real pass) and the [49152, 576] LM head, for 1-32 rows.
+   caches hold, as in a real pass) and the [49152, 576] LM head, for 1-512 rows.
 2. The embedded target's passes through the batched runner: decoding passes of 1-8
    sequences (one token each) and verification passes of one sequence over 4-24 tokens.
 
@@ -102,7 +102,7 @@ def matmuls(turns: int) -> dict:
         return x @ c if name == "transposed" else cpu_linear.packed_matmul(x, c, w.shape[0], kernels[name])
 
     out = {}
-    for rows in (1, 2, 3, 4, 8, 16, 32):
+    for rows in (1, 2, 3, 4, 8, 16, 32, 64, 128, 512):  # 64 and on: verifications of a batch, prefills
         x = torch.randn(rows, 576)
         out[f"60 layers, {rows} rows"] = _turns(
             {n: (lambda n=n: _ms(lambda: [product(n, x, m, i) for i, m in enumerate(mats)], 3)) for n in names},

@@ -14,8 +14,11 @@ such passes and, for passes of a few rows, reads that:
   ``cc``) for the CPU's vector width into ``~/.cache/semjobs/kernels``
   (``SEMJOBS_KERNEL_CACHE``). Each output is one chain of multiply-adds in a fixed order,
   so a row's result does not depend on the other rows of its pass, nor on the vector
-  width. Up to 32 rows at one torch thread, 16 at more (the kernel runs on one thread;
-  torch's own, on several, wins sooner).
+  width. At one torch thread it serves every pass: in passes of many rows (prefills,
+  verifications of a batch) it is bound by its multiply-adds, which it issues near the
+  CPU's peak, and it still measured 1.7-3.3x faster than torch's float32 kernel there. At
+  more threads, up to 16 rows (the kernel runs on one thread; torch's own, on several,
+  wins sooner).
 - without a compiler or AVX2 + FMA, or for an output size the panels do not divide: the
   transposed copy (``x @ Wt``), which torch's kernel reads faster for one to three rows.
 
@@ -47,8 +50,10 @@ KERNEL_SOURCE = Path(__file__).with_name("cpu_linear.c")
 BUILD_FLAGS = ("-O3", "-shared", "-fPIC")
 AVX2_FLAGS = ("-mavx2", "-mfma")  # panels of 8 output columns
 AVX512_FLAGS = (*AVX2_FLAGS, "-mavx512f")  # panels of 16
-# the most rows a pass may have to read the packed copy, at one torch thread / at more
-PACKED_ROWS_ONE_THREAD, PACKED_ROWS_THREADS = 32, 16
+# the most rows a pass may have to read the packed copy, at one torch thread (None: any
+# pass; the kernel measured 1.7-3.3x faster than torch's float32 kernel from 1 to 512 rows,
+# docs/batching.md) / at more (torch's kernel then runs on several cores, the kernel on one)
+PACKED_ROWS_ONE_THREAD, PACKED_ROWS_THREADS = None, 16
 TRANSPOSED_ROWS = 3  # the same for the transposed copy, when the kernel is unavailable
 
 
@@ -125,9 +130,9 @@ def packed_kernel() -> Kernel | None:
         return None
 
 
-def fast_rows() -> int:
+def fast_rows() -> int | None:
     """The most rows a float32 CPU pass may have to read the packed copy, at the current
-    torch thread count."""
+    torch thread count (None: no limit)."""
     return PACKED_ROWS_ONE_THREAD if torch.get_num_threads() == 1 else PACKED_ROWS_THREADS
 
 
@@ -172,7 +177,8 @@ class SmallRowsLinear(torch.nn.Linear):
             return F.linear(x, w, self.bias)
         kernel = packed_kernel()
         packed = kernel is not None and w.shape[0] % kernel.panel == 0
-        if x.numel() > (fast_rows() if packed else TRANSPOSED_ROWS) * x.shape[-1]:
+        limit = fast_rows() if packed else TRANSPOSED_ROWS
+        if limit is not None and x.numel() > limit * x.shape[-1]:
             return F.linear(x, w, self.bias)
         key = (w.data_ptr(), w._version, kernel.panel if packed else 0)
         if self._copied != key:

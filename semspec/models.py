@@ -385,10 +385,11 @@ def pick_device(device: str | torch.device = "auto") -> tuple[torch.device, torc
 # Against torch's float32 kernels, bfloat16 wins from about 4 sequences on wherever the CPU
 # has bfloat16 matrix instructions (measured on a 2-core AMX CPU, one thread, SmolLM2-135M:
 # a decode pass of 1 / 8 / 32 sequences 69 / 179 / 211 ms in float32, 89 / 73 / 137 ms in
-# bfloat16). The few-row float32 kernel (semspec/cpu_linear.py) moves that point to the
-# most rows it serves: `ar` ran 1.27x / 1.59x the tokens/s of bfloat16 at batch 8 / 16 with
-# it on an AVX512-BF16 host (docs/batching.md).
+# bfloat16). With the packed float32 kernel (semspec/cpu_linear.py) float32 wins up to 32
+# sequences: `ar` ran 1.27x / 1.59x / 1.44x the tokens/s of bfloat16 at batch 8 / 16 / 32 on
+# an AVX512-BF16 host (docs/batching.md).
 BF16_MIN_BATCH = 4
+FLOAT32_MAX_BATCH_WITH_KERNEL = 32
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -406,8 +407,9 @@ def cpu_has_fast_bf16() -> bool:
 def pick_dtype(device: str | torch.device = "auto", batch_size: int = 1, choice: str = "auto") -> torch.dtype:
     """The number type the models run in: ``choice`` when it names one, else bfloat16 on
     CUDA, bfloat16 on a CPU with bfloat16 instructions once ``batch_size`` reaches
-    ``BF16_MIN_BATCH`` or, where the few-row float32 kernel runs, once it exceeds the rows
-    that kernel serves; float32 otherwise."""
+    ``BF16_MIN_BATCH`` or, where the packed float32 kernel runs at one torch thread, once
+    it exceeds ``FLOAT32_MAX_BATCH_WITH_KERNEL`` (at more threads, the rows that kernel
+    serves); float32 otherwise."""
     if choice != "auto":
         if choice not in DTYPES:
             raise ValueError(f"unknown dtype {choice!r}; one of auto, {', '.join(DTYPES)}")
@@ -417,7 +419,9 @@ def pick_dtype(device: str | torch.device = "auto", batch_size: int = 1, choice:
         return torch.bfloat16
     if not cpu_has_fast_bf16():
         return torch.float32
-    float32_max = cpu_linear.fast_rows() if cpu_linear.packed_kernel() is not None else BF16_MIN_BATCH - 1
+    float32_max = BF16_MIN_BATCH - 1
+    if cpu_linear.packed_kernel() is not None:
+        float32_max = cpu_linear.fast_rows() or FLOAT32_MAX_BATCH_WITH_KERNEL
     return torch.bfloat16 if batch_size > float32_max else torch.float32
 
 

@@ -57,7 +57,7 @@ def test_the_build_matches_the_cpus_widest_vectors():
 def test_few_rows_read_the_packed_copy_and_match_linear(bias, in_features):
     lin = _linear(out_features=48, in_features=in_features, bias=bias)
     with torch.no_grad():
-        for rows in range(1, cpu_linear.fast_rows() + 1):
+        for rows in range(1, (cpu_linear.fast_rows() or 40) + 1):
             x = torch.randn(rows, in_features)
             torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
         # transformers' shape [batch, positions, features], and a strided view
@@ -132,12 +132,34 @@ def test_output_sizes_the_panels_do_not_divide_read_the_transposed_copy():
         assert torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
 
 
-def test_more_rows_use_linears_own_kernel_and_make_no_copy():
+def test_at_several_threads_more_rows_use_linears_own_kernel_and_make_no_copy():
     lin = _linear()
-    x = torch.randn(cpu_linear.fast_rows() + 1, 32)
-    with torch.no_grad():
-        assert torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
-    assert lin._fast_weight is None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert cpu_linear.fast_rows() == cpu_linear.PACKED_ROWS_THREADS
+        x = torch.randn(cpu_linear.fast_rows() + 1, 32)
+        with torch.no_grad():
+            assert torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))
+        assert lin._fast_weight is None
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+def test_at_one_thread_every_pass_reads_the_packed_copy():
+    lin = _linear()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert cpu_linear.fast_rows() is None
+        x = torch.randn(300, 32)  # a prefill's worth of rows
+        with torch.no_grad():
+            y = lin(x)
+        assert lin._fast_weight is not None
+        torch.testing.assert_close(y, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.skipif(cpu_linear.isa_flags() is None, reason="no AVX2 here: no build is tried")

@@ -163,8 +163,9 @@ def test_pick_dtype(monkeypatch):
     monkeypatch.setattr(models, "cpu_has_fast_bf16", lambda: True)
     assert models.pick_dtype("cpu", 1) is torch.float32  # one sequence: float32 is faster
     if models.cpu_linear.packed_kernel() is not None:  # float32 for as many rows as the kernel serves
-        assert models.pick_dtype("cpu", models.cpu_linear.fast_rows()) is torch.float32
-        assert models.pick_dtype("cpu", models.cpu_linear.fast_rows() + 1) is torch.bfloat16
+        most = models.cpu_linear.fast_rows() or models.FLOAT32_MAX_BATCH_WITH_KERNEL
+        assert models.pick_dtype("cpu", most) is torch.float32
+        assert models.pick_dtype("cpu", most + 1) is torch.bfloat16
     monkeypatch.setattr(models.cpu_linear, "packed_kernel", lambda: None)
     assert models.pick_dtype("cpu", models.BF16_MIN_BATCH - 1) is torch.float32
     assert models.pick_dtype("cpu", models.BF16_MIN_BATCH) is torch.bfloat16
