@@ -16,7 +16,8 @@ such passes and, for passes of a few rows, reads that:
   so a row's result does not depend on the other rows of its pass, nor on the vector
   width. At one torch thread it serves every pass: in passes of many rows (prefills,
   verifications of a batch) it is bound by its multiply-adds, which it issues near the
-  CPU's peak, and it still measured 1.7-3.3x faster than torch's float32 kernel there. At
+  CPU's peak, and it measured 1.8-2.8x faster than torch's float32 kernel there (its AVX2
+  build 0.95-1.5x). At
   more threads, up to 16 rows (the kernel runs on one thread; torch's own, on several,
   wins sooner).
 - without a compiler or AVX2 + FMA, or for an output size the panels do not divide: the
@@ -51,8 +52,9 @@ BUILD_FLAGS = ("-O3", "-shared", "-fPIC")
 AVX2_FLAGS = ("-mavx2", "-mfma")  # panels of 8 output columns
 AVX512_FLAGS = (*AVX2_FLAGS, "-mavx512f")  # panels of 16
 # the most rows a pass may have to read the packed copy, at one torch thread (None: any
-# pass; the kernel measured 1.7-3.3x faster than torch's float32 kernel from 1 to 512 rows,
-# docs/batching.md) / at more (torch's kernel then runs on several cores, the kernel on one)
+# pass; from 32 to 512 rows the AVX-512 build measured 1.8-2.8x torch's float32 kernel, the
+# AVX2 build 0.95-1.5x, docs/batching.md) / at more (torch's kernel then runs on several
+# cores, the kernel on one)
 PACKED_ROWS_ONE_THREAD, PACKED_ROWS_THREADS = None, 16
 TRANSPOSED_ROWS = 3  # the same for the transposed copy, when the kernel is unavailable
 
