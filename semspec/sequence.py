@@ -622,6 +622,8 @@ class TokenSDSequence(DraftingSequence):
         if rem <= 0:
             return self.finish("length")
         k = min(cfg.draft_tokens, rem - 1)
+        if cfg.draft_max_batch and self.in_flight() > cfg.draft_max_batch:
+            k = 0  # the batch's target pass runs anyway: drafting would only add head passes
         greedy = cfg.temperature <= 0
         drafted: list[int] = []
         qs: list[torch.Tensor | None] = []

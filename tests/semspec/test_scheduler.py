@@ -235,3 +235,19 @@ def test_in_a_full_batch_the_target_writes_and_drafting_resumes_as_it_thins(tiny
     first_drafted = next(i for i, s in enumerate(long) if s.decision == "accepted")
     assert all(s.reason == "batch" for s in long[:first_drafted])
     assert all(s.decision == "accepted" for s in long[first_drafted:])
+
+
+def test_token_sd_drafts_only_when_the_batch_thins_and_keeps_the_targets_greedy_text(tiny_target, tiny_draft):
+    """token_sd under draft_max_batch: while the batch is full the target decodes token by
+    token (no head passes); the sequence left alone drafts again. Greedy text is ar's either way."""
+    from semspec.engine import Request
+
+    e = Engine(tiny_target, tiny_draft)
+    lengths = [60, 12, 12]
+    reqs = [Request(PROMPTS[0], cfg("token_sd", max_new_tokens=n, temperature=0.0, draft_max_batch=1), key=i)
+            for i, n in enumerate(lengths)]
+    done = {d.key: d.result for d in e.generate_many(reqs, batch_size=3)}
+    assert done[1].counters.drafted_tokens == 0 and done[2].counters.drafted_tokens == 0
+    assert done[0].counters.drafted_tokens > 0  # alone after the others ended
+    for i, n in enumerate(lengths):
+        assert done[i].text == e.generate(PROMPTS[0], cfg("ar", max_new_tokens=n, temperature=0.0)).text
