@@ -51,7 +51,7 @@ class Settings(BaseSettings):
     method: str = "ar"  # becomes "semspec" once the embedded draft and probes ship
     max_new_tokens: int = Field(default=512, gt=0)
     temperature: float = Field(default=0.0, ge=0, le=2)
-    # semspec/step_judge draft only while at most this many sequences are in flight
+    # semspec, step_judge and token_sd draft only while at most this many sequences are in flight
     # (GenerationConfig.draft_max_batch); None: the engine's choice (1 on a CPU), 0: always.
     draft_max_batch: int | None = Field(default=None, ge=0)
     seed: int = 0
