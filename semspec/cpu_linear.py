@@ -119,17 +119,20 @@ def _compile(source: Path, out_dir: Path, flags: tuple[str, ...]) -> Path:
 
 @lru_cache(maxsize=1)
 def packed_kernel() -> Kernel | None:
-    """The kernel built for this CPU, or None where it cannot run here (no AVX2 + FMA, no
+    """The kernel built for this CPU's widest vectors (the AVX2 build where an AVX-512 one
+    fails, e.g. with an old compiler), or None where it cannot run here (no AVX2 + FMA, no
     compiler, a failed build: said once in the log; the transposed copy serves)."""
     flags = isa_flags()
     if flags is None:
         log.info("few-row float32 kernel off: this CPU has no AVX2")
         return None
-    try:
-        return load_kernel(flags)
-    except Exception as e:  # noqa: BLE001 -- whatever stops the build, the layers still work without it
-        log.warning("few-row float32 kernel unavailable (%s); few-row passes read a transposed copy", e)
-        return None
+    for attempt in dict.fromkeys((flags, AVX2_FLAGS)):
+        try:
+            return load_kernel(attempt)
+        except Exception as e:  # noqa: BLE001 -- whatever stops the build, the layers still work without it
+            error = e
+    log.warning("few-row float32 kernel unavailable (%s); few-row passes read a transposed copy", error)
+    return None
 
 
 def fast_rows() -> int | None:

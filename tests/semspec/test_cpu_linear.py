@@ -177,6 +177,25 @@ def test_a_failed_build_leaves_the_transposed_copy_and_says_why(monkeypatch, tmp
         cpu_linear.packed_kernel.cache_clear()
 
 
+@pytest.mark.skipif(cpu_linear.isa_flags() != cpu_linear.AVX512_FLAGS or shutil.which("cc") is None,
+                    reason="no AVX-512 here")
+def test_where_the_avx512_build_fails_the_avx2_build_serves(monkeypatch, tmp_path):
+    built = cpu_linear.load_kernel
+    monkeypatch.setenv("SEMJOBS_KERNEL_CACHE", str(tmp_path))
+
+    def no_avx512(flags, out_dir=None):
+        if "-mavx512f" in flags:
+            raise OSError("cc: unrecognized option -mavx512f")
+        return built(flags, out_dir)
+
+    monkeypatch.setattr(cpu_linear, "load_kernel", no_avx512)
+    cpu_linear.packed_kernel.cache_clear()
+    try:
+        assert cpu_linear.packed_kernel().panel == 8
+    finally:
+        cpu_linear.packed_kernel.cache_clear()
+
+
 @can_build
 def test_the_build_is_made_once_per_source_compiler_and_flags(tmp_path):
     flags = cpu_linear.isa_flags()
