@@ -17,9 +17,8 @@ such passes and, for passes of a few rows, reads that:
   width. At one torch thread it serves every pass: in passes of many rows (prefills,
   verifications of a batch) it is bound by its multiply-adds, which it issues near the
   CPU's peak, and it measured 1.8-2.8x faster than torch's float32 kernel there (its AVX2
-  build 0.95-1.5x). At
-  more threads, up to 16 rows (the kernel runs on one thread; torch's own, on several,
-  wins sooner).
+  build 0.95-1.5x). At more threads, up to 16 rows (the kernel runs on one thread;
+  torch's own, on several, wins sooner).
 - without a compiler or AVX2 + FMA, or for an output size the panels do not divide: the
   transposed copy (``x @ Wt``), which torch's kernel reads faster for one to three rows.
 

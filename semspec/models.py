@@ -289,7 +289,7 @@ class LoadedModel:
 
     def _reduced_rows(self) -> torch.nn.Linear:
         """A linear layer over the LM head's rows of the reduced vocabulary (made once; like
-        the model's own layers, it reads a transposed copy in passes of a few rows)."""
+        the model's own layers, it reads its packed copy in float32 on a CPU)."""
         head = getattr(self, "_reduced_rows_cache", None)
         if head is None:
             # made outside inference mode even when first asked for inside a pass: an
