@@ -45,7 +45,8 @@ class StepFigures:
         for (pos, decision), n in counts.by_position.items():
             if decision in VERIFIED:
                 f.drafted[pos] += n
-                f.kept[pos] += n if decision == "accepted" else 0
+            if decision == "accepted":
+                f.kept[pos] += n
         for (author, decision, tokens), n in counts.by_length.items():
             if decision == "accepted":
                 f.kept_lengths[tokens] += n

@@ -70,8 +70,9 @@ class GenerationConfig:
     # flight. With more, the target's pass runs on every tick for the others anyway, and a
     # drafted step saves no pass: it only adds draft passes (docs/batching.md). The target
     # writes meanwhile (semspec and step_judge log reason "batch"; token_sd's steps show no
-    # drafted tokens), and drafting resumes as the batch thins out at the end of a job. None: the engine's choice (1 on a CPU, as measured; no limit on an
-    # accelerator, untested); 0: no limit. Outputs then depend on the batch's occupancy.
+    # drafted tokens), and drafting resumes as the batch thins out at the end of a job.
+    # None: the engine's choice (1 on a CPU, as measured; no limit on an accelerator,
+    # untested); 0: no limit. Outputs then depend on the batch's occupancy.
     # The service's default: SEMJOBS_DRAFT_MAX_BATCH.
     draft_max_batch: int | None = None
     # Extra arguments of the tokenizer's chat template (e.g. {"enable_thinking": True}).
