@@ -315,11 +315,15 @@ def retry(job, include_pending, db_url) -> None:
               help="Continue an unfinished job of the same file and settings in this "
               "database (after a crash or Ctrl-C) instead of starting a new one.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
-              help="Items decoded at once (default: SEMJOBS_BATCH_SIZE).")
+              help="Items each engine process decodes at once (default: SEMJOBS_BATCH_SIZE).")
+@click.option("--processes", type=click.IntRange(min=1), default=None,
+              help="Engine processes (default: SEMJOBS_PROCESSES, else one per core on a CPU, "
+              "one on a GPU).")
 def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, name, samples, db_url,
-        steps, resume, batch_size) -> None:
-    """Embedded mode: no servers; process FILE in this process into a SQLite file, then
-    export. Same tables, same per-item code as the workers.
+        steps, resume, batch_size, processes) -> None:
+    """Embedded mode: no servers; process FILE on this machine into a SQLite file, then
+    export. Same tables, same per-item code as the workers; on a CPU one engine process per
+    core.
 
     Example: semjobs run examples/prompts.jsonl -o out/results.jsonl --batch-size 16"""
     from db import migrate
@@ -327,45 +331,54 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     from jobs.status import answers_line, job_status
     from jobs.submit import find_resumable, unfinished_seqs, validate
     from semjobs.settings import settings
-    from worker import engine as engines
+    from worker import engine_processes
     from worker.engine import EngineLoadError
-    from worker.process import run_items
     from worker.queues import EMBEDDED_QUEUE
 
     url = db_url or settings.embedded_database_url
     if batch_size is not None:
         settings.batch_size = batch_size
+    if processes is not None:
+        settings.processes = processes
     config = _config(method, max_new_tokens, temperature, top_p, seed, samples)
     migrate.upgrade(url)
     validation = validate(file, samples)
-    if validation.ok:  # load first: a model or probe file that cannot load stores no job
-        # (bad input is refused by _store below, before anything loads)
-        click.echo("loading the engine...", err=True)
-        try:
-            engines.get_engine()  # kept for run_items, which decodes with it
-        except EngineLoadError as e:
-            click.echo(f"error: {e}; nothing was stored", err=True)
-            sys.exit(1)
     job_id = (find_resumable(validation, config, samples=samples, url=url)
               if resume and validation.ok else None)
-    if job_id is not None:
-        seqs = unfinished_seqs(job_id, url=url)
-        click.echo(f"resuming job {job_id}: {len(seqs)} of {validation.n_samples} items left; "
-                   f"database {_shown(url)}", err=True)
-    else:
-        job_id, n = _store(file, config, EMBEDDED_QUEUE, name, url, "queued", samples, validation)
-        remember(job_id, url)
-        seqs = list(range(n))
-        click.echo(f"job {job_id}: {n} items, method {config['method']}; database {_shown(url)}",
-                   err=True)
-    t0 = time.perf_counter()
-    try:
-        with click.progressbar(length=len(seqs), label="generating", file=sys.stderr) as bar:
-            run_items(job_id, seqs, url=url, on_item=lambda _k, _s: bar.update(1))
-    except KeyboardInterrupt:
-        click.echo(f"\ninterrupted: finished items of job {job_id} are kept in {_shown(url)}; "
-                   f"export them with `semjobs export {job_id} --db {_shown(url)} -o OUT`", err=True)
-        sys.exit(130)
+    seqs = unfinished_seqs(job_id, url=url) if job_id is not None else None
+    n_procs, threads = (engine_processes.plan(len(seqs) if seqs is not None else validation.n_samples)
+                        if validation.ok else (1, settings.threads))
+    with engine_processes.open_engines(n_procs, threads) as engines:
+        if validation.ok:  # load first: a model or probe file that cannot load stores no job
+            # (bad input is refused by _store below, before anything loads)
+            click.echo("loading the engine" + (f" in {n_procs} processes, {threads} torch thread(s) "
+                       "each" if n_procs > 1 else "") + "...", err=True)
+            try:
+                engines.wait_loaded()
+            except EngineLoadError as e:
+                click.echo(f"error: {e}; nothing was stored", err=True)
+                sys.exit(1)
+        if job_id is not None:
+            click.echo(f"resuming job {job_id}: {len(seqs)} of {validation.n_samples} items left; "
+                       f"database {_shown(url)}", err=True)
+        else:
+            job_id, n = _store(file, config, EMBEDDED_QUEUE, name, url, "queued", samples, validation)
+            remember(job_id, url)
+            seqs = list(range(n))
+            click.echo(f"job {job_id}: {n} items, method {config['method']}; database {_shown(url)}",
+                       err=True)
+        t0 = time.perf_counter()
+        try:
+            with click.progressbar(length=len(seqs), label="generating", file=sys.stderr) as bar:
+                engines.run(job_id, seqs, url, on_item=lambda _seq: bar.update(1))
+        except KeyboardInterrupt:
+            click.echo(f"\ninterrupted: finished items of job {job_id} are kept in {_shown(url)}; "
+                       f"export them with `semjobs export {job_id} --db {_shown(url)} -o OUT`", err=True)
+            sys.exit(130)
+        except engine_processes.EngineProcessLost as e:
+            click.echo(f"\nerror: {e}; finished items of job {job_id} are kept in {_shown(url)}; "
+                       "run the same command again to finish the rest", err=True)
+            sys.exit(1)
     click.echo(f"done in {time.perf_counter() - t0:.1f}s", err=True)
     _export(job_id, output, errors, url, steps)
     answers = job_status(job_id, url=url)["answers"]

@@ -130,6 +130,9 @@ def fake_engine(monkeypatch):
     from worker import engine as engines
 
     monkeypatch.setattr(settings, "engine_factory", FAKE_ENGINE)
+    # `semjobs run` decodes in this process (its engine processes are spawned, ~5 s each:
+    # tests/worker/test_engine_processes.py runs them)
+    monkeypatch.setattr(settings, "processes", 1)
     monkeypatch.syspath_prepend(str(ROOT))
     engines._cache.clear()
     yield

@@ -1,0 +1,215 @@
+"""`semjobs run` across several engine processes on one machine.
+
+On a CPU one engine process with one torch thread per core outruns one process using every
+core: decoding is a chain of small matrix products that torch's threads split poorly, while
+two processes on two cores each run at nearly the one-thread speed (docs/batching.md, "One
+engine process per core"). The parent validates and stores the job, hands every process an
+interleaved share of the items, shows one progress bar and exports; each child loads its own
+engine and runs the same per-item code as a worker (`worker.process.run_items`: claim,
+decode, commit), so a child that dies loses only its items in flight, which `--resume` redoes.
+
+Children are spawned, not forked: the parent may have imported torch, and a forked copy of
+torch's thread pool hangs. They load their engines before the parent stores anything, so a
+model that cannot load stores no job, as in one process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import queue
+import signal
+import sys
+from typing import Callable
+
+from semjobs.settings import settings
+from worker.engine import EngineLoadError
+
+
+class EngineProcessLost(RuntimeError):
+    """A child engine process died before finishing its items."""
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _runs_on_cpu() -> bool:
+    if settings.device == "cpu":
+        return True
+    if settings.device != "auto":
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def plan(n_items: int) -> tuple[int, int | None]:
+    """(engine processes, torch threads in each) for a run of ``n_items`` items:
+    ``settings.processes`` when set; else, on a CPU, one process per core (or per
+    ``settings.threads`` cores), never more than the items; one process on an accelerator.
+    Threads: ``settings.threads``, else the cores shared out among the processes (None, torch's
+    default, for a single process)."""
+    cores = usable_cores()
+    processes = settings.processes
+    if processes is None:
+        processes = 1
+        if n_items > 1 and _runs_on_cpu():
+            processes = max(1, min(cores // (settings.threads or 1), n_items))
+    threads = settings.threads
+    if threads is None and processes > 1:
+        threads = max(1, cores // processes)
+    return processes, threads
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when the parent dies (killed, it cannot stop its children),
+    so no orphan keeps decoding items a rerun would claim again."""
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _child(index: int, overrides: dict, inbox, outbox) -> None:
+    """One engine process: load, say so, then run the items it is sent."""
+    from worker import engine as engines
+    from worker.process import run_items
+
+    _die_with_parent()
+
+    for name, value in overrides.items():
+        setattr(settings, name, value)
+    try:
+        try:
+            engines.get_engine()
+        except EngineLoadError as e:
+            outbox.put(("failed", index, str(e)))
+            return
+        outbox.put(("ready", index, None))
+        work = inbox.get()
+        if work is None:
+            return
+        job_id, seqs, url = work
+        run_items(job_id, seqs, url=url, on_item=lambda _key, seq: outbox.put(("item", index, seq)))
+        outbox.put(("done", index, None))
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent reports it
+        pass
+
+
+class InProcessEngine:
+    """The same interface over this process's own engine (one engine process)."""
+
+    def __enter__(self) -> InProcessEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def wait_loaded(self) -> None:
+        from worker import engine as engines
+
+        engines.get_engine()  # kept for run_items, which decodes with it
+
+    def run(self, job_id: str, seqs: list[int], url: str, on_item: Callable[[int], None]) -> None:
+        from worker.process import run_items
+
+        run_items(job_id, seqs, url=url, on_item=lambda _key, seq: on_item(seq))
+
+
+def open_engines(n: int, threads: int | None) -> InProcessEngine | EngineProcesses:
+    """Where `semjobs run` decodes: this process for ``n`` = 1, else ``n`` children."""
+    if n == 1:
+        if threads is not None:
+            settings.threads = threads
+        return InProcessEngine()
+    return EngineProcesses(n, threads)
+
+
+class EngineProcesses:
+    """``n`` child engine processes, each with ``threads`` torch threads; use as a context
+    manager (leaving it stops every child)."""
+
+    def __init__(self, n: int, threads: int | None):
+        ctx = mp.get_context("spawn")
+        overrides = settings.model_dump()
+        overrides["threads"] = threads
+        overrides["processes"] = 1
+        self._outbox = ctx.Queue()
+        self._inboxes = [ctx.Queue() for _ in range(n)]
+        self._children = [
+            ctx.Process(target=_child, args=(i, overrides, self._inboxes[i], self._outbox),
+                        name=f"semjobs-engine-{i}", daemon=True)
+            for i in range(n)
+        ]
+        for child in self._children:
+            child.start()
+
+    def __enter__(self) -> EngineProcesses:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _next(self, waiting: set[int]) -> tuple[str, int, object]:
+        """The next message from a child: (kind, child, detail); ("lost", i, exit code) when
+        child i of ``waiting`` died with nothing more to say."""
+        while True:
+            try:
+                return self._outbox.get(timeout=1.0)
+            except queue.Empty:
+                pass
+            for i in waiting:
+                code = self._children[i].exitcode
+                if code is not None:
+                    try:  # its last words may still be in the pipe
+                        return self._outbox.get(timeout=1.0)
+                    except queue.Empty:
+                        return "lost", i, code
+
+    def wait_loaded(self) -> None:
+        """Return once every child holds its engine; EngineLoadError if one could not load."""
+        waiting = set(range(len(self._children)))
+        while waiting:
+            kind, index, detail = self._next(waiting)
+            if kind == "failed":
+                raise EngineLoadError(detail)
+            if kind == "lost":
+                raise EngineLoadError(f"engine process {index} exited with code {detail} while loading")
+            waiting.discard(index)
+
+    def run(self, job_id: str, seqs: list[int], url: str, on_item: Callable[[int], None]) -> None:
+        """Run ``seqs`` of the job, child i taking every n-th item from the i-th; ``on_item``
+        is called with each finished item's seq. A child that dies does not stop the others:
+        once they are done, EngineProcessLost names it (its unfinished items stay unfinished
+        in the database, for the next run to resume)."""
+        n = len(self._children)
+        waiting, lost = set(), []
+        for i, inbox in enumerate(self._inboxes):
+            share = seqs[i::n]
+            inbox.put((job_id, share, url) if share else None)
+            if share:
+                waiting.add(i)
+        while waiting:
+            kind, index, detail = self._next(waiting)
+            if kind == "item":
+                on_item(detail)
+            elif kind in ("done", "lost"):
+                waiting.discard(index)
+                if kind == "lost":
+                    lost.append(f"engine process {index} exited with code {detail}")
+        if lost:
+            raise EngineProcessLost("; ".join(lost))
+
+    def close(self) -> None:
+        for child, inbox in zip(self._children, self._inboxes):
+            if child.is_alive():
+                inbox.put(None)  # a child still waiting for work exits
+        for child in self._children:
+            child.join(timeout=10)
+            if child.is_alive():
+                child.terminate()
+                child.join()
