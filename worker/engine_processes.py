@@ -3,8 +3,8 @@
 On a CPU one engine process with one torch thread per core outruns one process using every
 core: decoding is a chain of small matrix products that torch's threads split poorly, while
 two processes on two cores each run at nearly the one-thread speed (docs/batching.md, "One
-engine process per core"). The parent validates and stores the job, hands every process an
-interleaved share of the items, shows one progress bar and exports; each child loads its own
+engine process per core"). The parent validates and stores the job, hands every process a
+contiguous share of the items, shows one progress bar and exports; each child loads its own
 engine and runs the same per-item code as a worker (`worker.process.run_items`: claim,
 decode, commit), so a child that dies loses only its items in flight, which `--resume` redoes.
 
@@ -182,14 +182,15 @@ class EngineProcesses:
             waiting.discard(index)
 
     def run(self, job_id: str, seqs: list[int], url: str, on_item: Callable[[int], None]) -> None:
-        """Run ``seqs`` of the job, child i taking every n-th item from the i-th; ``on_item``
+        """Run ``seqs`` of the job, child i taking the i-th of n contiguous shares (an input's
+        samples are adjacent seqs, and a process prefills their shared prompt once); ``on_item``
         is called with each finished item's seq. A child that dies does not stop the others:
         once they are done, EngineProcessLost names it (its unfinished items stay unfinished
         in the database, for the next run to resume)."""
         n = len(self._children)
         waiting, lost = set(), []
         for i, inbox in enumerate(self._inboxes):
-            share = seqs[i::n]
+            share = seqs[i * len(seqs) // n:(i + 1) * len(seqs) // n]
             inbox.put((job_id, share, url) if share else None)
             if share:
                 waiting.add(i)

@@ -52,16 +52,19 @@ def _env(**extra):
 
 def test_two_engine_processes_store_every_item_once(tmp_path):
     src, out, db = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "db.sqlite"
-    _prompts(src, 12)
+    _prompts(src, 6)
     proc = run_cli(["run", str(src), "-o", str(out), "--db", f"sqlite:///{db}", "--processes", "2",
-                    "--batch-size", "2"], _env())
+                    "--batch-size", "2", "--n", "2", "--temperature", "0.5"], _env())
     assert "in 2 processes, 1 torch thread(s) each" in proc.stderr
-    ids = [json.loads(line)["id"] for line in open(out)]
-    assert sorted(ids) == sorted(f"p{i}" for i in range(12))
+    rows = [json.loads(line) for line in open(out)]
+    assert sorted((r["id"], r["sample"]) for r in rows) == [(f"p{i}", k) for i in range(6) for k in (0, 1)]
     items = _items(db)
     assert {status for _, status, _, _ in items} == {"done"}
     assert {attempts for _, _, attempts, _ in items} == {1}
-    assert len({worker for *_, worker in items}) == 2  # two processes decoded
+    worker_of = {seq: worker for seq, _, _, worker in items}
+    assert len(set(worker_of.values())) == 2  # two processes decoded
+    # an input's two samples (adjacent seqs) went to one process, which prefills their prompt once
+    assert all(worker_of[2 * i] == worker_of[2 * i + 1] for i in range(6))
     manifest = json.loads((tmp_path / "out.manifest.json").read_text())
     assert manifest["identities"]["torch_threads"] == "1"
 
@@ -76,13 +79,13 @@ def test_a_killed_engine_process_loses_nothing_and_the_rerun_finishes(tmp_path):
     assert "engine process 1 exited with code -9" in first.stderr
     assert "run the same command again" in first.stderr
     status = {seq: s for seq, s, _, _ in _items(db)}
-    assert all(status[seq] == "done" for seq in (0, 2, 4, 6))  # the other process finished its share
-    assert status[5] == "running" and status[7] == "pending"  # the lost process's items wait
+    assert all(status[seq] == "done" for seq in (0, 1, 2, 3, 4))  # the other process finished its share
+    assert status[5] == "running" and status[6] == status[7] == "pending"  # the lost process's items wait
     second = run_cli(args, _env(SEMJOBS_MAX_ATTEMPTS="1"))
-    assert "resuming job" in second.stderr and "2 of 8 items left" in second.stderr
+    assert "resuming job" in second.stderr and "3 of 8 items left" in second.stderr
     items = {seq: (s, attempts) for seq, s, attempts, _ in _items(db)}
     assert items[5] == ("failed", 2)  # past max_attempts: failed, not run a third time
-    assert items[7] == ("done", 1)
+    assert items[6] == items[7] == ("done", 1)
     ids = [json.loads(line)["id"] for line in open(out)]
     assert sorted(ids) == sorted(f"p{i}" for i in range(8) if i != 5)  # each once
 
