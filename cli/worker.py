@@ -1,6 +1,7 @@
 """`semjobs worker`: a Celery worker configured by the settings object."""
 
 import os
+import sys
 
 import click
 
@@ -9,7 +10,7 @@ import click
 @click.option("-Q", "--queue", "queues", multiple=True,
               help="Queue(s) to consume (default: this model pair's queue).")
 @click.option("-c", "--concurrency", default=1, show_default=True,
-              help="Worker processes; one per GPU.")
+              help="Celery pool processes of one worker node (> 1: prefork, one chunk each).")
 @click.option("--pool", type=click.Choice(["auto", "solo", "prefork", "threads"]), default="auto",
               show_default=True, help="auto: solo for one process, prefork (lazy model load "
               "in each child) for more.")
@@ -22,19 +23,24 @@ import click
               "torch's choice).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Items each process decodes at once (default: SEMJOBS_BATCH_SIZE).")
+@click.option("--processes", type=click.IntRange(min=1), default=None,
+              help="Worker processes, each a Celery node with its own engine (default: "
+              "SEMJOBS_PROCESSES, else one per core on a CPU, one on a GPU).")
 def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, threads,
-           batch_size) -> None:
+           batch_size, processes) -> None:
     """Start a Celery worker (late acks, prefetch 1, task events on).
 
-    With one process (the default) the pool is "threads": one thread per chunk the process
-    holds, enough chunks to keep a batch of --batch-size items full, all decoded by the
-    process's one engine. With -c N > 1, N prefork processes each decode one chunk at a
-    time (a batch of at most SEMJOBS_CHUNK_SIZE items).
+    One process (on a GPU) uses the "threads" pool: one thread per chunk the process holds,
+    enough chunks to keep a batch of --batch-size items full, all decoded by the process's
+    one engine. On a CPU one such worker runs per core, with one torch thread each, under a
+    supervisor that restarts any that dies. With -c N > 1, N prefork processes each decode
+    one chunk at a time (a batch of at most SEMJOBS_CHUNK_SIZE items).
 
     Example: semjobs worker --batch-size 16 --threads 2
     """
     from semjobs.settings import settings
     from worker.celery import app
+    from worker.engine_processes import plan
     from worker.queues import queue_name
 
     if threads is not None:
@@ -43,6 +49,12 @@ def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, t
         settings.threads = threads
     if batch_size is not None:
         settings.batch_size = batch_size
+    if processes is not None:
+        settings.processes = processes
+    if concurrency == 1 and pool in ("auto", "threads"):
+        n, per_process_threads = plan()
+        if n > 1:
+            sys.exit(_supervise(n, per_process_threads, queues, hostname, loglevel, max_tasks_per_child))
 
     if pool == "auto":
         pool = "threads" if concurrency == 1 else "prefork"
@@ -58,6 +70,22 @@ def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, t
     if max_tasks_per_child:
         argv += ["--max-tasks-per-child", str(max_tasks_per_child)]
     app.worker_main(argv)
+
+
+def _supervise(n, threads, queues, hostname, loglevel, max_tasks_per_child) -> int:
+    """Run ``n`` one-process workers of these options under worker.supervisor; its exit code."""
+    from semjobs.settings import settings
+    from worker.supervisor import Supervisor
+
+    name, _, host = (hostname or f"semjobs-{os.getpid()}@%h").partition("@")
+    common = [sys.executable, "-m", "cli", "worker", "--processes", "1", "--threads", str(threads),
+              "--batch-size", str(settings.batch_size), "-l", loglevel]
+    for q in queues:
+        common += ["-Q", q]
+    if max_tasks_per_child:
+        common += ["--max-tasks-per-child", str(max_tasks_per_child)]
+    click.echo(f"semjobs worker: {n} processes, {threads} torch thread(s) each", err=True)
+    return Supervisor([[*common, "-n", f"{name}-{i}@{host or '%h'}"] for i in range(n)]).run()
 
 
 def chunks_to_fill(batch_size: int, chunk_size: int) -> int:

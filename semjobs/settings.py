@@ -40,9 +40,9 @@ class Settings(BaseSettings):
     # None keeps torch's default, one per core. On a busy or shared CPU fewer is faster: on
     # a loaded 2-core box 2 threads ran ~7x slower than 1. Workers x threads <= free cores.
     threads: int | None = Field(default=None, ge=1)
-    # Engine processes of `semjobs run`; None: one per core on a CPU (each with one thread
-    # unless `threads` says otherwise), never more than the job's items; one on an
-    # accelerator (worker.engine_processes.plan).
+    # Engine processes of `semjobs run` and `semjobs worker`; None: one per core on a CPU
+    # (each with one thread unless `threads` says otherwise; `run`: never more than the
+    # job's items), one on an accelerator (worker.engine_processes.plan).
     processes: int | None = Field(default=None, ge=1)
 
     # The engine the worker and `semjobs run` call, as "module:attribute[.attribute]". It is

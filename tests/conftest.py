@@ -150,6 +150,7 @@ def service_env(pg_db, redis_url, queue, last_run_file):
         SEMJOBS_QUEUE=queue,
         SEMJOBS_ENGINE_FACTORY=FAKE_ENGINE,
         SEMJOBS_CHUNK_SIZE="4",
+        SEMJOBS_PROCESSES="1",  # one Celery node per `semjobs worker` (test_supervisor.py: more)
         SEMJOBS_LAST_RUN_FILE=str(last_run_file),
     )
     return env

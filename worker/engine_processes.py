@@ -48,25 +48,27 @@ def _runs_on_cpu() -> bool:
     return not torch.cuda.is_available()
 
 
-def plan(n_items: int) -> tuple[int, int | None]:
-    """(engine processes, torch threads in each) for a run of ``n_items`` items:
-    ``settings.processes`` when set; else, on a CPU, one process per core (or per
-    ``settings.threads`` cores), never more than the items; one process on an accelerator.
+def plan(n_items: int | None = None) -> tuple[int, int | None]:
+    """(engine processes, torch threads in each) for ``n_items`` items (None: a worker's
+    stream of them): ``settings.processes`` when set; else, on a CPU, one process per core
+    (or per ``settings.threads`` cores), never more than the items; one on an accelerator.
     Threads: ``settings.threads``, else the cores shared out among the processes (None, torch's
     default, for a single process)."""
     cores = usable_cores()
     processes = settings.processes
     if processes is None:
         processes = 1
-        if n_items > 1 and _runs_on_cpu():
-            processes = max(1, min(cores // (settings.threads or 1), n_items))
+        if (n_items is None or n_items > 1) and _runs_on_cpu():
+            processes = max(1, cores // (settings.threads or 1))
+            if n_items is not None:
+                processes = min(processes, n_items)
     threads = settings.threads
     if threads is None and processes > 1:
         threads = max(1, cores // processes)
     return processes, threads
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: SIGTERM this process when the parent dies (killed, it cannot stop its children),
     so no orphan keeps decoding items a rerun would claim again."""
     if sys.platform.startswith("linux"):
@@ -79,7 +81,7 @@ def _child(index: int, overrides: dict, inbox, outbox) -> None:
     from worker import engine as engines
     from worker.process import run_items
 
-    _die_with_parent()
+    die_with_parent()
 
     for name, value in overrides.items():
         setattr(settings, name, value)
