@@ -14,6 +14,9 @@ from semspec.answers import is_correct
 DEFINITIONS: dict[str, str] = {
     "speedup_vs_ar": "median over prompts of ar wall-clock / method wall-clock (same prompt, same run)",
     "speedup_vs_ar_mean": "mean over prompts of the same per-prompt ratio",
+    "speedup_vs_ar_per_token": "median over prompts of ar's wall-clock per generated token / the method's "
+                               "(same prompt, same run): the speed-up without the length of the answer, "
+                               "which differs between methods whenever they sample or change the text",
     "tokens_per_second": "generated target tokens / wall-clock seconds, summed over prompts (prefill included)",
     "target_passes_per_token": "target forward passes (prefill, verification, judging and decode passes) "
                                "/ generated tokens",
@@ -119,12 +122,15 @@ def method_figures(records: list[dict | None], ar: list[dict | None], prompts: l
     verif = sum(verification_passes(r) for r in done)
     draft_s = sum(r["draft_seconds"] for r in done)
 
-    speedups, len_ratios = [], []
+    speedups, per_token, len_ratios = [], [], []
     for r, a in zip(records, ar):
         if r is None or a is None:
             continue
         if r["wall_seconds"] > 0:
             speedups.append(a["wall_seconds"] / r["wall_seconds"])
+            if r["generated_tokens"] and a["generated_tokens"]:
+                per_token.append((a["wall_seconds"] / a["generated_tokens"])
+                                 / (r["wall_seconds"] / r["generated_tokens"]))
         if a["generated_tokens"]:
             len_ratios.append(r["generated_tokens"] / a["generated_tokens"])
     ar_gen = sum(a["generated_tokens"] for r, a in zip(records, ar) if r is not None and a is not None)
@@ -143,6 +149,7 @@ def method_figures(records: list[dict | None], ar: list[dict | None], prompts: l
     out.update({
         "speedup_vs_ar": _median(speedups),
         "speedup_vs_ar_mean": _mean(speedups),
+        "speedup_vs_ar_per_token": _median(per_token),
         "tokens_per_second": _ratio(gen, wall),
         "target_passes_per_token": _ratio(tp, gen),
         "draft_time_share": _ratio(draft_s, wall),

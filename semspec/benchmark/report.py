@@ -146,18 +146,18 @@ def markdown(res: dict[str, Any], plots: dict[str, str] | None = None) -> str:
     lines += [
         f"- `ar_self_agreement` (noise floor: ar vs ar with other seeds): **{_pct(res['ar_self_agreement'])}**",
         "",
-        "| method | speed-up vs ar, median (mean) | tokens/s | target passes / token | draft share | "
-        "token acc. | mean acc. length (excl. bonus) | step acc. | answer agreement vs ar | accuracy | "
-        "length vs ar | target log-lik. |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| method | speed-up vs ar, median (mean) | per token, median | tokens/s | target passes / token | "
+        "draft share | token acc. | mean acc. length (excl. bonus) | step acc. | answer agreement vs ar | "
+        "accuracy | length vs ar | target log-lik. |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, m in res["methods"].items():
         if m.get("skipped"):
-            lines.append(f"| {label} | skipped: {m['skipped']} |" + " |" * 10)
+            lines.append(f"| {label} | skipped: {m['skipped']} |" + " |" * 11)
             continue
         lines.append(
             f"| {label} | {_f(m.get('speedup_vs_ar'))}× ({_f(m.get('speedup_vs_ar_mean'))}×) "
-            f"| {_f(m.get('tokens_per_second'), '{:.1f}')} | {_f(m.get('target_passes_per_token'))} "
+            f"| {_f(m.get('speedup_vs_ar_per_token'))}× | {_f(m.get('tokens_per_second'), '{:.1f}')} | {_f(m.get('target_passes_per_token'))} "
             f"| {_pct(m.get('draft_time_share'))} | {_pct(m.get('token_acceptance_rate'))} "
             f"| {_f(m.get('mean_accepted_length'))} | {_pct(m.get('step_acceptance_rate'))} "
             f"| {_pct(m.get('answer_agreement_vs_ar'))} | {_pct(m.get('accuracy'))} "

@@ -32,6 +32,17 @@ def test_speedup_is_the_median_of_per_prompt_ratios():
     assert f["tokens_per_second"] == pytest.approx(30 / 8)
 
 
+def test_per_token_speedup_leaves_the_answers_length_out():
+    ar = [rec(wall=2.0, gen=100), rec(wall=3.0, gen=100), rec(wall=1.0, gen=50)]
+    # the method writes twice as long an answer to prompt 0 in the same time per token
+    m = [rec("semspec", wall=4.0, gen=200), rec("semspec", wall=1.5, gen=100), rec("semspec", wall=0.5, gen=50)]
+    f = method_figures(m, ar, [{}] * 3)
+    assert f["speedup_vs_ar"] == pytest.approx(2.0)  # per-prompt wall-clock: 0.5, 2, 2
+    assert f["speedup_vs_ar_per_token"] == pytest.approx(2.0)  # per token: 1, 2, 2
+    f = method_figures(m[:1], ar[:1], [{}])
+    assert f["speedup_vs_ar"] == pytest.approx(0.5) and f["speedup_vs_ar_per_token"] == pytest.approx(1.0)
+
+
 def test_agreement_accuracy_and_missing_runs():
     ar = [rec(answer="1"), rec(answer=None), rec(answer="3"), rec(answer="4")]
     m = [rec("semspec", answer="1"), rec("semspec", answer=None), rec("semspec", answer="9"), None]
