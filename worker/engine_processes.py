@@ -1,9 +1,10 @@
-"""`semjobs run` across several engine processes on one machine.
+"""`semjobs run` across several engine processes on one machine, and how many engine
+processes `semjobs run` and `semjobs worker` start (`plan`).
 
 On a CPU one engine process with one torch thread per core outruns one process using every
 core: decoding is a chain of small matrix products that torch's threads split poorly, while
-two processes on two cores each run at nearly the one-thread speed (docs/batching.md, "One
-engine process per core"). The parent validates and stores the job, hands every process a
+two processes on two cores each keep 0.75-0.9 of a lone process's one-thread speed
+(docs/batching.md, "One engine process per core"). The parent validates and stores the job, hands every process a
 contiguous share of the items, shows one progress bar and exports; each child loads its own
 engine and runs the same per-item code as a worker (`worker.process.run_items`: claim,
 decode, commit), so a child that dies loses only its items in flight, which `--resume` redoes.
