@@ -317,8 +317,8 @@ def retry(job, include_pending, db_url) -> None:
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Items each engine process decodes at once (default: SEMJOBS_BATCH_SIZE).")
 @click.option("--processes", type=click.IntRange(min=1), default=None,
-              help="Engine processes (default: SEMJOBS_PROCESSES, else one per core on a CPU, "
-              "one on a GPU).")
+              help="Engine processes (default: SEMJOBS_PROCESSES, else one per core on a CPU, at "
+              "least 8 items each, one on a GPU).")
 def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, name, samples, db_url,
         steps, resume, batch_size, processes) -> None:
     """Embedded mode: no servers; process FILE on this machine into a SQLite file, then

@@ -19,8 +19,8 @@ import click
 @click.option("-l", "--loglevel", default="INFO", show_default=True)
 @click.option("--max-tasks-per-child", type=int, default=None)
 @click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="torch CPU threads per worker process (default: SEMJOBS_THREADS, else "
-              "torch's choice).")
+              help="torch CPU threads per worker process (default: SEMJOBS_THREADS, else one "
+              "on a CPU, torch's choice on a GPU or with -c > 1).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Items each process decodes at once (default: SEMJOBS_BATCH_SIZE).")
 @click.option("--processes", type=click.IntRange(min=1), default=None,
@@ -52,9 +52,9 @@ def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, t
     if processes is not None:
         settings.processes = processes
     if concurrency == 1 and pool in ("auto", "threads"):
-        n, per_process_threads = plan()
+        n, settings.threads = plan()
         if n > 1:
-            sys.exit(_supervise(n, per_process_threads, queues, hostname, loglevel, max_tasks_per_child))
+            sys.exit(_supervise(n, settings.threads, queues, hostname, loglevel, max_tasks_per_child))
 
     if pool == "auto":
         pool = "threads" if concurrency == 1 else "prefork"

@@ -36,14 +36,13 @@ class Settings(BaseSettings):
     # Items one engine process decodes at once (continuous batching, shared by every chunk
     # the process holds). 32 measured best on a 2-core CPU (docs/batching.md).
     batch_size: int = Field(default=32, ge=1)
-    # torch CPU threads per engine process (torch.set_num_threads before the engine loads);
-    # None keeps torch's default, one per core. On a busy or shared CPU fewer is faster: on
-    # a loaded 2-core box 2 threads ran ~7x slower than 1. Workers x threads <= free cores.
-    threads: int | None = Field(default=None, ge=1)
-    # Engine processes of `semjobs run` and `semjobs worker`; None: one per core on a CPU
-    # (each with one thread unless `threads` says otherwise; `run`: never more than the
-    # job's items), one on an accelerator (worker.engine_processes.plan).
+    # Engine processes of `semjobs run` and `semjobs worker`, and torch CPU threads in each
+    # (torch.set_num_threads before the engine loads). None: on a CPU one process per core
+    # (per `threads` cores) with one thread, `run` keeping 8 items a process; on an
+    # accelerator one process, torch's threads (worker.engine_processes.plan). On a 2-core
+    # CPU one thread decoded 3 items 3.7x faster than two; workers x threads <= free cores.
     processes: int | None = Field(default=None, ge=1)
+    threads: int | None = Field(default=None, ge=1)
 
     # The engine the worker and `semjobs run` call, as "module:attribute[.attribute]". It is
     # called once per process as factory(target=, draft=, probes=, device=, cache_dir=,

@@ -173,7 +173,9 @@ def test_worker_holds_enough_chunks_to_fill_its_batch(monkeypatch):
     monkeypatch.setattr(app, "worker_main", seen.append)
     monkeypatch.setattr(settings, "chunk_size", 4)
     monkeypatch.setattr(settings, "batch_size", settings.batch_size)  # restored afterwards
-    invoke("worker", "--batch-size", 16)
+    monkeypatch.setattr(settings, "threads", settings.threads)
+    monkeypatch.setattr(settings, "processes", settings.processes)
+    invoke("worker", "--batch-size", 16, "--processes", 1)  # one node (test_supervisor.py: more)
     argv = seen[-1]
     # one process, the threads pool, 16 / 4 chunks to fill the batch + 1 waiting to refill it
     assert argv[argv.index("--pool") + 1] == "threads" and argv[argv.index("--concurrency") + 1] == "5"

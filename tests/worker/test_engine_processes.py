@@ -12,13 +12,15 @@ from tests.conftest import FAKE_ENGINE, ROOT, run_cli
 
 
 @pytest.mark.parametrize("cores, cpu, items, processes, threads, expected", [
-    (4, True, 10, None, None, (4, 1)),   # one engine per core, one thread each
-    (4, True, 3, None, None, (3, 1)),    # never more engines than items
-    (4, True, 10, None, 2, (2, 2)),      # SEMJOBS_THREADS=2: one engine per two cores
-    (4, True, 1, None, None, (1, None)),  # one item: this process, torch's threads
-    (4, False, 10, None, None, (1, None)),  # an accelerator: one engine
-    (4, True, 10, 2, None, (2, 2)),      # --processes 2 shares the cores out
-    (1, True, 10, None, None, (1, None)),
+    (4, True, 100, None, None, (4, 1)),   # one engine per core, one thread each
+    (4, True, 20, None, None, (2, 1)),    # at least 8 items an engine
+    (4, True, 3, None, None, (1, 1)),     # a small job: one engine, one thread
+    (4, True, 100, None, 2, (2, 2)),      # SEMJOBS_THREADS=2: one engine per two cores
+    (4, True, None, None, None, (4, 1)),  # a worker: no item count
+    (4, False, 100, None, None, (1, None)),  # an accelerator: one engine, torch's threads
+    (4, True, 100, 2, None, (2, 2)),      # --processes 2 shares the cores out
+    (4, True, 100, 1, None, (1, None)),   # --processes 1: torch's threads
+    (1, True, 100, None, None, (1, 1)),
 ])
 def test_plan(monkeypatch, cores, cpu, items, processes, threads, expected):
     from semjobs.settings import settings
