@@ -54,6 +54,7 @@ def stack(private_redis, private_pg, last_run_file, tmp_path):
         SEMJOBS_QUEUE="faults", SEMJOBS_ENGINE_FACTORY=FAKE_ENGINE, SEMJOBS_CHUNK_SIZE="4",
         SEMJOBS_LAST_RUN_FILE=str(last_run_file), FAKE_ENGINE_DELAY_S="0.4",
         SEMJOBS_BATCH_SIZE="2", SEMJOBS_HEARTBEAT_INTERVAL_S="0.5", SEMJOBS_WORKER_DEAD_AFTER_S="2",
+        SEMJOBS_PROCESSES="1",  # one Celery node per `semjobs worker`, which the faults kill
     )
     w = Workers(env, tmp_path)
     w.redis, w.pg, w.url, w.tmp = private_redis, private_pg, private_pg.url, tmp_path
