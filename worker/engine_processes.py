@@ -4,10 +4,11 @@ processes `semjobs run` and `semjobs worker` start (`plan`).
 On a CPU one engine process with one torch thread per core outruns one process using every
 core: decoding is a chain of small matrix products that torch's threads split poorly, while
 two processes on two cores each keep 0.75-0.9 of a lone process's one-thread speed
-(docs/batching.md, "One engine process per core"). The parent validates and stores the job, hands every process a
-contiguous share of the items, shows one progress bar and exports; each child loads its own
-engine and runs the same per-item code as a worker (`worker.process.run_items`: claim,
-decode, commit), so a child that dies loses only its items in flight, which `--resume` redoes.
+(docs/batching.md, "One engine process per core"). The parent validates and stores the job,
+hands every process a contiguous share of the items, shows one progress bar and exports;
+each child loads its own engine and runs the same per-item code as a worker
+(`worker.process.run_items`: claim, decode, commit), so a child that dies loses only its
+items in flight, which the next run of the same command resumes.
 
 Children are spawned, not forked: the parent may have imported torch, and a forked copy of
 torch's thread pool hangs. They load their engines before the parent stores anything, so a
@@ -147,7 +148,6 @@ class EngineProcesses:
         ctx = mp.get_context("spawn")
         overrides = settings.model_dump()
         overrides["threads"] = threads
-        overrides["processes"] = 1
         self._outbox = ctx.Queue()
         self._inboxes = [ctx.Queue() for _ in range(n)]
         self._children = [

@@ -31,19 +31,18 @@ QUICK_DEATH_S, MAX_QUICK_DEATHS = 30.0, 5
 class Supervisor:
     def __init__(self, argv_for: list[list[str]]):
         self.argv_for = argv_for  # each child's command line
-        self.procs: list[subprocess.Popen | None] = [None] * len(argv_for)
-        self.started = [0.0] * len(argv_for)
+        self.procs: list[subprocess.Popen] = []
+        self.started: list[float] = []
         self.quick_deaths = [0] * len(argv_for)
         self.stopping = False
 
-    def _start(self, i: int) -> None:
-        self.procs[i] = subprocess.Popen(self.argv_for[i], preexec_fn=die_with_parent)
-        self.started[i] = time.monotonic()
+    def _start(self, i: int) -> subprocess.Popen:
+        return subprocess.Popen(self.argv_for[i], preexec_fn=die_with_parent)
 
     def _forward(self, signum, _frame) -> None:
         self.stopping = True
         for p in self.procs:
-            if p is not None and p.poll() is None:
+            if p.poll() is None:
                 p.send_signal(signum)
 
     def run(self) -> int:
@@ -57,13 +56,13 @@ class Supervisor:
                 signal.signal(sig, handler)
 
     def _loop(self) -> int:
-        for i in range(len(self.procs)):
-            self._start(i)
+        self.procs = [self._start(i) for i in range(len(self.argv_for))]
+        self.started = [time.monotonic()] * len(self.procs)
         while True:
             alive = 0
             for i, p in enumerate(self.procs):
-                if p is None or p.poll() is None:
-                    alive += p is not None
+                if p.poll() is None:
+                    alive += 1
                     continue
                 if self.stopping:
                     continue
@@ -79,7 +78,7 @@ class Supervisor:
                 print(f"semjobs worker: process {i} exited with code {p.returncode}; starting it "
                       "again", file=sys.stderr, flush=True)
                 time.sleep(RESTART_DELAY_S)
-                self._start(i)
+                self.procs[i], self.started[i] = self._start(i), time.monotonic()
                 alive += 1
             if self.stopping and alive == 0:
                 return 0
@@ -87,5 +86,4 @@ class Supervisor:
 
     def _wait(self) -> None:
         for p in self.procs:
-            if p is not None:
-                p.wait()
+            p.wait()

@@ -157,7 +157,8 @@ def markdown(res: dict[str, Any], plots: dict[str, str] | None = None) -> str:
             continue
         lines.append(
             f"| {label} | {_f(m.get('speedup_vs_ar'))}× ({_f(m.get('speedup_vs_ar_mean'))}×) "
-            f"| {_f(m.get('speedup_vs_ar_per_token'))}× | {_f(m.get('tokens_per_second'), '{:.1f}')} | {_f(m.get('target_passes_per_token'))} "
+            f"| {_f(m.get('speedup_vs_ar_per_token'))}× | {_f(m.get('tokens_per_second'), '{:.1f}')} "
+            f"| {_f(m.get('target_passes_per_token'))} "
             f"| {_pct(m.get('draft_time_share'))} | {_pct(m.get('token_acceptance_rate'))} "
             f"| {_f(m.get('mean_accepted_length'))} | {_pct(m.get('step_acceptance_rate'))} "
             f"| {_pct(m.get('answer_agreement_vs_ar'))} | {_pct(m.get('accuracy'))} "
