@@ -12,8 +12,10 @@ Conventions:
 - Budget and ``Counters.generated_tokens`` count target-tokenizer tokens; the EOS token that
   ends a sequence is not part of the output and not counted.
 - ``drafted_tokens`` / ``accepted_tokens`` count draft-tokenizer tokens the draft proposed /
-  that were kept. Bonus tokens (sampled by the target from a verification pass) are not
-  counted as accepted; ``target_forward_passes`` counts every target pass, prefill included.
+  that were kept; of a rejected step, the leading tokens the target drew alike count as kept
+  (in target tokens; the same count when the pair shares a tokenizer). Bonus tokens (sampled
+  by the target from a verification pass) are not counted as accepted;
+  ``target_forward_passes`` counts every target pass, prefill included.
 - A step's ``text`` is the target's text for it (a bonus token starts the next step).
 - ``Counters.phase_seconds`` books the wall time of every batched pass a sequence took part
   in under the phase it asked for (a shared pass counts in full for each participant).
@@ -38,6 +40,13 @@ from .stream import HeadStream, PassRequest, PassResult, Sample, Stream
 from .types import ANSWER_BY, Counters, GenerationConfig, GenerationResult, StepRecord
 
 Program = Generator[PassRequest, PassResult, None]
+
+# A verification pass also keeps the target's logits for the first few positions of the
+# drafted step, so that if the step is rejected the target's own first draws along it need
+# no pass each (``DraftingSequence.follow_rejected``). Each kept row costs one more row of
+# the LM head in a pass that runs it anyway; a run of draws equal to the draft's rarely
+# outlasts a few tokens (docs/benchmarks.md, "Rejected steps keep the target's own tokens").
+FOLLOW_ROWS = 4
 
 
 class PromptError(ValueError):
@@ -162,8 +171,9 @@ class Sequence:
         self.T.append([tok])
         return True
 
-    def target_write_step(self, decision: str, **extra) -> Program:
-        """The target writes the open step itself, token by token, until the step ends."""
+    def target_write_step(self, decision: str, first: int | None = None, **extra) -> Program:
+        """The target writes the open step itself, token by token, until the step ends.
+        ``first``: its next token, already drawn."""
         text = IncrementalText(self.T.lm.tokenizer, self.T.ids[self.step_start:])
         n = len(self.T.ids) - self.step_start
         end = None
@@ -171,7 +181,10 @@ class Sequence:
             if self.remaining() <= 0:
                 self.finish("length")
                 break
-            tok = yield from self.T.next_token(self.target_sample, phase="target_write")
+            if first is not None:
+                tok, first = first, None
+            else:
+                tok = yield from self.T.next_token(self.target_sample, phase="target_write")
             if not self.take_target_token(tok):
                 break
             n += 1
@@ -420,11 +433,41 @@ class DraftingSequence(Sequence):
         if accepted:
             self.after_accept(step, t_ids, thrown=thrown, **record)
             return
-        self.T.truncate(pre)
-        yield from self.target_write_step("rejected", draft_text=step.text, **record)
-        # the drafted tokens were thrown away: record them on the target-written step
+        kept, first = self.follow_rejected(t_ids, pre)
+        self.counters.accepted_tokens += kept
+        yield from self.target_write_step("rejected", first=first, draft_text=step.text, **record)
+        # the drafted tokens went (but for the ones the target drew alike): record them on
+        # the target-written step
         if self.steps:
             self.steps[-1].drafted_tokens = len(step.tokens) + thrown
+            self.steps[-1].accepted_tokens = kept
+
+    def follow_positions(self, pre: int, t_ids: list[int]) -> list[int]:
+        """The positions whose predicting logits a verification of ``t_ids`` (appended after
+        ``pre`` tokens) keeps for ``follow_rejected``."""
+        return [pre + i for i in range(min(FOLLOW_ROWS, len(t_ids) - 1) + 1)]
+
+    def follow_rejected(self, t_ids: list[int], pre: int) -> tuple[int, int | None]:
+        """After a rejected step: the target's own next draws, taken from the logits the
+        verification pass kept (``follow_positions``) for as long as each equals the drafted
+        token there. Each draw is the one ``target_write_step`` would make (same logits,
+        same generator), so the text is the target's own, as without this; only the passes
+        are saved. T keeps the matching tokens; returns how many, and the first draw that
+        differs from the draft (None when the kept logits ran out first). The step's last
+        drafted token is never followed: a step the target wrote exactly as drafted would
+        end here, which ``target_write_step`` sees only for tokens it draws itself."""
+        kept, first = 0, None
+        while kept < len(t_ids) - 1:
+            lg = self.T.logits_before(pre + kept)
+            if lg is None:
+                break
+            tok = sample_logits(lg, self.cfg.temperature, self.cfg.top_p, self.rng)
+            if tok != t_ids[kept]:
+                first = tok
+                break
+            kept += 1
+        self.T.truncate(pre + kept)
+        return kept, first
 
     def after_accept(self, step: DraftedStep, t_ids: list[int], thrown: int = 0, **record) -> None:
         """Keep an accepted drafted step, then draw the bonus token from the same pass."""
@@ -523,7 +566,8 @@ class SemSpecSequence(DraftingSequence):
         """One target pass over the drafted step (appended after ``pre`` tokens); the probes'
         acceptance decision."""
         cfg = self.cfg
-        out = yield from self.T.forward(extra=t_ids, hidden=True, keep_for=[pre], phase="verify")
+        out = yield from self.T.forward(extra=t_ids, hidden=True, keep_for=self.follow_positions(pre, t_ids),
+                                        phase="verify")
         skip = max(0, self.step_start - out.start)
         pooled_t = pool(out.hidden[skip:].unsqueeze(0))[0]
         p_t = self.probes.target.predict(pooled_t)
@@ -586,7 +630,8 @@ class StepJudgeSequence(DraftingSequence):
             return
         step, t_ids = drafted
         pre = len(self.T.ids)
-        yield from self.T.forward(extra=t_ids + self.suffix_ids, keep_for=[pre, pre + len(t_ids)], phase="judge")
+        yield from self.T.forward(extra=t_ids + self.suffix_ids,
+                                  keep_for=self.follow_positions(pre, t_ids) + [pre + len(t_ids)], phase="judge")
         digit_logits = self.T.next_logits[self.digit_ids]
         score = int(digit_logits.argmax())
         expected = float((torch.softmax(digit_logits, -1) * torch.arange(10, device=digit_logits.device)).sum())

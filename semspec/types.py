@@ -85,7 +85,7 @@ class StepRecord:
     author: str  # "draft" (accepted drafted step) or "target" (target wrote it)
     text: str
     drafted_tokens: int  # tokens the draft proposed for this step (0 if none)
-    accepted_tokens: int  # drafted tokens kept
+    accepted_tokens: int  # drafted tokens kept (of a rejected step: the leading ones the target drew alike)
     # "accepted", "rejected" (draft thrown away, target rewrote), "target_only" (no draft
     # involved), "draft_only" (the draft's answer after the end-of-thinking marker, kept
     # unverified: answer_by="draft") or "token_verified" (token_sd: every token checked)

@@ -120,6 +120,33 @@ def test_semspec_forced_reject_greedy_equals_ar(reject_engine, ar_result):
     assert all(s.p_target == 0.0 and s.p_draft == 1.0 for s in r.steps if s.decision == "rejected")
 
 
+@pytest.mark.parametrize("method,probes", [("semspec", ProbePair.always_reject(64, 64)),
+                                           ("step_judge", ProbePair.always_accept(64, 64))])
+@pytest.mark.parametrize("temperature", [0.0, 0.05, 0.9])
+def test_a_rejected_step_keeps_the_targets_own_draws_from_the_verification(tiny_target, method, probes, temperature):
+    from semspec.sequence import FOLLOW_ROWS
+
+    # the target as its own draft, every step rejected: the verification pass already holds
+    # the logits of the target's first draws along the drafted step
+    kw = dict(temperature=temperature, seed=5, judge_threshold=10, adaptive=False)
+    ar = Engine(tiny_target).generate(PROMPT, cfg("ar", **kw))
+    r = Engine(tiny_target, tiny_target, probes).generate(PROMPT, cfg(method, **kw))
+    assert r.text == ar.text  # the same draws from the same generator: the target's text
+    rejected = [s for s in r.steps if s.decision == "rejected"]
+    assert rejected and r.counters.steps_accepted == 0
+    kept = [s.accepted_tokens for s in rejected]
+    assert r.counters.accepted_tokens == sum(kept)
+    assert all(0 <= k <= min(FOLLOW_ROWS + 1, s.drafted_tokens - 1) for k, s in zip(kept, rejected))
+    # passes: the prefill, then per step its verification and a pass per token not drawn
+    # from it (the kept ones, and the first draw that differs when there is one)
+    assert len(rejected) == len(r.steps)
+    fewest = 1 + sum(s.target_tokens - s.accepted_tokens for s in rejected)
+    assert fewest <= r.counters.target_forward_passes <= fewest + len(rejected)
+    assert ar.counters.target_forward_passes == ar.counters.generated_tokens
+    if temperature < 0.1:  # the draft draws what the target draws
+        assert sum(kept) > len(rejected)
+
+
 def test_step_judge_never_accepting_equals_ar(accept_engine, ar_result):
     r = accept_engine.generate(PROMPT, cfg("step_judge", judge_threshold=10))
     assert r.text == ar_result.text
