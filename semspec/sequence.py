@@ -32,7 +32,7 @@ import torch
 from .answers import final_answer, split_reasoning
 from .models import encode_prompt
 from .probes import pool
-from .sampling import make_generator, probs_from_logits, sample, sample_logits, uniform
+from .sampling import make_generator, probs_from_logits, sample, sample_logits, sample_rows, uniform
 from .steps import IncrementalText, StepDetector
 from .adaptive import Governor
 from .head import is_head
@@ -41,11 +41,12 @@ from .types import ANSWER_BY, Counters, GenerationConfig, GenerationResult, Step
 
 Program = Generator[PassRequest, PassResult, None]
 
-# A verification pass also keeps the target's logits for the first few positions of the
-# drafted step, so that if the step is rejected the target's own first draws along it need
-# no pass each (``DraftingSequence.follow_rejected``). Each kept row costs one more row of
-# the LM head in a pass that runs it anyway; a run of draws equal to the draft's rarely
-# outlasts a few tokens (docs/benchmarks.md, "Rejected steps keep the target's own tokens").
+# A verification pass also keeps the target's logits for the FOLLOW_ROWS positions after the
+# drafted step's first (whose logits it kept already, for the target's first draw after a
+# rejection), so that the target's own first draws along a rejected step need no pass each
+# (``DraftingSequence.follow_rejected``). Each costs one more row of the LM head in a pass
+# that runs it anyway; a run of draws equal to the draft's rarely outlasts a few tokens
+# (docs/benchmarks.md, "Rejected steps keep the target's own tokens").
 FOLLOW_ROWS = 4
 
 
@@ -461,7 +462,7 @@ class DraftingSequence(Sequence):
             lg = self.T.logits_before(pre + kept)
             if lg is None:
                 break
-            tok = sample_logits(lg, self.cfg.temperature, self.cfg.top_p, self.rng)
+            tok = sample_rows(lg[None], [self.target_sample])[0]  # as Stream.next_token draws
             if tok != t_ids[kept]:
                 first = tok
                 break
