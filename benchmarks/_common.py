@@ -1,5 +1,5 @@
-"""Helpers shared by the service benchmarks: a throw-away Postgres database, a unique queue,
-and the environment for `semjobs` subprocesses."""
+"""Helpers shared by the benchmarks: a throw-away Postgres database, a unique queue, the
+environment for `semjobs` subprocesses, and writing a result as JSON."""
 
 from __future__ import annotations
 
@@ -79,3 +79,12 @@ def write_prompts(path: Path, n: int) -> Path:
         for i in range(n):
             f.write(json.dumps({"id": f"q{i:06d}", "prompt": questions[i % len(questions)]}) + "\n")
     return path
+
+
+def write_json(result: dict, out: Path | None) -> None:
+    """Print ``result`` as JSON, and write it to ``out`` (parents created) when given."""
+    text = json.dumps(result, indent=1)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+    print(text)

@@ -17,7 +17,6 @@ decides as it did for the build (the build's default is 2).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._common import write_json  # noqa: E402
 from semspec.draft.config import HeadTrainConfig  # noqa: E402
 from semspec.draft.head_data import build_traces, cached_target_states, split_traces  # noqa: E402
 from semspec.draft.head_train import evaluate_depths  # noqa: E402
@@ -69,11 +69,7 @@ def main(argv=None) -> int:
     for name, ev in result["heads"].items():
         print(name, {d: round(v, 3) for d, v in ev["top1_by_depth"].items()},
               f"mean accepted {ev['mean_accepted']:.3f}", flush=True)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    write_json(result, args.out)
     return 0
 
 

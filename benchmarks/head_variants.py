@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._common import write_json  # noqa: E402
 from semspec.draft.config import HeadTrainConfig  # noqa: E402
 from semspec.draft.head_build import DRAFT_VOCAB  # noqa: E402
 from semspec.draft.head_data import build_traces, padded_batches, split_traces  # noqa: E402
@@ -170,11 +170,7 @@ def main(argv=None) -> int:
                                    args.depths)
         result["heads"][name] = {"top1_by_depth": agree, "train_seconds": secs}
         print(name, [round(a, 3) for a in agree], f"{secs:.0f}s", flush=True)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    write_json(result, args.out)
     return 0
 
 
