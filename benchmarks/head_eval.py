@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import write_json  # noqa: E402
 from semspec.draft.config import HeadTrainConfig  # noqa: E402
-from semspec.draft.head_data import build_traces, cached_target_states, split_traces  # noqa: E402
+from semspec.draft.head_data import build_traces, cached_target_states, selection_split, split_traces  # noqa: E402
 from semspec.draft.head_train import evaluate_depths  # noqa: E402
 from semspec.head import load_head  # noqa: E402
 from semspec.models import load_model  # noqa: E402
@@ -46,8 +46,7 @@ def score_heads(cfg: HeadTrainConfig, heads: dict[str, str], cache_dir: str, tar
     target = load_model(target_spec, device="cpu", dtype=torch.float32)
     states = cached_target_states(target, traces, cache_dir)
     _, held = split_traces(traces, cfg.eval_fraction)
-    pick = held[::4]  # the build's selection traces: not scored here, as in the build
-    report = [i for i in held if i not in pick] or held
+    _, report = selection_split(held)  # the build's selection traces are not scored, as in the build
     result = {"report_traces": len(report), "heads": {}}
     for name, path in heads.items():
         head = load_head(path, target)

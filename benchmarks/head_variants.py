@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._common import write_json  # noqa: E402
 from semspec.draft.config import HeadTrainConfig  # noqa: E402
 from semspec.draft.head_build import DRAFT_VOCAB  # noqa: E402
-from semspec.draft.head_data import build_traces, padded_batches, split_traces  # noqa: E402
+from semspec.draft.head_data import build_traces, padded_batches, selection_split, split_traces  # noqa: E402
 from semspec.draft.head_train import select_vocab, train_head  # noqa: E402
 from semspec.head import HeadModel  # noqa: E402
 from semspec.models import load_model  # noqa: E402
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     traces = build_traces(engine, cfg, args.cache_dir)
     del engine
     train, held = split_traces(traces, cfg.eval_fraction)
-    report = [i for i in held if i not in held[::4]]
+    _, report = selection_split(held)
     train = train[: args.train_traces]
     target = load_model("embedded:smollm2-135m", device="cpu", dtype=torch.float32)
     for p in target.model.parameters():

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from semspec.draft.config import HeadTrainConfig
-from semspec.draft.head_data import build_traces, cached_target_states, split_traces
+from semspec.draft.head_data import build_traces, cached_target_states, selection_split, split_traces
 from semspec.draft.head_train import evaluate_depths, select_vocab, train_head
 from semspec.head import HeadModel, save_head, target_fingerprint
 
@@ -65,8 +65,7 @@ def build_head(cfg: HeadTrainConfig, out_dir: str | Path, target_spec: str = "em
     # model selection on a quarter of the held-out traces by what a greedy verification keeps
     # (the leading agreeing tokens among 6 drafted; depth-1 agreement where no trace is
     # greedy); the figures reported are measured on the other three quarters
-    pick = held[::4]
-    report = [i for i in held if i not in pick] or held
+    pick, report = selection_split(held)
 
     def select(h: HeadModel) -> float:
         ev = evaluate_depths(h, target, vocab, [traces[i] for i in pick], [states[i] for i in pick], depths=(1,),

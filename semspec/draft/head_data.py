@@ -145,6 +145,13 @@ def split_traces(traces: list[Trace], eval_fraction: float) -> tuple[list[int], 
     return train, held
 
 
+def selection_split(held: list[int]) -> tuple[list[int], list[int]]:
+    """(selection, report) of the held-out traces: every 4th picks the weights during training,
+    the others give the figures reported (all of them, when none are left)."""
+    pick = held[::4]
+    return pick, [i for i in held if i not in pick] or held
+
+
 def padded_batches(traces: list[Trace], batch_size: int) -> Iterator[tuple[list[int], torch.Tensor]]:
     """The traces in batches of similar length: (trace indices, their ids [B, width]). Right
     padding: causal attention keeps it out of the real rows."""
