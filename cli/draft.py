@@ -64,6 +64,8 @@ def _pick(value, default):
               help="eagle: questions the target answers greedily.")
 @click.option("--sampled-prompts", default=_H.sampled_prompts, show_default=True, type=int,
               help="eagle: questions it answers at the bench's sampling (from the first: the greedy ones get two answers).")
+@click.option("--sampled-answers", default=_H.sampled_answers, show_default=True, type=click.IntRange(1),
+              help="eagle: sampled answers per question (each with its own seed).")
 @click.option("--reference-prompts", default=_H.reference_prompts, show_default=True, type=int,
               help="eagle: questions after the answered ones whose reference solutions are teacher-forced.")
 @click.option("--reg-weight", default=_H.reg_weight, show_default=True, type=float,
@@ -72,7 +74,7 @@ def _pick(value, default):
               help="eagle: passes per training step, each reading the last one's predictions (training-time test).")
 def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps, batch_size, lr, threads, cache_dir,
           data_only, frozen_layers, adapter_layers, adapter_init, gen_prompts, ref_prompts, draft_vocab, head_layers,
-          greedy_prompts, sampled_prompts, reference_prompts, reg_weight, unroll) -> None:
+          greedy_prompts, sampled_prompts, sampled_answers, reference_prompts, reg_weight, unroll) -> None:
     """Distil a draft model from the target and write its artifact.
 
     \b
@@ -88,7 +90,7 @@ def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps
     if kind == "eagle":
         cfg = HeadTrainConfig(
             seed=seed, data=data, holdout=holdout, greedy_prompts=greedy_prompts, sampled_prompts=sampled_prompts,
-            reference_prompts=reference_prompts,
+            sampled_answers=sampled_answers, reference_prompts=reference_prompts,
             max_new_tokens=_pick(max_new_tokens, _H.max_new_tokens), layers=head_layers,
             steps=_pick(steps, _H.steps), batch_size=_pick(batch_size, _H.batch_size), lr=_pick(lr, _H.lr),
             reg_weight=reg_weight, unroll=unroll, threads=_pick(threads, _H.threads),

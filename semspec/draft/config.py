@@ -62,12 +62,14 @@ class HeadTrainConfig:
     seed: int = 0
     # Data: GSM8K-style JSONL; the first `holdout` lines (the benchmark slice) are never used.
     # The first `greedy_prompts` questions after it are answered greedily by the target, the
-    # first `sampled_prompts` at the bench's sampling (so the greedy questions have two
-    # answers), so the head sees the target's distribution and not one path through it.
+    # first `sampled_prompts` `sampled_answers` times each at the bench's sampling (with other
+    # seeds), so the head sees the target's distribution and not one path through it. The
+    # questions run out (GSM8K's test split is all there is here), answers do not.
     data: str = str(GSM8K_TEST)
     holdout: int = 100
     greedy_prompts: int = 480
     sampled_prompts: int = 768
+    sampled_answers: int = 1
     # the next `reference_prompts` questions' reference solutions, teacher-forced: more text
     # under the target's distribution, at no generation cost (lines 869-1060; the head's
     # probe calibration uses the questions after them)
@@ -116,6 +118,8 @@ class HeadTrainConfig:
     def __post_init__(self):
         if self.train_dtype not in ("bfloat16", "float32"):
             raise ValueError(f"train_dtype must be bfloat16 or float32, not {self.train_dtype!r}")
+        if self.sampled_answers < 1:
+            raise ValueError(f"sampled_answers must be at least 1, not {self.sampled_answers}")
         if self.unroll < 1:
             raise ValueError(f"unroll must be at least 1, not {self.unroll}")
 

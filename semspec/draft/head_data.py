@@ -93,10 +93,12 @@ def generate_traces(engine, questions: list[str], config: GenerationConfig, kind
 
 
 def build_traces(engine, cfg, cache_dir: str | None = None, log: Log | None = None) -> list[Trace]:
-    """Greedy traces for the first ``cfg.greedy_prompts`` questions after the holdout, sampled
-    ones for the first ``cfg.sampled_prompts`` (the greedy questions get both: two answers of
-    one question differ where the target is unsure), reference solutions for the
-    ``cfg.reference_prompts`` questions after all of them."""
+    """Greedy traces for the first ``cfg.greedy_prompts`` questions after the holdout,
+    ``cfg.sampled_answers`` sampled ones for each of the first ``cfg.sampled_prompts`` (two
+    answers of one question differ where the target is unsure), reference solutions for the
+    ``cfg.reference_prompts`` questions after all of them. Every answer has a seed of its own:
+    round r of the sampled answers follows round r - 1's seeds, so asking for more answers
+    keeps (and reuses from the cache) the ones a smaller build drew."""
     from semspec.draft.data import clean_reference
 
     rows = load_questions(cfg.data, cfg.holdout)
@@ -110,10 +112,14 @@ def build_traces(engine, cfg, cache_dir: str | None = None, log: Log | None = No
     sampled = GenerationConfig(method="ar", temperature=cfg.temperature, top_p=cfg.top_p,
                                max_new_tokens=cfg.max_new_tokens)
     traces = generate_traces(engine, questions[:n_g], greedy, "greedy", cfg.gen_batch_size, cfg.seed, cache_dir, log)
-    traces += generate_traces(engine, questions[:n_s], sampled, "sampled", cfg.gen_batch_size,
-                              cfg.seed + n_g, cache_dir, log)
     for i, t in enumerate(traces):
-        t.question = i if i < n_g else i - n_g
+        t.question = i
+    for r in range(cfg.sampled_answers):
+        more = generate_traces(engine, questions[:n_s], sampled, "sampled", cfg.gen_batch_size,
+                               cfg.seed + n_g + r * n_s, cache_dir, log)
+        for i, t in enumerate(more):
+            t.question = i
+        traces += more
     tok = engine.target.tokenizer
     for q, r in enumerate(rows[answered:need], start=answered):
         prompt = encode_prompt(tok, r["question"])

@@ -86,6 +86,22 @@ def test_traces_leave_out_the_benchmark_slice(tiny_dir, questions, tmp_path):
     assert "#### 25" in tok.decode(traces[16].ids[traces[16].prompt_len:])  # the 9th question after the holdout: i = 12
 
 
+def test_more_sampled_answers_keep_the_first_ones_and_draw_new_ones(tiny_dir, questions, tmp_path):
+    from semspec.draft.head_data import build_traces
+
+    engine = Engine.load(str(tiny_dir), draft="none", probes="none", device="cpu")
+    one = build_traces(engine, _cfg(questions), cache_dir=str(tmp_path), log=None)
+    two = build_traces(engine, _cfg(questions, sampled_answers=2), cache_dir=str(tmp_path), log=None)
+    assert [t.kind for t in two] == ["greedy"] * 8 + ["sampled"] * 16 + ["reference"] * 4
+    assert [t.question for t in two] == [*range(8), *range(8), *range(8), *range(8, 12)]
+    assert [t.ids for t in two[:16]] == [t.ids for t in one[:16]]  # round 1 as a one-answer build drew it
+    second = two[16:24]
+    assert all(a.ids[: a.prompt_len] == b.ids[: b.prompt_len] for a, b in zip(two[8:16], second))
+    assert sum(a.ids != b.ids for a, b in zip(two[8:16], second)) >= 4  # other seeds, other answers
+    uncached = build_traces(engine, _cfg(questions, sampled_answers=2), log=None)
+    assert [t.ids for t in uncached] == [t.ids for t in two]
+
+
 def test_held_out_questions_keep_all_their_answers_out_of_training():
     def t(kind, q):
         return Trace([1, 2, 3], 1, kind, q)
@@ -98,6 +114,26 @@ def test_held_out_questions_keep_all_their_answers_out_of_training():
     assert held_q == {6, 7, 11}  # the last quarter of each group (at least one)
     assert {traces[i].question for i in train}.isdisjoint(held_q)
     assert sorted(traces[i].kind for i in held) == ["greedy", "greedy", "sampled", "sampled", "sampled"]
+
+
+def test_epoch_order_batches_similar_lengths_and_covers_every_trace_once():
+    from semspec.draft.head_train import epoch_order
+
+    lengths = [int(x) for x in torch.randint(50, 400, (203,), generator=torch.Generator().manual_seed(1))]
+    order = epoch_order(lengths, 8, torch.Generator().manual_seed(0))
+    assert sorted(order) == list(range(203))
+    assert order == epoch_order(lengths, 8, torch.Generator().manual_seed(0))
+    assert order != epoch_order(lengths, 8, torch.Generator().manual_seed(1))
+    full = [order[k:k + 8] for k in range(0, 200, 8)]
+
+    def padding(batches):
+        return sum(len(b) * max(lengths[i] for i in b) - sum(lengths[i] for i in b) for b in batches)
+
+    shuffled = torch.randperm(203, generator=torch.Generator().manual_seed(0)).tolist()
+    assert padding(full) < 0.25 * padding([shuffled[k:k + 8] for k in range(0, 200, 8)])
+    # the batches are not in length order: a pass does not go from short answers to long ones
+    widths = [max(lengths[i] for i in b) for b in full]
+    assert widths != sorted(widths) and widths != sorted(widths, reverse=True)
 
 
 def test_unrolled_levels_are_weighted_as_configured(tiny_target):
