@@ -101,21 +101,6 @@ def head_loss(head: HeadModel, w_sub: torch.Tensor, traces, states, cfg: HeadTra
     return total / weights, {k: v[0] for k, v in stats.items()} | {"top1_by_level": stats["top1"]}
 
 
-def epoch_order(lengths: list[int], batch_size: int, gen: torch.Generator, pool: int = 16) -> list[int]:
-    """One pass over the training traces, in batches of similar length: a random permutation
-    cut into pools of ``pool`` batches, each pool sorted by length and cut into batches, the
-    full batches shuffled (the remainder last, so every batch after it stays aligned). A
-    random batch of 8 answers is ~30% padding; these are a few percent."""
-    perm = torch.randperm(len(lengths), generator=gen).tolist()
-    size = len(perm) - len(perm) % batch_size
-    batches = []
-    for at in range(0, size, batch_size * pool):
-        chunk = sorted(perm[at: min(at + batch_size * pool, size)], key=lambda i: (lengths[i], i))
-        batches += [chunk[k: k + batch_size] for k in range(0, len(chunk), batch_size)]
-    shuffled = torch.randperm(len(batches), generator=gen).tolist()
-    return [i for b in shuffled for i in batches[b]] + perm[size:]
-
-
 def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_states: list[torch.Tensor],
                cfg: HeadTrainConfig, log: Log | None = None, progress=None,
                checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 100,
@@ -137,7 +122,6 @@ def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_s
         return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
     head.train()
-    lengths = [len(t.ids) for t in train]
     perm: list[int] = []
     first = 0
     best = {"score": None, "step": None, "state": None}
@@ -150,7 +134,7 @@ def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_s
     last: dict = {}
     for step in range(first, cfg.steps):
         if len(perm) < cfg.batch_size:
-            perm += epoch_order(lengths, cfg.batch_size, gen)
+            perm += torch.randperm(len(train), generator=gen).tolist()
         pick, perm = perm[: cfg.batch_size], perm[cfg.batch_size:]
         for g in opt.param_groups:
             g["lr"] = lr_at(step)

@@ -116,26 +116,6 @@ def test_held_out_questions_keep_all_their_answers_out_of_training():
     assert sorted(traces[i].kind for i in held) == ["greedy", "greedy", "sampled", "sampled", "sampled"]
 
 
-def test_epoch_order_batches_similar_lengths_and_covers_every_trace_once():
-    from semspec.draft.head_train import epoch_order
-
-    lengths = [int(x) for x in torch.randint(50, 400, (203,), generator=torch.Generator().manual_seed(1))]
-    order = epoch_order(lengths, 8, torch.Generator().manual_seed(0))
-    assert sorted(order) == list(range(203))
-    assert order == epoch_order(lengths, 8, torch.Generator().manual_seed(0))
-    assert order != epoch_order(lengths, 8, torch.Generator().manual_seed(1))
-    full = [order[k:k + 8] for k in range(0, 200, 8)]
-
-    def padding(batches):
-        return sum(len(b) * max(lengths[i] for i in b) - sum(lengths[i] for i in b) for b in batches)
-
-    shuffled = torch.randperm(203, generator=torch.Generator().manual_seed(0)).tolist()
-    assert padding(full) < 0.25 * padding([shuffled[k:k + 8] for k in range(0, 200, 8)])
-    # the batches are not in length order: a pass does not go from short answers to long ones
-    widths = [max(lengths[i] for i in b) for b in full]
-    assert widths != sorted(widths) and widths != sorted(widths, reverse=True)
-
-
 def test_unrolled_levels_are_weighted_as_configured(tiny_target):
     """Level m weighs unroll_decay ** (m - 1): with a decay of 0 the unrolled loss is level 1's
     alone, and with a decay above 0 the later levels change it."""
