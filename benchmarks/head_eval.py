@@ -4,7 +4,8 @@ A head's ``head.json`` holds the figures of its own build, measured on that buil
 traces; a head built on another host (or from other traces) was measured on other text.
 This scores every head given on the same traces: the held-out report traces of the build
 whose cache ``--cache-dir`` names (``semjobs draft train --kind eagle --cache-dir``, default
-settings), through ``semspec.draft.head_train.evaluate_depths`` -- the figures the build
+settings but for ``--sampled-answers``, which changes the traces and so the report set),
+through ``semspec.draft.head_train.evaluate_depths`` -- the figures the build
 reports (top-1 agreement by draft depth, the mean accepted length of 6 drafted tokens).
 
     python benchmarks/head_eval.py --cache-dir ~/.cache/semjobs/head-train \
@@ -61,10 +62,13 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", required=True, help="the head build's cache (its traces and states)")
     ap.add_argument("--heads", required=True, help="comma-separated NAME=DIR of head artifacts")
     ap.add_argument("--threads", type=int, default=HeadTrainConfig().threads)
+    ap.add_argument("--sampled-answers", type=int, default=HeadTrainConfig().sampled_answers,
+                    help="the build's --sampled-answers: whose report traces to score on")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     heads = dict(h.split("=", 1) for h in args.heads.split(","))
-    result = score_heads(HeadTrainConfig(threads=args.threads), heads, args.cache_dir)
+    cfg = HeadTrainConfig(threads=args.threads, sampled_answers=args.sampled_answers)
+    result = score_heads(cfg, heads, args.cache_dir)
     for name, ev in result["heads"].items():
         print(name, {d: round(v, 3) for d, v in ev["top1_by_depth"].items()},
               f"mean accepted {ev['mean_accepted']:.3f}", flush=True)
