@@ -63,7 +63,8 @@ def _pick(value, default):
 @click.option("--greedy-prompts", default=_H.greedy_prompts, show_default=True, type=int,
               help="eagle: questions the target answers greedily.")
 @click.option("--sampled-prompts", default=_H.sampled_prompts, show_default=True, type=int,
-              help="eagle: questions it answers at the bench's sampling (from the first, --sampled-answers times each: the greedy ones get more than one answer).")
+              help="eagle: questions it answers at the bench's sampling, --sampled-answers times each "
+                   "(from the first: the greedy ones get more than one answer).")
 @click.option("--sampled-answers", default=_H.sampled_answers, show_default=True, type=click.IntRange(1),
               help="eagle: sampled answers per question (each with its own seed).")
 @click.option("--reference-prompts", default=_H.reference_prompts, show_default=True, type=int,
