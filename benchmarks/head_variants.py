@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     from semspec.engine import Engine
 
-    cfg = dataclasses.replace(HeadTrainConfig(), steps=args.steps, unroll=args.unroll, select_every=0)
+    cfg = dataclasses.replace(HeadTrainConfig(), steps=args.steps, stop_after=None, unroll=args.unroll, select_every=0)
     engine = Engine.load("embedded:smollm2-135m", draft="none", probes="none", batch_size=cfg.gen_batch_size)
     traces = build_traces(engine, cfg, args.cache_dir)
     del engine

@@ -38,7 +38,10 @@ def _pick(value, default):
 @click.option("--holdout", default=_D.holdout, show_default=True, type=int, help="Leading lines never trained on (benchmark slice).")
 @click.option("--max-new-tokens", default=None, type=int,
               help=f"Tokens per target answer [layers: {_D.max_new_tokens}, eagle: {_H.max_new_tokens}].")
-@click.option("--steps", default=None, type=int, help=f"Optimisation steps [layers: {_D.steps}, eagle: {_H.steps}].")
+@click.option("--steps", default=None, type=int,
+              help=f"Optimisation steps [layers: {_D.steps}]; eagle: the learning-rate schedule's length [{_H.steps}].")
+@click.option("--stop-after", default=_H.stop_after or 0, show_default=True, type=click.IntRange(0),
+              help="eagle: end the run after this step of the schedule (0: at its end).")
 @click.option("--batch-size", default=None, type=int,
               help=f"Sequences per step [layers: {_D.batch_size}, eagle: {_H.batch_size}].")
 @click.option("--lr", default=None, type=float, help=f"Peak learning rate [layers: {_D.lr}, eagle: {_H.lr}].")
@@ -73,9 +76,9 @@ def _pick(value, default):
               help="eagle: weight of the state regression beside the next-token loss.")
 @click.option("--unroll", default=_H.unroll, show_default=True, type=click.IntRange(1, 16),
               help="eagle: passes per training step, each reading the last one's predictions (training-time test).")
-def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps, batch_size, lr, threads, cache_dir,
-          data_only, frozen_layers, adapter_layers, adapter_init, gen_prompts, ref_prompts, draft_vocab, head_layers,
-          greedy_prompts, sampled_prompts, sampled_answers, reference_prompts, reg_weight, unroll) -> None:
+def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps, stop_after, batch_size, lr, threads,
+          cache_dir, data_only, frozen_layers, adapter_layers, adapter_init, gen_prompts, ref_prompts, draft_vocab,
+          head_layers, greedy_prompts, sampled_prompts, sampled_answers, reference_prompts, reg_weight, unroll) -> None:
     """Distil a draft model from the target and write its artifact.
 
     \b
@@ -93,8 +96,8 @@ def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps
             seed=seed, data=data, holdout=holdout, greedy_prompts=greedy_prompts, sampled_prompts=sampled_prompts,
             sampled_answers=sampled_answers, reference_prompts=reference_prompts,
             max_new_tokens=_pick(max_new_tokens, _H.max_new_tokens), layers=head_layers,
-            steps=_pick(steps, _H.steps), batch_size=_pick(batch_size, _H.batch_size), lr=_pick(lr, _H.lr),
-            reg_weight=reg_weight, unroll=unroll, threads=_pick(threads, _H.threads),
+            steps=_pick(steps, _H.steps), stop_after=stop_after or None, batch_size=_pick(batch_size, _H.batch_size),
+            lr=_pick(lr, _H.lr), reg_weight=reg_weight, unroll=unroll, threads=_pick(threads, _H.threads),
         )
         return _train_head(cfg, out_dir, target_spec, cache_dir, data_only, log)
     cfg = DraftTrainConfig(
@@ -148,7 +151,7 @@ def _train_head(cfg, out_dir, target_spec, cache_dir, data_only, log) -> None:
         engine = Engine.load(target_spec, draft="none", probes="none", batch_size=cfg.gen_batch_size)
         log(f"{len(build_traces(engine, cfg, cache_dir or None, log))} traces")
         return
-    bar = tqdm(total=cfg.steps, desc="training the head", unit="step", disable=None)
+    bar = tqdm(total=cfg.last_step, desc="training the head", unit="step", disable=None)
 
     def progress(step: int, info: dict) -> None:
         bar.n = step

@@ -88,9 +88,13 @@ class HeadTrainConfig:
     layers: int = 1
     # Optimisation. Loss = cross-entropy against the target's next-token distribution (over
     # the reduced vocabulary) + reg_weight * smooth-L1 of the predicted state on the target's.
-    # 2400: at 1200 the head under-fitted (its held-out score still rising); at 2400 the
-    # score flattens from about step 1400 and the best weights are kept (docs/draft.md)
+    # The learning-rate schedule's length. 2400: at 1200 the head under-fitted (its held-out
+    # score still rising); at 2400 the score flattens from about step 1400 (docs/draft.md).
     steps: int = 2400
+    # The run ends after this step of the schedule (None: at its end). 1800: the step whose
+    # weights the shipped head's 2400-step build kept (none of its later scores was higher),
+    # so stopping there gives the same head 13 minutes sooner (docs/draft.md)
+    stop_after: int | None = 1800
     batch_size: int = 8  # sequences per step
     lr: float = 1e-3
     warmup_steps: int = 20
@@ -104,9 +108,11 @@ class HeadTrainConfig:
     unroll: int = 3
     unroll_decay: float = 0.8
     # "bfloat16": the matrix products run in bfloat16 under autocast (weights and optimiser
-    # state stay float32): about 2x faster on a CPU with bfloat16 matrix instructions and on
-    # CUDA; "float32" for exact arithmetic
-    train_dtype: str = "bfloat16"
+    # state stay float32): about 2x faster on a CPU with bfloat16 matrix instructions, but
+    # about 20x slower than float32 on one without them (measured, docs/draft.md); "float32"
+    # for exact arithmetic; "auto": bfloat16 where the CPU has those instructions, else
+    # float32 (a build records which it used)
+    train_dtype: str = "auto"
     threads: int = 2  # results depend on it: a bit-identical rebuild needs the same count
     eval_depths: tuple[int, ...] = (1, 2, 4, 8, 16)
     eval_stride: int = 8  # draft from every eval_stride-th response position
@@ -116,12 +122,19 @@ class HeadTrainConfig:
     select_every: int = 200
 
     def __post_init__(self):
-        if self.train_dtype not in ("bfloat16", "float32"):
-            raise ValueError(f"train_dtype must be bfloat16 or float32, not {self.train_dtype!r}")
+        if self.train_dtype not in ("auto", "bfloat16", "float32"):
+            raise ValueError(f"train_dtype must be auto, bfloat16 or float32, not {self.train_dtype!r}")
+        if self.stop_after is not None and self.stop_after < 1:
+            raise ValueError(f"stop_after must be at least 1 (or None: the whole schedule), not {self.stop_after}")
         if self.sampled_answers < 1:
             raise ValueError(f"sampled_answers must be at least 1, not {self.sampled_answers}")
         if self.unroll < 1:
             raise ValueError(f"unroll must be at least 1, not {self.unroll}")
+
+    @property
+    def last_step(self) -> int:
+        """The step the run ends after: ``stop_after``, within the schedule."""
+        return self.steps if self.stop_after is None else min(self.steps, self.stop_after)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -18,7 +18,7 @@ import torch
 
 from semspec.draft.config import HeadTrainConfig
 from semspec.draft.head_data import build_traces, cached_target_states, selection_split, split_traces
-from semspec.draft.head_train import evaluate_depths, select_vocab, train_head
+from semspec.draft.head_train import evaluate_depths, resolve_train_dtype, select_vocab, train_head
 from semspec.head import HeadModel, save_head, target_fingerprint
 
 Log = Callable[[str], None]
@@ -32,6 +32,7 @@ def build_head(cfg: HeadTrainConfig, out_dir: str | Path, target_spec: str = "em
     from semspec.engine import Engine
     from semspec.models import load_model
 
+    cfg = resolve_train_dtype(cfg)  # the checkpoint key and the metadata name the dtype used
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     t_start = time.perf_counter()

@@ -15,6 +15,7 @@ d's agreement is how often its d-th token is the target's top-1 (full vocabulary
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -101,16 +102,29 @@ def head_loss(head: HeadModel, w_sub: torch.Tensor, traces, states, cfg: HeadTra
     return total / weights, {k: v[0] for k, v in stats.items()} | {"top1_by_level": stats["top1"]}
 
 
+def resolve_train_dtype(cfg: HeadTrainConfig) -> HeadTrainConfig:
+    """``cfg`` with ``train_dtype`` "auto" made concrete for this CPU: bfloat16 where it has
+    bfloat16 matrix instructions, float32 where torch would emulate them."""
+    if cfg.train_dtype != "auto":
+        return cfg
+    from semspec.models import cpu_has_fast_bf16
+
+    return dataclasses.replace(cfg, train_dtype="bfloat16" if cpu_has_fast_bf16() else "float32")
+
+
 def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_states: list[torch.Tensor],
                cfg: HeadTrainConfig, log: Log | None = None, progress=None,
                checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 100,
                select: Callable[[HeadModel], float] | None = None) -> dict:
-    """Optimise ``head`` in place (AdamW, warm-up + cosine to a tenth, gradient clipping,
-    matrix products in ``cfg.train_dtype``); deterministic given ``cfg.seed`` and the thread
-    count. With ``select`` (a held-out score, higher is better) the head is scored every
-    ``cfg.select_every`` steps and ends with the best weights scored. With ``checkpoint``
-    (a file path) the run saves its whole state every ``checkpoint_every`` steps and
-    resumes from it: a resumed run ends with the same weights as an uninterrupted one."""
+    """Optimise ``head`` in place (AdamW, warm-up + cosine to a tenth over ``cfg.steps``,
+    stopping after ``cfg.last_step``, gradient clipping, matrix products in
+    ``cfg.train_dtype``); deterministic given ``cfg.seed`` and the thread count, and a run
+    stopped early holds the weights the whole schedule had at that step. With ``select`` (a
+    held-out score, higher is better) the head is scored every ``cfg.select_every`` steps
+    and ends with the best weights scored. With ``checkpoint`` (a file path) the run saves
+    its whole state every ``checkpoint_every`` steps and resumes from it: a resumed run
+    ends with the same weights as an uninterrupted one."""
+    cfg = resolve_train_dtype(cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
@@ -132,7 +146,7 @@ def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_s
             log(f"resumed from {checkpoint} at step {first}")
     t0 = time.perf_counter()
     last: dict = {}
-    for step in range(first, cfg.steps):
+    for step in range(first, cfg.last_step):
         if len(perm) < cfg.batch_size:
             perm += torch.randperm(len(train), generator=gen).tolist()
         pick, perm = perm[: cfg.batch_size], perm[cfg.batch_size:]
@@ -144,13 +158,14 @@ def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_s
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        final_step = step + 1 == cfg.last_step
         if progress is not None:
             progress(step + 1, last)
-        if log and (step % 100 == 0 or step == cfg.steps - 1):
-            log(f"step {step + 1}/{cfg.steps} loss {loss.item():.4f} (cls {last['cls']:.3f} reg {last['reg']:.4f}) "
+        if log and (step % 100 == 0 or final_step):
+            log(f"step {step + 1}/{cfg.last_step} loss {loss.item():.4f} (cls {last['cls']:.3f} reg {last['reg']:.4f}) "
                 f"batch top-1 by level {'/'.join(f'{x:.3f}' for x in last['top1_by_level'])} lr {lr_at(step):.2e} "
                 f"{time.perf_counter() - t0:.0f}s")
-        if select is not None and cfg.select_every and ((step + 1) % cfg.select_every == 0 or step + 1 == cfg.steps):
+        if select is not None and cfg.select_every and ((step + 1) % cfg.select_every == 0 or final_step):
             head.eval()
             score = float(select(head))
             head.train()
@@ -159,7 +174,7 @@ def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_s
                 best = {"score": score, "step": step + 1, "state": head.trained_state()}
             if log:
                 log(f"step {step + 1}: held-out score {score:.4f} (best {best['score']:.4f} at step {best['step']})")
-        if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == cfg.steps):
+        if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or final_step):
             _save_checkpoint(checkpoint, step + 1, perm, head, opt, gen, best, history)
     if best["state"] is not None:
         head.load_state_dict(best["state"], strict=False)

@@ -4,6 +4,7 @@ same weights, and the artifact serves token_sd with the target's exact greedy te
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 
@@ -14,7 +15,7 @@ from click.testing import CliRunner
 from semspec.draft.config import HeadTrainConfig
 from semspec.draft.head_build import build_head
 from semspec.draft.head_data import Trace, split_traces
-from semspec.draft.head_train import train_head
+from semspec.draft.head_train import resolve_train_dtype, train_head
 from semspec.engine import Engine
 from semspec.head import HEAD_META, HEAD_WEIGHTS, HeadModel, is_head
 from semspec.types import GenerationConfig
@@ -173,6 +174,53 @@ def test_interrupted_training_resumes_to_the_same_weights(tiny_target, tmp_path)
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
 
 
+def test_a_run_stopped_early_holds_the_whole_schedules_weights_at_that_step(tiny_target):
+    torch.manual_seed(0)
+    traces = [Trace(torch.randint(5, 300, (20,)).tolist(), 6, "greedy") for _ in range(6)]
+    states = [torch.randn(20, tiny_target.hidden_size).half() for _ in traces]
+    w_sub = tiny_target.model.get_output_embeddings().weight[:200].detach().float()
+    cfg = HeadTrainConfig(steps=10, stop_after=None, batch_size=2, warmup_steps=2, threads=1, unroll=2,
+                          select_every=3)
+
+    def run(cfg):
+        torch.manual_seed(1)
+        head = HeadModel(tiny_target.model, layers=1)
+        at, seen = [0], {}
+
+        def progress(step, _info):
+            at[0] = step
+
+        def select(h):  # keeps each scored step's weights; the score peaks at step 6
+            seen[at[0]] = {k: v.clone() for k, v in h.trained_state().items()}
+            return -abs(at[0] - 6)
+
+        return head, seen, train_head(head, w_sub, traces, states, cfg, progress=progress, select=select)
+
+    _, whole_seen, whole = run(cfg)
+    stopped, stopped_seen, summary = run(dataclasses.replace(cfg, stop_after=7))
+    assert cfg.last_step == 10 and dataclasses.replace(cfg, stop_after=7).last_step == 7
+    assert sorted(whole_seen) == [3, 6, 9, 10] and sorted(stopped_seen) == [3, 6, 7]  # and the last step
+    for step in (3, 6):
+        for k, a in whole_seen[step].items():
+            torch.testing.assert_close(stopped_seen[step][k], a, rtol=0, atol=0, msg=f"{k} at step {step}")
+    assert whole["selected_step"] == summary["selected_step"] == 6
+    for k, a in whole_seen[6].items():
+        torch.testing.assert_close(stopped.trained_state()[k], a, rtol=0, atol=0, msg=k)
+    assert dataclasses.replace(cfg, stop_after=50).last_step == 10  # never past the schedule
+    with pytest.raises(ValueError, match="stop_after"):
+        HeadTrainConfig(stop_after=0)
+
+
+def test_train_dtype_auto_is_bfloat16_only_where_the_cpu_has_bfloat16_instructions(monkeypatch):
+    import semspec.models
+
+    for fast, want in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(semspec.models, "cpu_has_fast_bf16", lambda fast=fast: fast)
+        assert resolve_train_dtype(HeadTrainConfig()).train_dtype == want
+        assert resolve_train_dtype(HeadTrainConfig(train_dtype="float32")).train_dtype == "float32"
+        assert resolve_train_dtype(HeadTrainConfig(train_dtype="bfloat16")).train_dtype == "bfloat16"
+
+
 def test_cli_trains_a_head(tiny_dir, questions, tmp_path):
     from cli.main import main
 
@@ -181,10 +229,14 @@ def test_cli_trains_a_head(tiny_dir, questions, tmp_path):
         "draft", "train", "--kind", "eagle", "--out", str(out), "--target", str(tiny_dir), "--data", str(questions),
         "--holdout", "4", "--greedy-prompts", "4", "--sampled-prompts", "4", "--reference-prompts", "2",
         "--max-new-tokens", "8",
-        "--steps", "4", "--batch-size", "2", "--threads", "1", "--cache-dir", str(tmp_path / "cache"),
+        "--steps", "6", "--stop-after", "4", "--batch-size", "2", "--threads", "1",
+        "--cache-dir", str(tmp_path / "cache"),
     ])
     assert res.exit_code == 0, res.output
     assert (out / HEAD_WEIGHTS).is_file() and "held-out top-1 agreement by depth" in res.output
+    config = json.loads((out / HEAD_META).read_text())["config"]
+    assert (config["steps"], config["stop_after"]) == (6, 4)
+    assert config["train_dtype"] in ("bfloat16", "float32")  # "auto" made concrete
 
 
 def test_trace_cache_serves_any_subset_and_resumes(tiny_dir, tmp_path):
