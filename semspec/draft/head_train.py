@@ -225,18 +225,23 @@ def _load_checkpoint(path, head: HeadModel, opt, gen: torch.Generator):
 @torch.inference_mode()
 def evaluate_depths(head: HeadModel, target: LoadedModel, vocab: torch.Tensor, traces: list[Trace],
                     states: list[torch.Tensor], depths=(1, 2, 4, 8, 16), stride: int = 8,
-                    accept_k: int = 6, slots: int = 64) -> dict:
+                    accept_k: int = 6, slots: int = 64, widths: tuple[int, ...] = ()) -> dict:
     """Held-out agreement of the head's d-th drafted token with the target's top-1, for each d
     in ``depths`` (every depth up to the largest is drafted), through the batched runner.
     ``mean_accepted``: the leading run of agreeing tokens among the first ``accept_k`` drafted
-    (a greedy verification's accepted length, bonus token excluded), over greedy traces."""
+    (a greedy verification's accepted length, bonus token excluded), over greedy traces.
+    For each w in ``widths``, ``mean_accepted_within_top[w]`` is that run where the target's
+    token need only be among the head's w likeliest at each depth: what a verification of
+    the full tree of w branches a node, ``accept_k`` deep, would keep (the drafts along the
+    target's path read the head's own states, as the chain's do)."""
     lm = LoadedModel(head, target.tokenizer, ModelIdentity("head-under-training", ""), torch.device("cpu"),
                      torch.float32, vocab_ids=vocab)
     w = target.model.get_output_embeddings().weight.float()
     max_d = max(*depths, accept_k)
     hits = torch.zeros(max_d)
     seen = torch.zeros(max_d)
-    runs, n_runs = 0, 0
+    width = max((1, *widths))
+    runs, n_runs = {w: 0 for w in (1, *widths)}, 0
     by_kind: dict[str, list[int]] = {}  # depth-1 [hits, seen] per kind of trace
     in_vocab = total = 0
     for at in range(0, len(traces), slots):
@@ -265,16 +270,17 @@ def evaluate_depths(head: HeadModel, target: LoadedModel, vocab: torch.Tensor, t
                 ends[i] = s + 1  # the position of the head's first drafted token
             out = runner.forward(feeds)
             pred_state = {i: out.states[k][-1:] for k, i in enumerate(live)}
-            guess = {i: int(out.logits[out.row_start[k]].argmax()) for k, i in enumerate(live)}
+            guess = {i: out.logits[out.row_start[k]].clone() for k, i in enumerate(live)}
             agree = {i: [] for i in live}
             for d in range(1, max_d + 1):
                 for i in live:
                     pos = ends[i] + d - 1  # the head's d-th token predicts ids[pos + 1]
                     if pos + 1 < len(traces[i].ids):
-                        ok = bool(guess[i] == top1[i][pos])
+                        rank = _rank(guess[i], int(top1[i][pos]), width)
+                        ok = rank == 0
                         hits[d - 1] += ok
                         seen[d - 1] += 1
-                        agree[i].append(ok)
+                        agree[i].append(rank)
                         if d == 1:
                             tally = by_kind.setdefault(traces[i].kind, [0, 0])
                             tally[0] += ok
@@ -289,22 +295,41 @@ def evaluate_depths(head: HeadModel, target: LoadedModel, vocab: torch.Tensor, t
                 out = runner.forward(feeds)
                 for k, i in enumerate(nxt):
                     pred_state[i] = out.states[k]
-                    guess[i] = int(out.logits[k].argmax())
+                    guess[i] = out.logits[k].clone()
                 live = nxt
-            for i, oks in agree.items():
+            for i, ranks in agree.items():
                 if traces[i].kind == "greedy":
-                    run = 0
-                    for ok in oks[:accept_k]:
-                        if not ok:
-                            break
-                        run += 1
-                    runs += run
+                    for top in runs:
+                        runs[top] += _leading(ranks[:accept_k], top)
                     n_runs += 1
+    mean = {w: r / n_runs if n_runs else None for w, r in runs.items()}
     return {
         "top1_by_depth": {str(d): float(hits[d - 1] / seen[d - 1]) if seen[d - 1] else None for d in depths},
         "positions_by_depth": {str(d): int(seen[d - 1]) for d in depths},
         "top1_depth1_by_kind": {kind: h / n for kind, (h, n) in sorted(by_kind.items())},
-        "mean_accepted": runs / n_runs if n_runs else None, "accept_k": accept_k,
+        "mean_accepted": mean[1], "accept_k": accept_k,
         "target_top1_in_vocab": in_vocab / max(total, 1), "traces": len(traces),
-    }
+    } | ({"mean_accepted_within_top": {str(w): mean[w] for w in widths}} if widths else {})
+
+
+def _rank(logits: torch.Tensor, want: int, width: int) -> int:
+    """0 where ``want`` is the argmax of ``logits`` (the chain's draft), else its place among
+    the ``width`` largest, ``width`` where it is not among them."""
+    if int(logits.argmax()) == want:
+        return 0
+    if width > 1:
+        found = (logits.topk(width).indices == want).nonzero()
+        if len(found):
+            return max(1, int(found[0]))
+    return width
+
+
+def _leading(ranks: list[int], width: int) -> int:
+    """How many leading ranks are below ``width``."""
+    run = 0
+    for rank in ranks:
+        if rank >= width:
+            break
+        run += 1
+    return run
 
