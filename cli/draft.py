@@ -22,6 +22,14 @@ _H = HeadTrainConfig()
 KINDS = ("layers", "eagle")
 
 
+def _stop_after(stop_after: int | None, steps: int | None) -> int | None:
+    """The head's last step: the recipe's stop on the recipe's schedule, the whole schedule
+    of a ``--steps`` given without ``--stop-after``; 0 means the whole schedule."""
+    if stop_after is None:
+        return _H.stop_after if steps is None else None
+    return stop_after or None
+
+
 def _pick(value, default):
     return default if value is None else value
 
@@ -40,8 +48,9 @@ def _pick(value, default):
               help=f"Tokens per target answer [layers: {_D.max_new_tokens}, eagle: {_H.max_new_tokens}].")
 @click.option("--steps", default=None, type=int,
               help=f"Optimisation steps [layers: {_D.steps}]; eagle: the learning-rate schedule's length [{_H.steps}].")
-@click.option("--stop-after", default=_H.stop_after or 0, show_default=True, type=click.IntRange(0),
-              help="eagle: end the run after this step of the schedule (0: at its end).")
+@click.option("--stop-after", default=None, type=click.IntRange(0),
+              help=f"eagle: end the run after this step of the schedule (0: at its end) [{_H.stop_after} with "
+                   f"the default --steps, else 0].")
 @click.option("--batch-size", default=None, type=int,
               help=f"Sequences per step [layers: {_D.batch_size}, eagle: {_H.batch_size}].")
 @click.option("--lr", default=None, type=float, help=f"Peak learning rate [layers: {_D.lr}, eagle: {_H.lr}].")
@@ -96,10 +105,13 @@ def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps
             seed=seed, data=data, holdout=holdout, greedy_prompts=greedy_prompts, sampled_prompts=sampled_prompts,
             sampled_answers=sampled_answers, reference_prompts=reference_prompts,
             max_new_tokens=_pick(max_new_tokens, _H.max_new_tokens), layers=head_layers,
-            steps=_pick(steps, _H.steps), stop_after=stop_after or None, batch_size=_pick(batch_size, _H.batch_size),
-            lr=_pick(lr, _H.lr), reg_weight=reg_weight, unroll=unroll, threads=_pick(threads, _H.threads),
+            steps=_pick(steps, _H.steps), stop_after=_stop_after(stop_after, steps),
+            batch_size=_pick(batch_size, _H.batch_size), lr=_pick(lr, _H.lr), reg_weight=reg_weight, unroll=unroll,
+            threads=_pick(threads, _H.threads),
         )
         return _train_head(cfg, out_dir, target_spec, cache_dir, data_only, log)
+    if stop_after is not None:
+        raise click.UsageError("--stop-after is for --kind eagle")
     cfg = DraftTrainConfig(
         seed=seed, frozen_layers=frozen_layers, adapter_layers=adapter_layers,
         adapter_init=[int(x) for x in adapter_init.split(",")] if adapter_init else None,

@@ -93,7 +93,8 @@ class HeadTrainConfig:
     steps: int = 2400
     # The run ends after this step of the schedule (None: at its end). 1800: the step whose
     # weights the shipped head's 2400-step build kept (none of its later scores was higher),
-    # so stopping there gives the same head 13 minutes sooner (docs/draft.md)
+    # so stopping there gives the same head 13 minutes sooner (docs/draft.md). A config with
+    # other `steps` says its own stop; `semjobs draft train --steps N` alone runs all N.
     stop_after: int | None = 1800
     batch_size: int = 8  # sequences per step
     lr: float = 1e-3
@@ -108,8 +109,8 @@ class HeadTrainConfig:
     unroll: int = 3
     unroll_decay: float = 0.8
     # "bfloat16": the matrix products run in bfloat16 under autocast (weights and optimiser
-    # state stay float32): about 2x faster on a CPU with bfloat16 matrix instructions, but
-    # about 20x slower than float32 on one without them (measured, docs/draft.md); "float32"
+    # state stay float32): about 2x faster on a CPU with AMX, but about 23x slower than
+    # float32 on one without bfloat16 instructions (both measured, docs/draft.md); "float32"
     # for exact arithmetic; "auto": bfloat16 where the CPU has those instructions, else
     # float32 (a build records which it used)
     train_dtype: str = "auto"

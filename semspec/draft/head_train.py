@@ -144,6 +144,8 @@ def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_s
         first, perm, best, history = _load_checkpoint(checkpoint, head, opt, gen)
         if log:
             log(f"resumed from {checkpoint} at step {first}")
+    if log and cfg.last_step < cfg.steps:
+        log(f"training stops after step {cfg.last_step} of a {cfg.steps}-step schedule (stop_after)")
     t0 = time.perf_counter()
     last: dict = {}
     for step in range(first, cfg.last_step):
@@ -241,7 +243,7 @@ def evaluate_depths(head: HeadModel, target: LoadedModel, vocab: torch.Tensor, t
     hits = torch.zeros(max_d)
     seen = torch.zeros(max_d)
     width = max((1, *widths))
-    runs, n_runs = {w: 0 for w in (1, *widths)}, 0
+    runs, n_runs = {top: 0 for top in (1, *widths)}, 0
     by_kind: dict[str, list[int]] = {}  # depth-1 [hits, seen] per kind of trace
     in_vocab = total = 0
     for at in range(0, len(traces), slots):
@@ -270,7 +272,7 @@ def evaluate_depths(head: HeadModel, target: LoadedModel, vocab: torch.Tensor, t
                 ends[i] = s + 1  # the position of the head's first drafted token
             out = runner.forward(feeds)
             pred_state = {i: out.states[k][-1:] for k, i in enumerate(live)}
-            guess = {i: out.logits[out.row_start[k]].clone() for k, i in enumerate(live)}
+            guess = {i: _candidates(out.logits[out.row_start[k]], width) for k, i in enumerate(live)}
             agree = {i: [] for i in live}
             for d in range(1, max_d + 1):
                 for i in live:
@@ -295,30 +297,36 @@ def evaluate_depths(head: HeadModel, target: LoadedModel, vocab: torch.Tensor, t
                 out = runner.forward(feeds)
                 for k, i in enumerate(nxt):
                     pred_state[i] = out.states[k]
-                    guess[i] = out.logits[k].clone()
+                    guess[i] = _candidates(out.logits[k], width)
                 live = nxt
             for i, ranks in agree.items():
                 if traces[i].kind == "greedy":
                     for top in runs:
                         runs[top] += _leading(ranks[:accept_k], top)
                     n_runs += 1
-    mean = {w: r / n_runs if n_runs else None for w, r in runs.items()}
+    mean = {top: r / n_runs if n_runs else None for top, r in runs.items()}
     return {
         "top1_by_depth": {str(d): float(hits[d - 1] / seen[d - 1]) if seen[d - 1] else None for d in depths},
         "positions_by_depth": {str(d): int(seen[d - 1]) for d in depths},
         "top1_depth1_by_kind": {kind: h / n for kind, (h, n) in sorted(by_kind.items())},
         "mean_accepted": mean[1], "accept_k": accept_k,
         "target_top1_in_vocab": in_vocab / max(total, 1), "traces": len(traces),
-    } | ({"mean_accepted_within_top": {str(w): mean[w] for w in widths}} if widths else {})
+    } | ({"mean_accepted_within_top": {str(top): mean[top] for top in widths}} if widths else {})
 
 
-def _rank(logits: torch.Tensor, want: int, width: int) -> int:
-    """0 where ``want`` is the argmax of ``logits`` (the chain's draft), else its place among
-    the ``width`` largest, ``width`` where it is not among them."""
-    if int(logits.argmax()) == want:
+def _candidates(logits: torch.Tensor, width: int) -> tuple[int, torch.Tensor | None]:
+    """A draft's argmax (the chain's token) and, for a wider tree, its ``width`` likeliest."""
+    return int(logits.argmax()), (logits.topk(width).indices if width > 1 else None)
+
+
+def _rank(candidates: tuple[int, torch.Tensor | None], want: int, width: int) -> int:
+    """0 where ``want`` is the argmax, else its place among the ``width`` likeliest,
+    ``width`` where it is not among them."""
+    first, top = candidates
+    if first == want:
         return 0
-    if width > 1:
-        found = (logits.topk(width).indices == want).nonzero()
+    if top is not None:
+        found = (top == want).nonzero()
         if len(found):
             return max(1, int(found[0]))
     return width

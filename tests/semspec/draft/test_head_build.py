@@ -174,38 +174,58 @@ def test_interrupted_training_resumes_to_the_same_weights(tiny_target, tmp_path)
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
 
 
-def test_a_run_stopped_early_holds_the_whole_schedules_weights_at_that_step(tiny_target):
+def test_a_run_stopped_early_holds_the_whole_schedules_weights_at_that_step(tiny_target, tmp_path):
     torch.manual_seed(0)
     traces = [Trace(torch.randint(5, 300, (20,)).tolist(), 6, "greedy") for _ in range(6)]
     states = [torch.randn(20, tiny_target.hidden_size).half() for _ in traces]
     w_sub = tiny_target.model.get_output_embeddings().weight[:200].detach().float()
     cfg = HeadTrainConfig(steps=10, stop_after=None, batch_size=2, warmup_steps=2, threads=1, unroll=2,
                           select_every=3)
+    stop7 = dataclasses.replace(cfg, stop_after=7)
 
-    def run(cfg):
+    class Stop(Exception):
+        pass
+
+    def run(cfg, kill_at=None, **kw):
         torch.manual_seed(1)
         head = HeadModel(tiny_target.model, layers=1)
-        at, seen = [0], {}
+        at, weights, scored = [0], {}, []
 
         def progress(step, _info):
             at[0] = step
+            weights[step] = {k: v.clone() for k, v in head.trained_state().items()}
+            if step == kill_at:
+                raise Stop
 
-        def select(h):  # keeps each scored step's weights; the score peaks at step 6
-            seen[at[0]] = {k: v.clone() for k, v in h.trained_state().items()}
+        def select(_h):  # the score peaks at step 6
+            scored.append(at[0])
             return -abs(at[0] - 6)
 
-        return head, seen, train_head(head, w_sub, traces, states, cfg, progress=progress, select=select)
+        summary = train_head(head, w_sub, traces, states, cfg, progress=progress, select=select, **kw)
+        return head, weights, scored, summary
 
-    _, whole_seen, whole = run(cfg)
-    stopped, stopped_seen, summary = run(dataclasses.replace(cfg, stop_after=7))
-    assert cfg.last_step == 10 and dataclasses.replace(cfg, stop_after=7).last_step == 7
-    assert sorted(whole_seen) == [3, 6, 9, 10] and sorted(stopped_seen) == [3, 6, 7]  # and the last step
-    for step in (3, 6):
-        for k, a in whole_seen[step].items():
-            torch.testing.assert_close(stopped_seen[step][k], a, rtol=0, atol=0, msg=f"{k} at step {step}")
+    _, whole_w, whole_scored, whole = run(cfg)
+    stopped, stopped_w, stopped_scored, summary = run(stop7)
+    assert (cfg.last_step, stop7.last_step) == (10, 7)
+    assert whole_scored == [3, 6, 9, 10] and stopped_scored == [3, 6, 7]  # and at the last step
+    assert sorted(stopped_w) == list(range(1, 8))
+    for step, state in stopped_w.items():  # every step's weights, the last one's included
+        for k, a in state.items():
+            torch.testing.assert_close(a, whole_w[step][k], rtol=0, atol=0, msg=f"{k} at step {step}")
     assert whole["selected_step"] == summary["selected_step"] == 6
-    for k, a in whole_seen[6].items():
+    for k, a in whole_w[6].items():
         torch.testing.assert_close(stopped.trained_state()[k], a, rtol=0, atol=0, msg=k)
+
+    # killed after its checkpoint at step 5, the stopped run resumes to the same end
+    ckpt = tmp_path / "ckpt.safetensors"
+    with pytest.raises(Stop):
+        run(stop7, kill_at=6, checkpoint=ckpt, checkpoint_every=5)
+    resumed, _, resumed_scored, again = run(stop7, checkpoint=ckpt, checkpoint_every=5)
+    assert again["resumed_at_step"] == 5 and resumed_scored == [6, 7]
+    assert again["selection_history"] == summary["selection_history"] and again["selected_step"] == 6
+    for k, a in stopped.trained_state().items():
+        torch.testing.assert_close(resumed.trained_state()[k], a, rtol=0, atol=0, msg=k)
+
     assert dataclasses.replace(cfg, stop_after=50).last_step == 10  # never past the schedule
     with pytest.raises(ValueError, match="stop_after"):
         HeadTrainConfig(stop_after=0)
