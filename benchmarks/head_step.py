@@ -1,7 +1,7 @@
 """What one training step of the draft head costs on this machine, in each number type.
 
-A step of ``semjobs draft train --kind eagle`` (``semspec.draft.head_train``: the unrolled
-loss, its backward and the AdamW update) on a batch of the build's shape -- ``--batch-size``
+A step of ``semjobs draft train --kind eagle`` (``semspec.draft.head_train.train_step``: the
+unrolled loss, its backward, gradient clipping and the AdamW update) on a batch of the build's shape -- ``--batch-size``
 traces of ``--length`` tokens, ``--prompt-len`` of them prompt -- with random tokens and
 states (the cost does not depend on the values). It reports the median seconds a step in
 each ``--dtypes`` entry and what the recipe's steps would take at that rate, so the build's
@@ -28,7 +28,7 @@ from benchmarks._common import write_json  # noqa: E402
 from semspec.draft.config import HeadTrainConfig  # noqa: E402
 from semspec.draft.head_build import DRAFT_VOCAB  # noqa: E402
 from semspec.draft.head_data import Trace  # noqa: E402
-from semspec.draft.head_train import head_loss, resolve_train_dtype  # noqa: E402
+from semspec.draft.head_train import resolve_train_dtype, train_step  # noqa: E402
 from semspec.head import HeadModel  # noqa: E402
 
 
@@ -47,11 +47,7 @@ def step_seconds(model, cfg: HeadTrainConfig, steps: int, length: int, prompt_le
     seconds = []
     for _ in range(steps + 1):
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train_dtype == "bfloat16"):
-            loss, _ = head_loss(head, w_sub, traces, states, cfg, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        train_step(head, w_sub, traces, states, cfg, gen, opt, params)
         seconds.append(time.perf_counter() - t0)
     return seconds[1:]
 
@@ -82,9 +78,9 @@ def main(argv=None) -> int:
     target = load_model(args.target, device="cpu", dtype=torch.float32)
     for p in target.model.parameters():
         p.requires_grad_(False)
-    result = measure(target.model, args.dtypes.split(","), args.steps, args.length, args.prompt_len,
-                     HeadTrainConfig(threads=args.threads))
-    result.update(threads=args.threads, length=args.length, batch_size=HeadTrainConfig().batch_size)
+    cfg = HeadTrainConfig(threads=args.threads)
+    result = measure(target.model, args.dtypes.split(","), args.steps, args.length, args.prompt_len, cfg)
+    result.update(threads=args.threads, length=args.length, batch_size=cfg.batch_size)
     for dtype, r in result["dtypes"].items():
         print(f"{dtype}: {r['median_s']:.2f} s a step; the recipe's {result['recipe_steps']} steps "
               f"{r['recipe_training_min']:.0f} min", flush=True)

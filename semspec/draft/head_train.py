@@ -112,6 +112,20 @@ def resolve_train_dtype(cfg: HeadTrainConfig) -> HeadTrainConfig:
     return dataclasses.replace(cfg, train_dtype="bfloat16" if cpu_has_fast_bf16() else "float32")
 
 
+def train_step(head: HeadModel, w_sub: torch.Tensor, traces: list[Trace], states: list[torch.Tensor],
+               cfg: HeadTrainConfig, gen: torch.Generator, opt: torch.optim.Optimizer,
+               params: list[torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """One optimisation step on a batch (``cfg.train_dtype`` made concrete): the loss, its
+    backward, gradient clipping and the update; returns the loss and ``head_loss``'s figures."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train_dtype == "bfloat16"):
+        loss, info = head_loss(head, w_sub, traces, states, cfg, gen)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return loss, info
+
+
 def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_states: list[torch.Tensor],
                cfg: HeadTrainConfig, log: Log | None = None, progress=None,
                checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 100,
@@ -154,12 +168,8 @@ def train_head(head: HeadModel, w_sub: torch.Tensor, train: list[Trace], train_s
         pick, perm = perm[: cfg.batch_size], perm[cfg.batch_size:]
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.train_dtype == "bfloat16"):
-            loss, last = head_loss(head, w_sub, [train[i] for i in pick], [train_states[i] for i in pick], cfg, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        loss, last = train_step(head, w_sub, [train[i] for i in pick], [train_states[i] for i in pick], cfg, gen,
+                                opt, params)
         final_step = step + 1 == cfg.last_step
         if progress is not None:
             progress(step + 1, last)
