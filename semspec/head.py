@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .draft.artifact import check_fingerprint, files_sha256, target_checksums, target_signature
-from .models import EMBEDDED_PREFIX, LoadedModel, ModelIdentity
+from .models import EMBEDDED_PREFIX, LoadedModel, ModelIdentity, derived_sha256
 from .runner import project_qkv
 
 HEAD_FORMAT = "semspec-head/1"
@@ -177,6 +177,11 @@ def resolve_head(spec: str | os.PathLike | None) -> Path | None:
     return p if (p / HEAD_META).is_file() else None
 
 
+def head_sha256(artifact_dir: str | os.PathLike, target_sha256: str) -> str:
+    """A head's identity: its artifact's files on its target."""
+    return derived_sha256("semspec-head", files_sha256(artifact_dir, (HEAD_META, HEAD_WEIGHTS)), target_sha256)
+
+
 def load_head(artifact_dir: str | os.PathLike, target: LoadedModel, spec: str | None = None) -> LoadedModel:
     """The head in ``artifact_dir`` on ``target`` (checked against it), as a loaded draft."""
     from safetensors.torch import load_file
@@ -199,7 +204,7 @@ def load_head(artifact_dir: str | os.PathLike, target: LoadedModel, spec: str | 
     head.to(device=target.device, dtype=target.dtype).eval()
     return LoadedModel(
         model=head, tokenizer=target.tokenizer,
-        identity=ModelIdentity(str(d.resolve()), files_sha256(d, (HEAD_META, HEAD_WEIGHTS))),
+        identity=ModelIdentity(str(spec or d), head_sha256(d, target.identity.sha256)),
         device=target.device, dtype=target.dtype, spec=str(spec or d),
         vocab_ids=vocab.to(target.device) if vocab is not None else None,
     )

@@ -12,9 +12,12 @@ GGUF models are de-quantized once and cached as a plain Hugging Face directory u
 ``cache_dir`` (default ``~/.cache/semjobs/models``), written atomically (temporary directory,
 then rename) so that concurrent workers never see a half-written cache.
 
-Every loaded model carries an identity: the source path and the sha256 of its content
-(the GGUF file, or the weight files + config of a directory). Hashes are memoised on disk,
-keyed by path, size and modification time, so they are computed once.
+Every loaded model carries an identity: the sha256 of what the user supplied -- the GGUF
+file, or the weight files of a directory; a model built from others (the embedded draft, a
+draft head) hashes its own committed artifact together with its target's identity. Nothing a
+library writes (``config.json``, tokenizer files, converted caches) and no path enters it, so
+the same model under another ``HOME``, cache directory, machine or transformers release is the
+same model. Hashes are memoised on disk, keyed by path, size and modification time.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import shutil
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,11 +55,25 @@ VOCAB_SUBSET_FILE = "semspec_vocab.json"  # a draft's reduced vocabulary, see Lo
 
 @dataclass(frozen=True)
 class ModelIdentity:
-    path: str
+    """A model's identity is its ``sha256``; ``name`` (the spec it was loaded by) only labels
+    it and takes no part in comparisons."""
+
+    name: str = field(compare=False)
     sha256: str
 
     def __str__(self) -> str:
-        return f"{self.path}@sha256:{self.sha256}"
+        return f"{self.name}@sha256:{self.sha256}"
+
+
+def identity_sha256(identity: str) -> str:
+    """The hash of an identity string ("name@sha256:<hex>"); "" when it holds none."""
+    return identity.rsplit("@sha256:", 1)[1] if "@sha256:" in identity else ""
+
+
+def derived_sha256(kind: str, *parts: str) -> str:
+    """The identity of a model made from others: its kind and its parts' hashes (an
+    artifact's, its target's)."""
+    return hashlib.sha256("\0".join((kind, *parts)).encode()).hexdigest()
 
 
 def _file_sha256(path: Path) -> str:
@@ -81,9 +98,10 @@ def _hash_memo_path(cache_dir: Path, path: Path) -> Path:
 def _content_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
-    content_names = ("config.json", VOCAB_SUBSET_FILE)
+    # the weights (and a draft's reduced vocabulary), never config.json: transformers writes
+    # its own version into it
     files = sorted(
-        p for p in path.iterdir() if p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name in content_names)
+        p for p in path.iterdir() if p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name == VOCAB_SUBSET_FILE)
     )
     if not files:
         raise FileNotFoundError(f"no weight files in model directory {path}")
@@ -91,7 +109,7 @@ def _content_files(path: Path) -> list[Path]:
 
 
 def content_sha256(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
-    """sha256 of a model file, or of a directory's weight files + config.json.
+    """sha256 of a model file, or of a directory's weight files.
 
     For a directory the digest is taken over ``name\\0sha256\\n`` lines of its files, sorted.
     Memoised under ``cache_dir/.hashes`` keyed by path, size and mtime.
@@ -155,10 +173,23 @@ def _locate_smollm2_draft(cache_dir: Path | None = None) -> Path:
     return materialized_draft_dir(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR)
 
 
-# name -> callable(cache_dir) returning a path (a .gguf file or a Hugging Face model directory).
-EMBEDDED_MODELS: dict[str, Callable[[Path | None], Path]] = {
-    "smollm2-135m": _locate_smollm2,
-    "smollm2-135m-draft": _locate_smollm2_draft,
+def _smollm2_draft_sha256(cache_dir: Path | None = None) -> str:
+    from semspec.draft.embedded import draft_sha256
+
+    return draft_sha256(spec_sha256(DEFAULT_TARGET, cache_dir))
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    locate: Callable[[Path | None], Path]  # cache_dir -> a .gguf file or a model directory
+    # cache_dir -> its identity, for a model built from others (its located directory is
+    # written by libraries); None: the hash of the located files
+    sha256: Callable[[Path | None], str] | None = None
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    "smollm2-135m": EmbeddedModel(_locate_smollm2),
+    "smollm2-135m-draft": EmbeddedModel(_locate_smollm2_draft, _smollm2_draft_sha256),
 }
 
 
@@ -172,7 +203,7 @@ def register_embedded(name: str, locator: Callable[..., str | os.PathLike]) -> N
         takes_arg = bool(inspect.signature(locator).parameters)
     except (TypeError, ValueError):
         takes_arg = True
-    EMBEDDED_MODELS[name] = (lambda c: Path(locator(c))) if takes_arg else (lambda c: Path(locator()))
+    EMBEDDED_MODELS[name] = EmbeddedModel((lambda c: Path(locator(c))) if takes_arg else (lambda c: Path(locator())))
 
 
 class ModelLoadError(RuntimeError):
@@ -197,7 +228,7 @@ def resolve_spec(spec: str | os.PathLike | None, cache_dir: str | os.PathLike | 
         if name not in EMBEDDED_MODELS:
             known = ", ".join(EMBEDDED_PREFIX + k for k in sorted(EMBEDDED_MODELS))
             raise ModelLoadError(f"unknown embedded model {spec!r}; known: {known}")
-        path = Path(EMBEDDED_MODELS[name](Path(cache_dir) if cache_dir is not None else None))
+        path = Path(EMBEDDED_MODELS[name].locate(Path(cache_dir) if cache_dir is not None else None))
     else:
         path = Path(spec).expanduser()
     if not path.exists():
@@ -217,6 +248,18 @@ def resolve_spec(spec: str | os.PathLike | None, cache_dir: str | os.PathLike | 
             raise ModelLoadError(f"{path}: expected a .gguf file or a model directory")
         return ResolvedSpec(name=name or path.stem, kind="gguf", path=path)
     return ResolvedSpec(name=name or path.name, kind="hf", path=path)
+
+
+def spec_sha256(spec: str | os.PathLike | None, cache_dir: str | os.PathLike | None = None,
+                resolved: ResolvedSpec | None = None) -> str:
+    """The identity hash of the model a spec names, without loading it (nor materialising an
+    embedded draft). ``resolved``: the spec already resolved, to save resolving it again."""
+    spec = str(spec) if spec is not None else DEFAULT_TARGET
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else DEFAULT_CACHE_DIR
+    entry = EMBEDDED_MODELS.get(spec[len(EMBEDDED_PREFIX):]) if spec.startswith(EMBEDDED_PREFIX) else None
+    if entry is not None and entry.sha256 is not None:
+        return entry.sha256(cache)
+    return content_sha256((resolved or resolve_spec(spec, cache)).path, cache)
 
 
 # --------------------------------------------------------------------------- loaded model
@@ -458,9 +501,19 @@ def _strip_quantization(model) -> None:
     model.is_quantized = False
 
 
+def library_tag() -> str:
+    """The transformers release that writes converted and materialised model directories:
+    part of their cache names, so that a release never reads a directory another wrote (the
+    models' identities do not depend on it)."""
+    import transformers
+
+    return f"tf{transformers.__version__}"
+
+
 def _convert_gguf_to_cache(resolved: ResolvedSpec, sha: str, cache_root: Path) -> Path:
-    """De-quantize a GGUF once into ``cache_root/<name>-<sha[:16]>`` (atomically)."""
-    final = cache_root / f"{resolved.name}-{sha[:16]}"
+    """De-quantize a GGUF once into ``cache_root/<name>-<sha[:16]>-<library tag>``
+    (atomically)."""
+    final = cache_root / f"{resolved.name}-{sha[:16]}-{library_tag()}"
     if (final / "semjobs_source.json").exists():
         return final
     cache_root.mkdir(parents=True, exist_ok=True)
@@ -525,7 +578,7 @@ def load_model(
     resolved = resolve_spec(spec, cache_root)
     dev, default_dtype = pick_device(device)
     dtype = dtype or default_dtype
-    sha = content_sha256(resolved.path, cache_root)
+    sha = spec_sha256(spec, cache_root, resolved)
     if resolved.kind == "gguf":
         load_dir = _convert_gguf_to_cache(resolved, sha, cache_root)
     else:
@@ -533,13 +586,14 @@ def load_model(
     model, tokenizer = _from_pretrained(load_dir, dtype)
     model.to(dev)
     model.eval()
+    name = str(spec) if spec is not None else DEFAULT_TARGET
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
-        identity=ModelIdentity(str(resolved.path), sha),
+        identity=ModelIdentity(name, sha),
         device=dev,
         dtype=dtype,
-        spec=str(spec) if spec is not None else DEFAULT_TARGET,
+        spec=name,
         vocab_ids=read_vocab_subset(Path(load_dir), dev),
     )
 
@@ -581,7 +635,7 @@ def truncated_copy(loaded: LoadedModel, num_layers: int, identity_suffix: str | 
     return LoadedModel(
         model=model,
         tokenizer=loaded.tokenizer,
-        identity=ModelIdentity(f"{loaded.identity.path}#{suffix}", sha),
+        identity=ModelIdentity(f"{loaded.identity.name}#{suffix}", sha),
         device=loaded.device,
         dtype=loaded.dtype,
         spec=f"{loaded.spec}#{suffix}",

@@ -10,14 +10,14 @@ input normalisation (``input_mean``, ``input_std``); the header's ``__metadata__
 
     {"format": "semjobs-probe", "version": 1, "role": "target" | "draft",
      "kind": "mlp" | "constant", "constant": null | float,
-     "model_identity": "path@sha256:...", "model_sha256": "...",
+     "model_identity": "name@sha256:...", "model_sha256": "...",
      "layer": int, "pooling": "mean", "hidden_size": int, "hidden_dims": [int, ...],
      "activation": "gelu", "output": "sigmoid", "training": {...free-form summary...}}
 
 ``layer`` indexes the tuple transformers returns with ``output_hidden_states=True``:
 0 is the embeddings, ``num_layers`` the last layer *after* the final norm; negative values
 count from the end. Loading with a model checks hidden size, layer range and the model's
-content hash. A probe pair (``ProbePair``) is a directory holding ``target.safetensors`` and
+identity (``model_sha256``: the hash of what the user supplied, ``semspec.models``). A probe pair (``ProbePair``) is a directory holding ``target.safetensors`` and
 ``draft.safetensors``.
 """
 
@@ -31,6 +31,8 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
+
+from .models import identity_sha256
 
 FORMAT = "semjobs-probe"
 VERSION = 1
@@ -74,13 +76,13 @@ class Probe(nn.Module):
         self.layer = int(layer)
         self.pooling = pooling
         self.model_identity = model_identity
-        self.model_sha256 = model_sha256 or _sha_from_identity(model_identity)
+        self.model_sha256 = model_sha256 or identity_sha256(model_identity)
         self.role = role
         self.dropout = float(dropout)
         self.training_summary = dict(training_summary or {})
         self.kind = kind
         self.constant = None if constant is None else float(constant)
-        self.source = ""  # "path@sha256:..." of the file it was loaded from
+        self.source = ""  # "name@sha256:..." of the file it was loaded from
         self.register_buffer("input_mean", torch.zeros(self.hidden_size))
         self.register_buffer("input_std", torch.ones(self.hidden_size))
         layers: list[nn.Module] = []
@@ -157,12 +159,20 @@ class Probe(nn.Module):
                 f"{loaded.identity} has hidden size {loaded.hidden_size}"
             )
         self.resolved_layer(loaded.num_layers)
-        if strict_identity and self.kind != "constant" and self.model_sha256:
-            if self.model_sha256 != loaded.identity.sha256:
-                raise ProbeError(
-                    f"{self.role} probe was trained for model {self.model_identity or self.model_sha256}, "
-                    f"not for {loaded.identity}"
-                )
+        if strict_identity:
+            problem = self.identity_problem(loaded.identity.name, loaded.identity.sha256)
+            if problem is not None:
+                raise ProbeError(problem)
+
+    def identity_problem(self, name: str, sha256: str) -> str | None:
+        """Why this probe does not fit the model ``name`` whose identity is ``sha256`` (a
+        sentence naming the fix), or None when it was calibrated for it."""
+        if self.kind == "constant" or not self.model_sha256 or self.model_sha256 == sha256:
+            return None
+        return (f"the {self.role} probe {self.source.rsplit('@sha256:', 1)[0]} was calibrated for another "
+                f"{self.role} model (sha256 {self.model_sha256[:16]}...) than {name!r} (sha256 {sha256[:16]}...): "
+                "calibrate probes for this pair (`semjobs probe collect/label/train`, "
+                "semspec/calibration/README.md), or use a method without probes (ar, token_sd, step_judge)")
 
     # ------------------------------------------------------------------ file I/O
     def save(self, path: str | os.PathLike) -> Path:
@@ -177,8 +187,10 @@ class Probe(nn.Module):
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike, model=None, strict_identity: bool = True, device=None) -> "Probe":
-        """Load a probe file; with ``model`` (a LoadedModel) also check that it fits it."""
+    def load(cls, path: str | os.PathLike, model=None, strict_identity: bool = True, device=None,
+             name: str | None = None) -> "Probe":
+        """Load a probe file; with ``model`` (a LoadedModel) also check that it fits it.
+        ``name`` labels it in its ``source`` (default: its path)."""
         from safetensors import safe_open
 
         path = Path(path)
@@ -200,7 +212,7 @@ class Probe(nn.Module):
         probe.eval()
         import hashlib
 
-        probe.source = f"{path.resolve()}@sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
+        probe.source = f"{name or path.resolve()}@sha256:{hashlib.sha256(path.read_bytes()).hexdigest()}"
         if device is not None:
             probe.to(device)
         if model is not None:
@@ -253,10 +265,6 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         raise ProbeError(f"{path}: probe metadata is not JSON: {e}") from e
 
 
-def _sha_from_identity(identity: str) -> str:
-    return identity.rsplit("@sha256:", 1)[1] if "@sha256:" in identity else ""
-
-
 @dataclass
 class ProbePair:
     target: Probe
@@ -273,13 +281,16 @@ class ProbePair:
 
     @classmethod
     def load(cls, directory: str | os.PathLike, target_model=None, draft_model=None,
-             strict_identity: bool = True) -> "ProbePair":
+             strict_identity: bool = True, name: str | None = None) -> "ProbePair":
+        """The pair in ``directory``, checked against the models when given; ``name`` (a
+        probe spec such as ``embedded:smollm2-135m``) labels the files instead of its path."""
         d = Path(directory)
         if not d.is_dir():
             raise ProbeError(f"probe directory {d} does not exist")
+        label = (lambda f: f"{name}/{f}") if name else (lambda f: None)
         return cls(
-            target=Probe.load(d / cls.TARGET_FILE, target_model, strict_identity),
-            draft=Probe.load(d / cls.DRAFT_FILE, draft_model, strict_identity),
+            target=Probe.load(d / cls.TARGET_FILE, target_model, strict_identity, name=label(cls.TARGET_FILE)),
+            draft=Probe.load(d / cls.DRAFT_FILE, draft_model, strict_identity, name=label(cls.DRAFT_FILE)),
         )
 
     def step_rule(self) -> dict[str, Any]:
@@ -305,7 +316,7 @@ class ProbePair:
         return cls.constant(0.0, 1.0, target_hidden, draft_hidden)
 
     def identities(self) -> dict[str, str]:
-        """role -> the probe file's identity ("path@sha256:..."), or "constant:<p>"."""
+        """role -> the probe file's identity ("name@sha256:..."), or "constant:<p>"."""
         def ident(p: Probe) -> str:
             return p.source or (f"constant:{p.constant}" if p.kind == "constant" else "unsaved")
 

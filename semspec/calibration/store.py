@@ -27,6 +27,8 @@ from typing import Any, Iterator
 
 import torch
 
+from semspec.models import identity_sha256
+
 COLLECT_META = "collect.json"
 TRACES = "traces.jsonl"
 PREFIX_DIR = "prefixes"
@@ -86,7 +88,7 @@ class CalibrationStore:
             # The same spec can name new weights (a retrained embedded draft): compare content.
             for role, m in (meta.get("models") or {}).items():
                 was = (old.get("models") or {}).get(role, {}).get("identity")
-                if was is not None and was != m.get("identity"):
+                if was is not None and identity_sha256(was) != identity_sha256(m.get("identity") or ""):
                     diff[f"{role} model"] = (was, m.get("identity"))
             if diff:
                 raise ValueError(

@@ -121,7 +121,7 @@ def test_artifact_round_trip_and_target_check(head, tiny_target, tiny_draft, tmp
         torch.testing.assert_close(a.half().float(), b.float(), msg=k)
     with pytest.raises(HeadMismatchError):
         load_head(tmp_path / "h", tiny_draft)  # another model (1 layer): refused
-    engine = Engine.load(str(tiny_target.identity.path), draft=str(tmp_path / "h"), probes="none", device="cpu")
+    engine = Engine.load(str(tiny_target.identity.name), draft=str(tmp_path / "h"), probes="none", device="cpu")
     assert is_head(engine.draft) and engine.same_tokenizer
 
 
@@ -227,6 +227,7 @@ def test_chunked_prefills_keep_the_states_a_head_reads(trained_head, tiny_target
     assert sum(r.counters.accepted_tokens for r in whole.values()) > 0  # the comparison has teeth
 
 
+@pytest.mark.real_model
 @pytest.mark.slow
 def test_the_shipped_head_drafts_for_smollm2(smollm2):
     """The committed artifact loads onto the embedded target (and is checked against it),

@@ -19,14 +19,29 @@ from semspec.models import (
 def test_load_local_dir_identity(tiny_dirs, tiny_cache):
     m = load_model(str(tiny_dirs["target"]), device="cpu", cache_dir=tiny_cache)
     assert m.device.type == "cpu" and m.dtype == torch.float32
-    assert m.identity.path == str(tiny_dirs["target"].resolve())
+    assert m.identity.name == str(tiny_dirs["target"])
     assert len(m.identity.sha256) == 64
-    assert str(m.identity) == f"{m.identity.path}@sha256:{m.identity.sha256}"
+    assert str(m.identity) == f"{m.identity.name}@sha256:{m.identity.sha256}"
     # memoised and stable; different weights -> different hash
     assert content_sha256(tiny_dirs["target"], tiny_cache) == m.identity.sha256
     assert content_sha256(tiny_dirs["draft"], tiny_cache) != m.identity.sha256
     assert m.hidden_size == 64 and m.num_layers == 2 and m.max_context == 512
     assert m.tokenizer.eos_token_id in m.eos_token_ids
+
+
+def test_a_directory_is_the_same_model_wherever_it_lies_and_whoever_wrote_its_config(tiny_dirs, tmp_path):
+    import shutil
+
+    from semspec.models import ModelIdentity, spec_sha256
+
+    copy = shutil.copytree(tiny_dirs["target"], tmp_path / "elsewhere" / "target")
+    config = copy / "config.json"
+    config.write_text(config.read_text().replace('"transformers_version"', '"transformers_version_was"'))
+    a = spec_sha256(str(tiny_dirs["target"]), tmp_path / "cache_a")
+    b = spec_sha256(str(copy), tmp_path / "cache_b")
+    assert a == b  # another path, cache and config.json: the same weights, the same model
+    assert ModelIdentity("x", a) == ModelIdentity("y", b)
+    assert spec_sha256(str(tiny_dirs["draft"]), tmp_path / "cache_a") != a
 
 
 def test_resolve_errors(tmp_path):
@@ -78,6 +93,7 @@ def test_truncated_copy_matches_first_layers(tiny_target):
     torch.testing.assert_close(h_full, h_cut)
 
 
+@pytest.mark.real_model
 @pytest.mark.slow
 def test_embedded_gguf_conversion_is_cached(tmp_path):
     t0 = time.time()
@@ -90,7 +106,7 @@ def test_embedded_gguf_conversion_is_cached(tmp_path):
     m2 = load_model("embedded:smollm2-135m", device="cpu", cache_dir=tmp_path)
     second = time.time() - t0
     assert second < 5.0, (first, second)
-    assert m1.identity == m2.identity and m1.identity.path.endswith(".gguf")
+    assert m1.identity == m2.identity and m1.identity.name == "embedded:smollm2-135m"
     assert m2.hidden_size == 576 and m2.num_layers == 30
     ids = encode_prompt(m2.tokenizer, "What is 2+2?")
     with torch.no_grad():

@@ -27,7 +27,7 @@ def test_save_load_roundtrip(tmp_path, tiny_target):
 
 def test_wrong_model_is_a_clear_error(tmp_path, tiny_target, tiny_draft, tiny_other):
     path = _probe_for(tiny_target).save(tmp_path / "t.safetensors")
-    with pytest.raises(ProbeError, match="not for"):
+    with pytest.raises(ProbeError, match="calibrated for another"):
         Probe.load(path, tiny_draft)  # same hidden size, other weights
     Probe.load(path, tiny_draft, strict_identity=False)
     wrong_h = Probe(32, layer=1).save(tmp_path / "h.safetensors")

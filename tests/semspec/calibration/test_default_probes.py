@@ -27,6 +27,7 @@ def test_default_probe_files_are_well_formed(pair):
         assert (d / f"{role}.safetensors").stat().st_size < 2_000_000
 
 
+@pytest.mark.real_model
 @pytest.mark.slow
 @pytest.mark.parametrize("pair", sorted(PAIRS))
 def test_default_probes_fit_the_embedded_models(pair):
@@ -38,3 +39,37 @@ def test_default_probes_fit_the_embedded_models(pair):
     draft = load_draft(PAIRS[pair], target, device="cpu")
     probes = ProbePair.load(d, target, draft)  # checks hidden size, layer, content hash
     assert probes.target.hidden_size == target.hidden_size
+
+
+@pytest.mark.parametrize("pair", sorted(PAIRS))
+def test_the_shipped_probes_name_the_embedded_models_by_their_sources(pair, monkeypatch):
+    """Identities come from the GGUF and the committed artifacts, so they hold whatever
+    transformers release writes the converted and materialised directories."""
+    from semspec import models
+    from semspec.preflight import method_problem
+
+    d = _shipped(pair)
+    for tag in ("tf-now", "tf-another-release"):
+        monkeypatch.setattr(models, "library_tag", lambda tag=tag: tag)
+        assert method_problem("semspec", None, PAIRS[pair], f"embedded:{pair}") is None
+    meta = read_metadata(d / "draft.safetensors")
+    assert meta["model_identity"].startswith(PAIRS[pair] + "@sha256:")
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+def test_the_shipped_probes_load_after_the_cache_is_rebuilt_under_another_home(tmp_path):
+    """A fresh HOME and cache directory convert and materialise the models anew (under the
+    installed transformers): the default engine still loads the shipped probes."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from semspec.engine import Engine; e = Engine.load(device='cpu', cache_dir='cache'); "
+            "assert e.probes is not None and not e.unavailable, e.unavailable; print(e.identities['draft'])")
+    env = {k: v for k, v in os.environ.items() if k != "SEMJOBS_MODEL_CACHE"} | {"HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().startswith("embedded:smollm2-135m-draft@sha256:")
+    assert [p.name for p in (tmp_path / "cache" / "models").iterdir() if p.name.startswith("smollm2-135m-draft")]
