@@ -52,10 +52,16 @@ def _config(method, max_new_tokens, temperature, top_p, seed, samples) -> dict:
     return config
 
 
-def _store(file, config, queue, name, url, status, samples, validation=None):
-    from jobs.submit import InvalidInput, missing_model_files, store_job, validate
+def _storable(file, samples, validation=None, method=None):
+    """FILE's validation; exits 2, saying why nothing was stored, when the job cannot be stored:
+    a model path this machine lacks, models that cannot run ``method`` (when given: `run`
+    asks its loaded engine instead), or any bad line."""
+    from jobs.submit import InvalidInput, method_problem, missing_model_files, validate
 
-    for problem in missing_model_files():
+    problems = missing_model_files()
+    if not problems and method is not None:
+        problems = [p for p in [method_problem(method)] if p]
+    for problem in problems:
         click.echo(f"error: {problem}; nothing was stored (SEMJOBS_CHECK_PROMPT_LENGTHS=0 skips "
                    "this check where only the workers have the files)", err=True)
         sys.exit(EXIT_INVALID_INPUT)
@@ -64,15 +70,13 @@ def _store(file, config, queue, name, url, status, samples, validation=None):
     if validation.context_unchecked:
         click.echo(f"warning: prompt lengths not checked against the target's context "
                    f"({validation.context_unchecked})", err=True)
-    try:
-        job_id, n = store_job(file, config, queue=queue, name=name, url=url, status=status,
-                              validation=validation, samples=samples)
-    except InvalidInput as e:
+    if not validation.ok:
+        e = InvalidInput(validation)
         for line in e.lines():
             click.echo(line, err=True)
         click.echo(f"error: {e}; nothing was stored", err=True)
         sys.exit(EXIT_INVALID_INPUT)
-    return job_id, n
+    return validation
 
 
 def _locate(job: str | None, db_url: str | None) -> tuple[dict, str]:
@@ -107,14 +111,16 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, name, samples
 
     Example: semjobs submit prompts.jsonl --method semspec --n 4 --temperature 0.6 --top-p 0.95"""
     from jobs.locate import remember
-    from jobs.submit import enqueue_job
+    from jobs.submit import enqueue_job, store_job
     from semjobs.settings import settings
     from worker.queues import queue_name
 
     config = _config(method, max_new_tokens, temperature, top_p, seed, samples)
     queue = queue_name()
     t0 = time.perf_counter()
-    job_id, n = _store(file, config, queue, name, None, "pending", samples)
+    validation = _storable(file, samples, method=config["method"])
+    job_id, n = store_job(file, config, queue=queue, name=name, status="pending", validation=validation,
+                          samples=samples)
     from worker.publish import publisher
 
     try:
@@ -327,9 +333,9 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
 
     Example: semjobs run examples/prompts.jsonl -o out/results.jsonl --batch-size 16"""
     from db import migrate
-    from jobs.locate import remember
+    from jobs.locate import missing_sqlite_file, remember
     from jobs.status import answers_line, job_status
-    from jobs.submit import find_resumable, unfinished_seqs, validate
+    from jobs.submit import find_resumable, store_job, unfinished_seqs, validate
     from semjobs.settings import settings
     from worker import engine_processes
     from worker.engine import EngineLoadError
@@ -341,28 +347,38 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     if processes is not None:
         settings.processes = processes
     config = _config(method, max_new_tokens, temperature, top_p, seed, samples)
-    migrate.upgrade(url)
     validation = validate(file, samples)
+    # A refused run leaves the database as it was: one without a schema (a new SQLite file
+    # too) is created only once the job is accepted, just before it is stored.
+    fresh = missing_sqlite_file(url) is not None or migrate.current(url) is None
+    if not fresh:
+        migrate.upgrade(url)  # the job to resume is looked up in the current schema
     job_id = (find_resumable(validation, config, samples=samples, url=url)
-              if resume and validation.ok else None)
+              if resume and validation.ok and not fresh else None)
     seqs = unfinished_seqs(job_id, url=url) if job_id is not None else None
     n_procs, threads = (engine_processes.plan(len(seqs) if seqs is not None else validation.n_samples)
                         if validation.ok else (1, settings.threads))
     with engine_processes.open_engines(n_procs, threads) as engines:
         if validation.ok:  # load first: a model or probe file that cannot load stores no job
-            # (bad input is refused by _store below, before anything loads)
+            # (bad input is refused by _storable below, before anything loads)
             click.echo("loading the engine" + (f" in {n_procs} processes, {threads} torch thread(s) "
                        "each" if n_procs > 1 else "") + "...", err=True)
             try:
-                engines.wait_loaded()
+                problem = engines.wait_loaded().get(config["method"])
             except EngineLoadError as e:
-                click.echo(f"error: {e}; nothing was stored", err=True)
+                problem = str(e)
+            if problem is not None:
+                click.echo(f"error: {problem}; nothing was stored", err=True)
                 sys.exit(1)
         if job_id is not None:
             click.echo(f"resuming job {job_id}: {len(seqs)} of {validation.n_samples} items left; "
                        f"database {_shown(url)}", err=True)
         else:
-            job_id, n = _store(file, config, EMBEDDED_QUEUE, name, url, "queued", samples, validation)
+            _storable(file, samples, validation)
+            if fresh:
+                migrate.upgrade(url)
+            job_id, n = store_job(file, config, queue=EMBEDDED_QUEUE, name=name, url=url, status="queued",
+                                  validation=validation, samples=samples)
             remember(job_id, url)
             seqs = list(range(n))
             click.echo(f"job {job_id}: {n} items, method {config['method']}; database {_shown(url)}",

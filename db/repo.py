@@ -244,6 +244,27 @@ def fail_item(session: Session, pk: int, error: str) -> None:
     session.commit()
 
 
+def fail_pending(session: Session, job_id: str, seqs: Iterable[int], error: str) -> int:
+    """Mark the given items that no one has started failed with ``error``."""
+    res = session.execute(
+        update(Item)
+        .where(Item.job_id == job_id, Item.seq.in_(list(seqs)), Item.status == "pending")
+        .values(status="failed", error=error[:10_000], finished_at=utcnow())
+    )
+    session.commit()
+    return res.rowcount
+
+
+def failure_reasons(session: Session, job_id: str, limit: int = 3) -> list[tuple[str, int]]:
+    """The job's most common reasons for failed items, with how many items each failed."""
+    n = func.count().label("n")
+    rows = session.execute(
+        select(Item.error, n).where(Item.job_id == job_id, Item.status == "failed")
+        .group_by(Item.error).order_by(n.desc()).limit(limit)
+    )
+    return [(error or "(no reason recorded)", count) for error, count in rows]
+
+
 def output_values(result: Any, correct: bool | None) -> dict[str, Any]:
     """A GenerationResult's outputs row (without the keys and the time)."""
     return {"text": result.text, "final_answer": result.final_answer, "reasoning": result.reasoning,
@@ -618,14 +639,15 @@ def step_counts(session: Session, job_id: str, max_position: int) -> StepCounts:
 
 
 def completions(session: Session, job_id: str) -> list[tuple]:
-    """(finished at, generated tokens) of the job's finished items, in the order they finished."""
+    """(finished at, generated tokens, wall seconds) of the job's finished items, in the order
+    they finished."""
     rows = session.execute(
-        select(Item.finished_at, ItemStats.generated_tokens)
+        select(Item.finished_at, ItemStats.generated_tokens, ItemStats.wall_seconds)
         .join(ItemStats, ItemStats.item_pk == Item.id)
         .where(Item.job_id == job_id, Item.status == "done")
         .order_by(Item.finished_at)
     )
-    return [(as_utc(ts), n) for ts, n in rows]
+    return [(as_utc(ts), n, wall) for ts, n, wall in rows]
 
 
 def jobs_with_unheld_pending(session: Session) -> list[tuple[str, str]]:

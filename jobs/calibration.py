@@ -31,6 +31,7 @@ from db.models import Calibration, CalibrationPrefix, CalibrationQuestion, utcno
 from db.session import session_factory
 from semjobs.settings import settings
 from semspec.calibration.store import MERGE_KEYS
+from semspec.models import identity_sha256
 
 # collect.json keys that every question's run must agree on: what merging needs, and the
 # seed, since one calibration is one sampling process
@@ -132,6 +133,14 @@ def run_question(calibration_id: str, question_id: str, target, draft, worker: s
     return "done"
 
 
+def fail_question(calibration_id: str, question_id: str, error: str, url: str | None = None) -> str:
+    """Fail a question no worker has started, with ``error`` (this worker cannot run it)."""
+    Q = CalibrationQuestion
+    with session_factory(url)() as s:
+        return _fail(s, (Q.calibration_id == calibration_id, Q.question_id == question_id, Q.status == "pending"),
+                     error)
+
+
 def _wrong_pair(cal: Calibration, target, draft) -> str | None:
     """Refuse before the work when the loaded pair is not the calibration's."""
     if draft is None:
@@ -140,7 +149,7 @@ def _wrong_pair(cal: Calibration, target, draft) -> str | None:
     for role, lm in (("target", target), ("draft", draft)):
         want = (models.get(role) or {}).get("identity")
         have = str(getattr(lm, "identity", ""))
-        if want is not None and have and want != have:
+        if want is not None and have and identity_sha256(want) != identity_sha256(have):
             return (f"this worker's {role} is {have}, the calibration's {want}; run its questions on "
                     "workers that load the same models")
     return None

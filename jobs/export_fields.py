@@ -22,7 +22,7 @@ EXPORT_FIELDS = {
     "usage": ("string", "prompt, completion and total tokens"),
     "method": ("string", "the decoding method"),
     "stats": ("string", "the engine's counters, wall time, phase times and tokens/s of this sample"),
-    "models": ("string", "the models' identities (path and sha256)"),
+    "models": ("string", "the models' identities: the spec each was loaded by and the sha256 of its source"),
 }
 # Columns after them: the input's other fields, and the step log with --steps.
 OPTIONAL_FIELDS = {"meta": ("string", "the input's other fields"), "steps": ("string", "the per-step log")}

@@ -6,8 +6,10 @@ and per-item stats), so it works while the job runs and long after."""
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 
 from db import repo
@@ -17,6 +19,7 @@ from jobs.status import answers_line, fmt_duration, job_status, render
 
 MAX_POSITION = 40  # steps further into a trace are rare; they share the last bar
 VERIFIED = ("accepted", "rejected")  # the decisions the acceptance rule made
+THROUGHPUT_BARS = 30
 
 
 def _plt():
@@ -110,28 +113,45 @@ def plot_step_lengths(figures: StepFigures, path: Path) -> None:
     plt.close(fig)
 
 
+def throughput_series(done: list[tuple], started) -> tuple[float, list[float]]:
+    """Generated tokens/s over the job's life from `repo.completions`: (bar width in seconds,
+    tokens/s in each bar from the job's start). Each item's tokens are spread evenly over its
+    own wall time, which ends when it finished, so items decoded side by side count in the
+    seconds they were decoded, not all in the one they finished in; the bars hold every token."""
+    spans = []
+    for ts, n, wall in done:
+        end = max((ts - started).total_seconds(), 0.0)
+        spans.append((max(end - wall, 0.0), end, n))
+    last = max(end for _, end, _ in spans)
+    bars = max(1, min(THROUGHPUT_BARS, math.ceil(last)))  # in a short job, about a second each
+    width = last / bars if last > 0 else 1.0
+    tokens = [0.0] * bars
+    for start, end, n in spans:
+        first, final = (min(int(x / width), bars - 1) for x in (start, end))
+        if end <= start:  # no wall time recorded: all its tokens where it finished
+            tokens[final] += n
+            continue
+        for b in range(first, final + 1):
+            overlap = min(end, (b + 1) * width) - max(start, b * width)
+            tokens[b] += n * overlap / (end - start)
+    return width, [x / width for x in tokens]
+
+
 def plot_throughput(done: list[tuple], started, path: Path) -> None:
-    """Generated tokens over the job's life: cumulative, and per minute."""
+    """Generated tokens/s over the job's life (throughput_series), and the tokens of the
+    items finished so far."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4))
     if done and started is not None:
-        t = [(ts - started).total_seconds() / 60 for ts, _ in done]
-        total, cum = 0, []
-        for _, n in done:
-            total += n
-            cum.append(total)
-        ax.plot(t, cum, color="tab:blue")
-        ax.set_ylabel("generated tokens (cumulative)", color="tab:blue")
-        span = max(t[-1], 1e-9)
-        width = max(span / 30, 1 / 60)  # about 30 bars, at least a second each
-        per = Counter(int(x / width) for x in t)
-        tokens = Counter()
-        for x, (_, n) in zip(t, done):
-            tokens[int(x / width)] += n
+        width, rates = throughput_series(done, started)
+        ax.bar([(b + 0.5) * width / 60 for b in range(len(rates))], rates, width=width * 0.9 / 60,
+               alpha=0.3, color="tab:green")
+        ax.set_ylabel("generated tokens/s", color="tab:green")
         twin = ax.twinx()
-        twin.bar([(b + 0.5) * width for b in per], [tokens[b] / (width * 60) for b in per], width=width * 0.9,
-                 alpha=0.3, color="tab:green")
-        twin.set_ylabel("tokens/s (items finished in the bar)", color="tab:green")
+        twin.plot([(ts - started).total_seconds() / 60 for ts, _, _ in done],
+                  list(accumulate(n for _, n, _ in done)), color="tab:blue")
+        twin.set_ylabel("tokens of finished items (cumulative)", color="tab:blue")
+        twin.set_ylim(bottom=0)
     else:
         ax.text(0.5, 0.5, "no finished items yet", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("minutes since the job started")
@@ -148,8 +168,8 @@ def markdown(st: dict, figures: StepFigures) -> str:
              f"| status | {st['status']} |", f"| method | {st['method']} |",
              f"| items | {st['n_items']} ({st['counts']['done']} done, {st['counts']['failed']} failed) |",
              f"| generated tokens | {st['generated_tokens']} |",
-             f"| tokens/s (service) | {st['tokens_per_s']} |",
-             f"| tokens/s (per item) | {st['decode_tokens_per_s']} |",
+             f"| tokens/s overall (generated / elapsed) | {st['tokens_per_s']} |",
+             f"| tokens/s per item (generated / summed item wall times) | {st['decode_tokens_per_s']} |",
              f"| elapsed | {fmt_duration(st['elapsed_s'])} |",
              f"| step acceptance | {st['acceptance']['step_acceptance']} |",
              f"| steps by decision | {', '.join(f'{k} {v}' for k, v in sorted(decisions.items())) or '-'} |",

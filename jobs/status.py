@@ -75,6 +75,7 @@ def job_status(job_id: str, *, url: str | None = None) -> dict[str, Any] | None:
         sums = repo.stat_sums(session, job_id)
         last = repo.last_finished_at(session, job_id)
         answers = _answers(session, job_id)
+        failures = repo.failure_reasons(session, job_id) if counts["failed"] else []
         live = repo.live_workers(session, settings.worker_dead_after_s) if job.status in JOB_ACTIVE else 0
     started = repo.as_utc(job.started_at)
     finished = repo.as_utc(job.finished_at)
@@ -106,6 +107,7 @@ def job_status(job_id: str, *, url: str | None = None) -> dict[str, Any] | None:
         "decode_tokens_per_s": _ratio(gen, sums["wall_seconds"]),
         "eta_s": eta,
         "stalled": stalled,
+        "failures": [{"reason": reason, "items": n} for reason, n in failures],
         "acceptance": {
             "steps_drafted": int(sums["steps_drafted"]),
             "steps_accepted": int(sums["steps_accepted"]),
@@ -162,13 +164,16 @@ def render(st: dict[str, Any]) -> str:
         f"  status     {st['status']}   method {st['method']}   queue {st['queue']}",
         f"  items      {st['n_items']} total: {c['done']} done, {c['running']} running, "
         f"{c['pending']} pending, {c['failed']} failed, {c['cancelled']} cancelled",
-        f"  tokens     {st['generated_tokens']} generated, "
-        f"{st['tokens_per_s'] or 0:.1f} tok/s overall, "
-        f"{st['decode_tokens_per_s'] or 0:.1f} tok/s per item",
+        f"  tokens     {st['generated_tokens']} generated",
+        # two rates far apart when items decode side by side: each says what it divides
+        f"  tok/s      {st['tokens_per_s'] or 0:.1f} overall (generated / elapsed), "
+        f"{st['decode_tokens_per_s'] or 0:.1f} per item (generated / summed item wall times)",
         f"  time       elapsed {fmt_duration(st['elapsed_s'])}, ETA {fmt_duration(st['eta_s'])}",
     ]
     if st["stalled"]:
         lines.append(f"  STALLED    {st['stalled']}")
+    for f in st.get("failures") or []:
+        lines.append(f"  failed     {f['items']} item(s): {f['reason']}")
     if a["steps_drafted"] or a["drafted_tokens"]:
         sa = a["step_acceptance"]
         ta = a["token_acceptance"]
@@ -201,7 +206,7 @@ def progress_line(st: dict[str, Any], width: int = 30) -> str:
     acc = st["acceptance"]["step_acceptance"]
     return (
         f"[{bar}] {settled}/{st['n_items']}  done {c['done']} failed {c['failed']}"
-        f"  {st['generated_tokens']} tok  {st['tokens_per_s'] or 0:.1f} tok/s"
+        f"  {st['generated_tokens']} tok  {st['tokens_per_s'] or 0:.1f} tok/s overall"
         f"  steps kept {'-' if acc is None else f'{acc:.0%}'}  ETA {fmt_duration(st['eta_s'])}"
         f"  {'STALLED' if st['stalled'] else st['status']}"
     )

@@ -108,6 +108,17 @@ def missing_model_files() -> list[str]:
     return missing
 
 
+def method_problem(method: str) -> str | None:
+    """Why the settings' models cannot run ``method`` (a draft missing, probes calibrated for
+    other models), told from their files on this machine (``semspec.preflight``); checked with
+    the prompt lengths, like `missing_model_files`."""
+    if not settings.check_prompt_lengths:
+        return None
+    from semspec.preflight import method_problem as problem
+
+    return problem(method, settings.target_model, settings.draft_model, settings.probes_dir, settings.cache_dir)
+
+
 def validate(path: str | Path, samples: int = 1) -> Validation:
     """`validate_file` with the settings' limits and the target's context (jobs.context)."""
     from jobs.context import ContextCheck

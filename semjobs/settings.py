@@ -71,6 +71,11 @@ class Settings(BaseSettings):
     chunk_size: int = 4  # items per Celery task; keeps a task well inside the visibility timeout
     visibility_timeout_s: int = 3 * 3600
     max_attempts: int = 3  # deliveries of one item (worker lost) before it is marked failed
+    # An engine that cannot load (a model file missing, a broken install) is tried this many
+    # times per chunk, engine_retry_s apart and doubling, before the chunk's items fail with
+    # the load error as their reason: a job never waits silently on workers that cannot serve it.
+    engine_load_attempts: int = Field(default=3, ge=1)
+    engine_retry_s: float = Field(default=10.0, ge=0)
     # Fast recovery of a whole worker lost (SIGKILL, preempted node), whose chunk the broker
     # would only hand out again after visibility_timeout_s: every process that runs tasks
     # beats every heartbeat_interval_s; one silent for worker_dead_after_s is dead, and the

@@ -78,11 +78,33 @@ def _same_tokenizer(a, b) -> bool:
     return a.get_vocab() == b.get_vocab()
 
 
+# What each method needs beyond the target.
+METHOD_NEEDS = {"ar": (), "token_sd": ("draft",), "step_judge": ("draft",), "semspec": ("draft", "probes")}
+
+
+def resolve_components(target: str | None, draft: str | None, probes: str | None) -> tuple[str | None, str | None]:
+    """The (draft, probes) specs ``Engine.load`` loads for these specs: the embedded target's
+    default draft and the probes shipped for it filled in, "none" and "" read as none."""
+    if draft is None and target in (None, DEFAULT_TARGET):
+        draft = default_draft()
+    if draft in (None, "", "none"):
+        if probes not in (None, "", "none"):
+            raise ValueError("probes were given without a draft model")
+        return None, None
+    if probes is None:
+        probes = default_probes(draft, target)
+    return draft, (None if probes in (None, "", "none") else probes)
+
+
 class Engine:
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, probes: ProbePair | None = None):
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, probes: ProbePair | None = None,
+                 unavailable: dict[str, str] | None = None):
+        """``unavailable``: component ("draft", "probes") -> why it did not load; the methods
+        that need it are refused with that reason, the others run."""
         self.target = target
         self.draft = draft
         self.probes = probes
+        self.unavailable = dict(unavailable or {})
         self.same_tokenizer = draft is not None and _same_tokenizer(target.tokenizer, draft.tokenizer)
         if probes is not None:
             if draft is None:
@@ -112,24 +134,38 @@ class Engine:
         ``draft=None`` loads its default draft (``default_draft``) and ``probes=None`` the
         probes shipped for that draft (else none). ``draft="none"`` / ``probes="none"`` load none. A
         draft spec naming a draft head (``embedded:smollm2-135m-head``, or a directory with
-        ``head.json``) loads it onto the target (``semspec.head``)."""
+        ``head.json``) loads it onto the target (``semspec.head``).
+
+        Only the target must load: a draft or probes that cannot are left out, with the
+        reason in ``unavailable``, so ``ar`` runs and the methods that need them are refused
+        with that reason (``method_problem``)."""
         model_cache = models_cache(cache_dir)
         dt = pick_dtype(device, batch_size, dtype)
         t = load_model(target, device=device, cache_dir=model_cache, dtype=dt)
-        embedded_target = target in (None, DEFAULT_TARGET)
-        if draft is None and embedded_target:
-            draft = default_draft()
-        if draft in (None, "", "none"):
-            draft = None
-        d = load_draft(draft, t, device=device, cache_dir=model_cache, dtype=dt) if draft else None
-        if probes is None and d is not None:
-            probes = default_probes(draft, target)
-        if probes in (None, "", "none"):
-            probes = None
-        if probes is not None and d is None:
-            raise ValueError("probes were given without a draft model")
-        p = ProbePair.load(resolve_probes(probes), t, d) if probes else None
-        return cls(t, d, p)
+        draft, probes = resolve_components(target, draft, probes)
+        d = p = None
+        unavailable: dict[str, str] = {}
+        try:
+            d = load_draft(draft, t, device=device, cache_dir=model_cache, dtype=dt) if draft else None
+        except Exception as e:  # noqa: BLE001 -- any failure is the draft's, reported per method
+            unavailable["draft"] = f"the draft {draft!r} could not load: {type(e).__name__}: {e}"
+        try:
+            p = ProbePair.load(resolve_probes(probes), t, d, name=str(probes)) if probes and d else None
+        except Exception as e:  # noqa: BLE001
+            unavailable["probes"] = f"the probes {probes!r} could not load: {type(e).__name__}: {e}"
+        return cls(t, d, p, unavailable)
+
+    def method_problem(self, method: str) -> str | None:
+        """Why ``method`` cannot run on this engine (a sentence naming the cause and the
+        fix), or None when it can."""
+        if method not in METHOD_NEEDS:
+            return f"unknown method {method!r}; one of {', '.join(METHODS)}"
+        loaded = {"draft": self.draft, "probes": self.probes}
+        for need in METHOD_NEEDS[method]:
+            if loaded[need] is None:
+                why = self.unavailable.get(need) or self.unavailable.get("draft") or "none was configured"
+                return f"method {method!r} needs {'a draft model' if need == 'draft' else 'probes'}: {why}"
+        return None
 
     @functools.cached_property
     def think_end_marker(self) -> str | None:

@@ -279,7 +279,7 @@ class DraftingSequence(Sequence):
     def __init__(self, engine, messages, config, runners):
         super().__init__(engine, messages, config, runners)
         if engine.draft is None:
-            raise MethodUnavailable(f"method {self.method!r} needs a draft model; none was loaded")
+            raise MethodUnavailable(engine.method_problem(self.method))
         self.draft = engine.draft
         self.same_tok = engine.same_tokenizer
         if self.same_tok:
@@ -540,7 +540,7 @@ class SemSpecSequence(DraftingSequence):
     def __init__(self, engine, messages, config, runners):
         super().__init__(engine, messages, config, runners)
         if engine.probes is None:
-            raise MethodUnavailable("method 'semspec' needs probes; none were loaded")
+            raise MethodUnavailable(engine.method_problem(self.method))
         self.probes = engine.probes
 
     def speculate_step(self) -> Program:

@@ -12,12 +12,16 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+import time
 from typing import Any, Callable
 
 from semjobs.settings import settings
 
 _lock = threading.Lock()
 _cache: dict[tuple, Any] = {}
+# The last failed load: (key, when, error). Chunks arriving meanwhile get the same error
+# instead of each loading the models again, until settings.engine_retry_s has passed.
+_failure: tuple[tuple, float, str] | None = None
 
 
 class EngineLoadError(RuntimeError):
@@ -53,11 +57,14 @@ def set_threads() -> None:
 
 
 def get_engine() -> Any:
+    global _failure
     key = engine_key()
     engine = _cache.get(key)
     if engine is None:
         with _lock:
             engine = _cache.get(key)
+            if _failure is not None and _failure[0] == key and time.monotonic() - _failure[1] < settings.engine_retry_s:
+                raise EngineLoadError(_failure[2])
             if engine is None:
                 try:
                     set_threads()
@@ -72,10 +79,10 @@ def get_engine() -> Any:
                         batch_size=settings.batch_size,
                     )
                 except Exception as e:
-                    raise EngineLoadError(
-                        f"could not load the engine {settings.engine_factory!r}: "
-                        f"{type(e).__name__}: {e}"
-                    ) from e
+                    message = f"could not load the engine {settings.engine_factory!r}: {type(e).__name__}: {e}"
+                    _failure = (key, time.monotonic(), message)
+                    raise EngineLoadError(message) from e
+                _failure = None
                 _cache.clear()  # one engine per process: drop one loaded for other settings
                 _cache[key] = engine
     return engine
@@ -87,3 +94,13 @@ def loaded() -> bool:
 
 def identities(engine: Any) -> dict:
     return dict(getattr(engine, "identities", None) or {})
+
+
+def method_problems(engine: Any) -> dict[str, str]:
+    """method -> why ``engine`` cannot run it (``Engine.method_problem``), for the methods
+    it cannot; empty for an engine that does not say."""
+    from semspec.types import METHODS
+
+    check = getattr(engine, "method_problem", None)
+    problems = {m: check(m) for m in METHODS} if check is not None else {}
+    return {m: p for m, p in problems.items() if p}

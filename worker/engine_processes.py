@@ -96,11 +96,11 @@ def _child(index: int, overrides: dict, inbox, outbox) -> None:
         setattr(settings, name, value)
     try:
         try:
-            engines.get_engine()
+            engine = engines.get_engine()
         except EngineLoadError as e:
             outbox.put(("failed", index, str(e)))
             return
-        outbox.put(("ready", index, None))
+        outbox.put(("ready", index, engines.method_problems(engine)))
         work = inbox.get()
         if work is None:
             return
@@ -120,10 +120,12 @@ class InProcessEngine:
     def __exit__(self, *exc) -> None:
         pass
 
-    def wait_loaded(self) -> None:
+    def wait_loaded(self) -> dict[str, str]:
+        """Load the engine (kept for run_items, which decodes with it); the methods it
+        cannot run, with why (``worker.engine.method_problems``)."""
         from worker import engine as engines
 
-        engines.get_engine()  # kept for run_items, which decodes with it
+        return engines.method_problems(engines.get_engine())
 
     def run(self, job_id: str, seqs: list[int], url: str, on_item: Callable[[int], None]) -> None:
         from worker.process import run_items
@@ -180,16 +182,20 @@ class EngineProcesses:
                     except queue.Empty:
                         return "lost", i, code
 
-    def wait_loaded(self) -> None:
-        """Return once every child holds its engine; EngineLoadError if one could not load."""
+    def wait_loaded(self) -> dict[str, str]:
+        """Return once every child holds its engine, with the methods their engines cannot
+        run and why (the children load alike); EngineLoadError if one could not load."""
         waiting = set(range(len(self._children)))
+        problems: dict[str, str] = {}
         while waiting:
             kind, index, detail = self._next(waiting)
             if kind == "failed":
                 raise EngineLoadError(detail)
             if kind == "lost":
                 raise EngineLoadError(f"engine process {index} exited with code {detail} while loading")
+            problems.update(detail or {})
             waiting.discard(index)
+        return problems
 
     def run(self, job_id: str, seqs: list[int], url: str, on_item: Callable[[int], None]) -> None:
         """Run ``seqs`` of the job, child i taking the i-th of n contiguous shares (an input's

@@ -14,7 +14,7 @@ from worker.celery import app
 from worker import engine as engines
 from worker.engine import EngineLoadError
 from worker.publish import CALIBRATE, RUN_CHUNK, requeue
-from worker.process import run_items, worker_name
+from worker.process import fail_unstarted, run_items, worker_name
 from worker.queues import queue_name
 
 log = get_task_logger(__name__)
@@ -32,13 +32,34 @@ def _on_shutdown(**_kwargs) -> None:
     _shutting_down = True
 
 
-# Both tasks wait out an engine that cannot load yet and a database that is away.
-RETRYING = dict(bind=True, autoretry_for=(EngineLoadError, OperationalError), retry_backoff=5,
-                retry_backoff_max=300, max_retries=10)
+# Both tasks wait out a database that is away; an engine that cannot load is tried a few
+# times (load_or_give_up), then what needed it fails with the load error as its reason.
+RETRYING = dict(bind=True, autoretry_for=(OperationalError,), retry_backoff=5, retry_backoff_max=300,
+                max_retries=10)
+
+
+def load_or_give_up(task, what: str) -> str | None:
+    """Load this process's engine (kept for the task's own call); on failure retry the task
+    later, up to ``settings.engine_load_attempts`` tries, then return the load error for the
+    caller to fail ``what`` with. None when the engine loaded."""
+    try:
+        engines.get_engine()
+        return None
+    except EngineLoadError as e:
+        tries = task.request.retries + 1
+        if tries < settings.engine_load_attempts:
+            log.warning("%s: %s; trying again (%d of %d)", what, e, tries + 1, settings.engine_load_attempts)
+            raise task.retry(exc=e, countdown=settings.engine_retry_s * 2 ** (tries - 1), max_retries=None)
+        log.error("%s: %s; gave up after %d tries", what, e, tries)
+        return f"{e} (gave up after {tries} tries on worker {liveness.name() or worker_name()})"
 
 
 @app.task(name=RUN_CHUNK, **RETRYING)
 def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
+    load_error = load_or_give_up(self, f"job {job_id} chunk {seqs[:1]}")
+    if load_error is not None:
+        failed = fail_unstarted(job_id, seqs, load_error)
+        return {"done": 0, "failed": failed}
     # Stop starting new items after half the visibility timeout: a task must end well
     # before Redis would hand its message to a second worker.
     deadline = time.monotonic() + settings.visibility_timeout_s / 2
@@ -60,8 +81,11 @@ def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
 @app.task(name=CALIBRATE, **RETRYING)
 def calibrate(self, calibration_id: str, question_id: str) -> str:
     """One question of a probe calibration with this worker's pair (jobs.calibration)."""
-    from jobs.calibration import run_question
+    from jobs.calibration import fail_question, run_question
 
+    load_error = load_or_give_up(self, f"calibration {calibration_id} question {question_id}")
+    if load_error is not None:
+        return fail_question(calibration_id, question_id, load_error)
     engine = engines.get_engine()
     outcome = run_question(calibration_id, question_id, engine.target, getattr(engine, "draft", None),
                            worker=liveness.name() or worker_name())

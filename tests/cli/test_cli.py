@@ -134,6 +134,37 @@ def test_engine_load_failure_is_reported(tmp_path, sqlite_db, monkeypatch):
     assert res.exit_code == 1 and "could not load the engine" in res.output
 
 
+@pytest.mark.parametrize("refusal", ["bad input", "engine that cannot load", "model path missing"])
+def test_a_refused_run_creates_no_database_and_leaves_an_old_one_as_it_was(refusal, tmp_path, sqlite_db,
+                                                                          fake_engine, monkeypatch):
+    import sqlite3
+    from contextlib import closing
+
+    from semjobs.settings import settings
+    from worker import engine as engines
+
+    src = ROOT / "examples" / "prompts.jsonl"
+    if refusal == "bad input":
+        src = tmp_path / "bad.jsonl"
+        src.write_text('{"id": 1, "prompt": "ok"}\n{"id": 1, "prompt": "dup"}\n')
+    elif refusal == "engine that cannot load":
+        monkeypatch.setattr(settings, "engine_factory", "no_such_module:Engine.load")
+        engines._cache.clear()
+    else:
+        monkeypatch.setattr(settings, "target_model", str(tmp_path / "typo"))
+    old, new = tmp_path / "semjobs.sqlite", tmp_path / "new.sqlite"  # old: sqlite_db's file
+
+    def dump():
+        with closing(sqlite3.connect(old)) as con:
+            return list(con.iterdump())
+
+    before = dump()
+    for db in (new, old):
+        res = invoke("run", src, "-o", tmp_path / "o.jsonl", "--db", f"sqlite:///{db}")
+        assert res.exit_code in (1, 2) and "nothing was stored" in res.output, res.output
+    assert not new.exists() and dump() == before
+
+
 def test_run_resumes_an_interrupted_job_without_redoing_items(tmp_path, sqlite_db, fake_engine):
     from sqlalchemy import select
 
@@ -200,3 +231,32 @@ def test_every_command_help_has_an_example():
     for path in commands(main):
         res = invoke(*path, "--help")
         assert res.exit_code == 0 and "Example" in res.output, path
+
+
+def test_a_method_whose_probes_do_not_fit_is_refused_up_front_and_ar_still_runs(tmp_path, monkeypatch):
+    """Probes calibrated for other models: `submit` and `run` refuse semspec before anything
+    is stored, naming the cause and the fix; `ar` with the same settings runs."""
+    from semjobs.settings import settings
+    from semspec.probes import Probe, ProbePair
+    from semspec.testing import tiny_model_dir
+    from worker import engine as engines
+
+    target = tiny_model_dir(tmp_path / "target", num_layers=2, seed=0)
+    draft = tiny_model_dir(tmp_path / "draft", num_layers=1, seed=1)
+    ProbePair(Probe(64, layer=-1, model_sha256="0" * 64), Probe(64, layer=1, role="draft")).save(tmp_path / "p")
+    for key, value in {"target_model": str(target), "draft_model": str(draft), "probes_dir": str(tmp_path / "p"),
+                       "cache_dir": tmp_path / "cache", "processes": 1, "device": "cpu"}.items():
+        monkeypatch.setattr(settings, key, value)
+    engines._cache.clear()
+    src = ROOT / "examples" / "prompts.jsonl"
+    res = invoke("submit", src, "--method", "semspec")
+    assert res.exit_code == 2 and "calibrated for another target model" in res.output, res.output
+    assert "nothing was stored" in res.output and "semjobs probe" in res.output
+    db = tmp_path / "run.sqlite"
+    res = invoke("run", src, "-o", tmp_path / "o.jsonl", "--db", f"sqlite:///{db}", "--method", "semspec")
+    assert res.exit_code == 1 and "calibrated for another target model" in res.output, res.output
+    assert not db.exists()
+    res = invoke("run", src, "-o", tmp_path / "o.jsonl", "--db", f"sqlite:///{db}", "--max-new-tokens", 4)
+    assert res.exit_code == 0, res.output
+    assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 3
+    engines._cache.clear()

@@ -87,3 +87,23 @@ def test_the_step_figures_are_counted_in_the_database(tmp_path, database, reques
     assert f.kept_lengths[7] == 1 and 9 not in f.kept_lengths
     assert f.written_lengths[5] == 2 and f.written_lengths[3] == 1 and None not in f.written_lengths
     assert sum(f.kept_lengths.values()) == 4
+
+
+def test_the_throughput_bars_are_tokens_per_second_over_each_items_wall_time():
+    from datetime import datetime, timedelta, timezone
+
+    from jobs.report import throughput_series
+
+    t0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    at = lambda s: t0 + timedelta(seconds=s)  # noqa: E731
+    # two items decoded side by side for 10 s, 100 tokens each: 20 tokens/s all along, not
+    # 200 tokens in the second they finished
+    width, rates = throughput_series([(at(10), 100, 10.0), (at(10), 100, 10.0)], t0)
+    assert width == 1.0 and rates == pytest.approx([20.0] * 10)
+    # a long job: 30 bars; one item per minute, each decoded in its minute at 1 token/s
+    width, rates = throughput_series([(at(60 * (i + 1)), 60, 60.0) for i in range(60)], t0)
+    assert width == 120.0 and rates == pytest.approx([1.0] * 30)
+    # every token is in a bar: an item without wall time counts where it finished, and one whose
+    # wall time reaches back before the job's start (another clock) within the job
+    width, rates = throughput_series([(at(1.5), 7, 0.0), (at(4), 30, 9.0)], t0)
+    assert sum(rates) * width == pytest.approx(37) and rates == pytest.approx([7.5, 7.5 + 7, 7.5, 7.5])

@@ -1,5 +1,6 @@
 """`job_status` calls an active job stalled, and says why, instead of an ETA that keeps
-growing: no worker, workers that take nothing, a stopped `semjobs run`. Real Postgres."""
+growing: no worker, workers that take nothing, a stopped `semjobs run`. Real Postgres.
+And what the text output calls each figure."""
 
 from __future__ import annotations
 
@@ -59,3 +60,16 @@ def test_a_job_that_progresses_or_has_ended_is_not_stalled(pg_db, quiet_job):
     sql(pg_db, "UPDATE items SET finished_at = now() - interval '10 minutes' WHERE job_id = :j", j=quiet_job)
     sql(pg_db, "UPDATE jobs SET status = 'cancelled' WHERE id = :j", j=quiet_job)
     assert job_status(quiet_job, url=pg_db)["stalled"] is None
+
+
+def test_the_two_rates_say_which_is_which():
+    counts = dict(done=3, running=0, pending=0, failed=0, cancelled=0)
+    acceptance = dict(steps_drafted=0, steps_accepted=0, step_acceptance=None, drafted_tokens=0,
+                      accepted_tokens=0, token_acceptance=None, target_forward_passes=9,
+                      draft_forward_passes=0)
+    st = dict(id="j", name=None, status="completed", method="ar", queue="embedded", n_items=3,
+              counts=counts, generated_tokens=600, elapsed_s=60.0, tokens_per_s=10.0,
+              decode_tokens_per_s=25.0, eta_s=None, stalled=None, acceptance=acceptance)
+    assert ("  tok/s      10.0 overall (generated / elapsed), 25.0 per item (generated / summed item "
+            "wall times)") in render(st).splitlines()
+    assert "600 tok  10.0 tok/s overall" in progress_line(st)

@@ -98,6 +98,7 @@ def test_each_sample_gets_its_own_reproducible_seed_and_the_template_kwargs():
     assert item_config(job, {"id": "q1", "prompt": "x"}).chat_template_kwargs is None
 
 
+@pytest.mark.real_model
 def test_a_prompt_beyond_the_context_is_named_and_a_long_one_that_fits_passes(tmp_path):
     from jobs.context import ContextCheck
     from jobs.schema import validate_file
@@ -114,6 +115,7 @@ def test_a_prompt_beyond_the_context_is_named_and_a_long_one_that_fits_passes(tm
     assert validate_file(p, 1_000_000, fits=missing).ok and "does not exist" in missing.unavailable
 
 
+@pytest.mark.real_model
 def test_a_template_that_cannot_render_a_long_prompt_is_a_bad_line_not_a_crash(tmp_path):
     from jobs.context import ContextCheck
     from jobs.schema import validate_file
@@ -154,6 +156,7 @@ def _probes_of_another_model(dest):
     return dest
 
 
+@pytest.mark.real_model
 @pytest.mark.slow
 @pytest.mark.parametrize("setting, make, words", [
     ("target_model", lambda tmp: str(tmp / "no-such-model"), "does not exist"),
@@ -162,8 +165,8 @@ def _probes_of_another_model(dest):
 ], ids=["unknown_model_path", "truncated_probe_file", "probes_of_another_model"])
 def test_run_with_files_that_cannot_load_stores_nothing(setting, make, words, sqlite_db, tmp_path,
                                                         monkeypatch):
-    """The engine loads before the job is stored: a model or probe file that cannot load is
-    one error line naming it, exit 1, zero rows."""
+    """The engine loads before the job is stored: a model that cannot load, or probes the
+    asked method needs that cannot, is one error line naming the file, exit 1, zero rows."""
     from semjobs.settings import settings
     from worker import engine as engines
 
@@ -177,7 +180,9 @@ def test_run_with_files_that_cannot_load_stores_nothing(setting, make, words, sq
     finally:
         engines._cache.clear()
     assert res.exit_code == 1, res.output
-    assert "could not load the engine" in res.output and words in res.output and "nothing was stored" in res.output
+    reason = res.output.strip().splitlines()[-1]
+    assert reason.startswith(("error: could not load the engine", "error: method 'semspec'")), reason
+    assert words in reason and reason.endswith("nothing was stored")
     assert "Traceback" not in res.output
     assert rows(sqlite_db) == (0, 0)
 

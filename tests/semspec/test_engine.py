@@ -72,7 +72,7 @@ def test_ar_basics(tiny_target, ar_result):
     assert sum(s.target_tokens for s in r.steps) == 40
     assert all(s.target_tokens <= 8 for s in r.steps)
     assert "".join(s.text for s in r.steps).startswith(r.text[:10])
-    assert r.models["target"].startswith(str(tiny_target.identity.path))
+    assert r.models["target"] == str(tiny_target.identity)
     assert set(c.phase_seconds) >= {"prefill", "target_write"}
 
 
@@ -325,6 +325,42 @@ def test_engine_load_from_specs(tiny_dirs, tmp_path):
     assert all(0 < s.p_target < 1 for s in r.steps if s.p_target is not None)
     plain = Engine.load(str(tiny_dirs["target"]), device="cpu", cache_dir=tmp_path / "cache")
     assert plain.draft is None and set(plain.identities) == {"target", "dtype"}
+
+
+def test_probes_that_cannot_load_fail_only_the_methods_that_need_them(tiny_dirs, tmp_path):
+    from semspec.preflight import method_problem
+    from semspec.probes import Probe
+
+    target, draft = str(tiny_dirs["target"]), str(tiny_dirs["draft"])
+    ProbePair(Probe(64, layer=-1), Probe(64, layer=1, role="draft")).save(tmp_path / "broken")
+    (tmp_path / "broken" / "draft.safetensors").write_bytes(b"not a probe file")
+    e = Engine.load(target, draft, str(tmp_path / "broken"), device="cpu", cache_dir=tmp_path / "cache")
+    assert e.probes is None and "could not load" in e.unavailable["probes"]
+    assert e.generate(PROMPT, cfg("ar", max_new_tokens=4)).counters.generated_tokens == 4
+    assert e.generate(PROMPT, cfg("token_sd", max_new_tokens=4)).counters.generated_tokens == 4
+    with pytest.raises(MethodUnavailable, match="probes 'broken'|could not load"):
+        e.generate(PROMPT, cfg("semspec"))
+    assert e.method_problem("ar") is None and "could not load" in e.method_problem("semspec")
+    assert "cannot run" in method_problem("semspec", target, draft, str(tmp_path / "broken"), tmp_path / "cache")
+    assert method_problem("ar", target, draft, str(tmp_path / "broken"), tmp_path / "cache") is None
+
+    # probes calibrated for other models: refused before any weights load, and by the engine
+    other = ProbePair(Probe(64, layer=-1, model_sha256="0" * 64), Probe(64, layer=1, role="draft"))
+    other.save(tmp_path / "other")
+    problem = method_problem("semspec", target, draft, str(tmp_path / "other"), tmp_path / "cache")
+    assert "calibrated for another target model" in problem and "semjobs probe" in problem
+    e = Engine.load(target, draft, str(tmp_path / "other"), device="cpu", cache_dir=tmp_path / "cache")
+    assert "calibrated for another target model" in e.method_problem("semspec")
+    assert method_problem("semspec", target, "none", None) is not None  # no draft at all
+
+
+def test_a_draft_that_cannot_load_leaves_ar_running(tiny_dirs, tmp_path):
+    (tmp_path / "empty").mkdir()
+    e = Engine.load(str(tiny_dirs["target"]), str(tmp_path / "empty"), device="cpu", cache_dir=tmp_path / "cache")
+    assert e.draft is None and "could not load" in e.unavailable["draft"]
+    assert e.generate(PROMPT, cfg("ar", max_new_tokens=3)).counters.generated_tokens == 3
+    with pytest.raises(MethodUnavailable, match="could not load"):
+        e.generate(PROMPT, cfg("step_judge"))
 
 
 def test_tau_floor_rejects(tiny_target, tiny_draft, ar_result):

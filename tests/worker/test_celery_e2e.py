@@ -365,3 +365,22 @@ def test_threads_pool_worker_beats_and_records_its_name(service_env, workers, pg
         beating = set(s.scalars(select(Worker.name).where(Worker.name.like(f"{name_prefix}%"))))
     assert item_workers == {f"{next(iter(item_workers)).split(':')[0]}:{proc.pid}"}, item_workers
     assert item_workers <= beating, (item_workers, beating)
+
+
+def test_an_engine_that_cannot_load_fails_the_items_with_its_reason(service_env, workers, pg_db, tmp_path):
+    """A worker whose engine never loads tries a bounded number of times, then fails the
+    items with the load error, which `semjobs status` shows: the job never waits silently."""
+    path = write_input(tmp_path / "in.jsonl", 6)
+    job_id = submit(service_env, path)
+    workers.start("broken", env={"SEMJOBS_ENGINE_FACTORY": "no_such_module:Engine.load",
+                                 "SEMJOBS_ENGINE_RETRY_S": "1"})
+    t0 = time.monotonic()
+    wait_completed(pg_db, job_id, workers, timeout=120)
+    assert time.monotonic() - t0 < 120
+    assert counts(pg_db, job_id) == {"failed": 6}
+    st = json.loads(run_cli(["status", job_id, "--json"], service_env).stdout)
+    (failure,) = st["failures"]
+    assert failure["items"] == 6 and "No module named 'no_such_module'" in failure["reason"]
+    assert "gave up after 3 tries" in failure["reason"]
+    shown = run_cli(["status", job_id], service_env).stdout
+    assert "failed     6 item(s): could not load the engine" in shown

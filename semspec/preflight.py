@@ -1,0 +1,54 @@
+"""Whether a method can run on the models some specs name, told from their files alone.
+
+``semjobs submit`` asks before it stores a job for workers to load: a job of ``semspec``
+whose probes were calibrated for other models, or whose draft is missing, would otherwise
+fail every item on every worker. No weights are loaded: probe metadata is read and the
+models' identities are hashed from their sources (``semspec.models.spec_sha256``, memoised).
+The engine checks the same again when it loads (``Engine.method_problem``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .engine import METHOD_NEEDS, resolve_components
+from .head import head_sha256, resolve_head
+from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, models_cache, spec_sha256
+from .probes import Probe, ProbePair, read_metadata, resolve_probes
+
+
+def method_problem(method: str, target: str | None, draft: str | None, probes: str | None,
+                   cache_dir: str | os.PathLike | None = None) -> str | None:
+    """Why ``method`` would be refused with these model specs (as ``Engine.load`` reads them,
+    defaults filled in; ``cache_dir`` the service's cache root), a sentence naming the cause
+    and the fix; None when nothing is seen wrong."""
+    needs = METHOD_NEEDS.get(method, ())
+    if not needs:
+        return None
+    draft, probes = resolve_components(target, draft, probes)
+    if draft is None:
+        return f"method {method!r} needs a draft model; none is configured (SEMJOBS_DRAFT_MODEL)"
+    if "probes" not in needs:
+        return None
+    if probes is None:
+        return (f"method {method!r} needs probes for the draft {draft!r}; none are configured "
+                "(SEMJOBS_PROBES_DIR, or calibrate them: semspec/calibration/README.md)")
+    try:
+        pair = Path(resolve_probes(probes))
+        files = {"target": ProbePair.TARGET_FILE, "draft": ProbePair.DRAFT_FILE}
+        found = {}
+        for role, name in files.items():
+            found[role] = Probe.from_metadata(read_metadata(pair / name))
+            found[role].source = f"{probes}/{name}"
+        cache = models_cache(cache_dir) or DEFAULT_CACHE_DIR
+        target_sha = spec_sha256(target, cache)
+        head = resolve_head(draft)
+        draft_sha = head_sha256(head, target_sha) if head is not None else spec_sha256(draft, cache)
+    except Exception as e:  # noqa: BLE001 -- whatever is unreadable, the method cannot run
+        return f"method {method!r} cannot run: {type(e).__name__}: {e}"
+    for role, spec, sha in (("target", target, target_sha), ("draft", draft, draft_sha)):
+        problem = found[role].identity_problem(str(spec or DEFAULT_TARGET), sha)
+        if problem is not None:
+            return f"method {method!r} cannot run: {problem}"
+    return None
