@@ -15,7 +15,7 @@ from db.models import Item, ItemStats, Job, Output, StepLog
 from semspec.assets import GSM8K_TEST
 from tests.conftest import ROOT, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 GSM8K = Path(os.environ.get("SEMJOBS_GSM8K", GSM8K_TEST))
 

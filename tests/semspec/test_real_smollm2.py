@@ -10,7 +10,7 @@ from semspec.models import encode_prompt, truncated_copy
 from semspec.probes import ProbePair
 from semspec.types import GenerationConfig
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 QUESTION = (
     "Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes "

@@ -16,7 +16,7 @@ from semspec.assets import GSM8K_TEST
 from semspec.calibration.store import CalibrationStore
 from tests.conftest import run_cli, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 SETTINGS = ["--prompts", str(GSM8K_TEST), "--skip-lines", "100", "--limit-prompts", "2", "--samples", "2",
             "--max-trace-steps", "2", "--max-trace-tokens", "64", "--max-step-tokens", "24",

@@ -12,7 +12,7 @@ from semspec.assets import GSM8K_TEST
 from tests.conftest import run_cli
 from tests.worker.test_celery_e2e import read_jsonl, submit, wait_completed
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 QUESTIONS = 8
 SAMPLES = 4

@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from cli.main import main
@@ -7,6 +8,7 @@ from semspec.probes import ProbePair
 from semspec.testing import tiny_model_dir
 
 
+@pytest.mark.real_model
 def test_probe_collect_label_train_end_to_end(tmp_path):
     t = tiny_model_dir(tmp_path / "t", num_layers=2, hidden_size=64, seed=0)
     d = tiny_model_dir(tmp_path / "d", num_layers=1, hidden_size=32, seed=1)
@@ -50,6 +52,7 @@ def test_probe_label_nli_needs_model(tmp_path):
     assert res.exit_code != 0 and "MNLI" in res.output
 
 
+@pytest.mark.real_model
 def test_judge_eval_command():
     from pathlib import Path
 

@@ -32,11 +32,13 @@ def embed_judge():
     return EmbeddingJudge()
 
 
+@pytest.mark.real_model
 def test_embedded_judge_accuracy(embed_judge):
     result = evaluate_pairs(embed_judge, load_pairs())
     assert result["accuracy"] >= 0.85, result
 
 
+@pytest.mark.real_model
 def test_embedded_judge_design_example(embed_judge):
     a = "She sells 9 eggs for $2 each, so she makes $18."
     changed = "She sells 7 eggs for $2 each, so she makes $14."
@@ -48,6 +50,7 @@ def test_embedded_judge_design_example(embed_judge):
     assert not embed_judge.equivalent(a, changed)
 
 
+@pytest.mark.real_model
 def test_embedded_judge_matrix_is_symmetric(embed_judge):
     texts = ["She makes 9 * 2 = $18.", "She earns $18 since 9 * 2 = 18.", "She makes 7 * 2 = $14.", ""]
     eq = embed_judge.equivalence_matrix(texts)

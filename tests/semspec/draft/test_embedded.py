@@ -28,6 +28,7 @@ def test_committed_artifact_shapes_and_size():
     assert art.meta["training"]["eval_after"]["top1_agreement"] > art.meta["training"]["eval_before"]["top1_agreement"]
 
 
+@pytest.mark.real_model
 @pytest.mark.slow
 def test_embedded_draft_loads_like_any_model():
     from semspec.models import load_model
