@@ -22,8 +22,10 @@ same model. Hashes are memoised on disk, keyed by path, size and modification ti
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -265,6 +267,19 @@ def spec_sha256(spec: str | os.PathLike | None, cache_dir: str | os.PathLike | N
 # --------------------------------------------------------------------------- loaded model
 
 
+@functools.cache
+def _cache_parameter(forward_owner: type) -> str:
+    params = inspect.signature(forward_owner.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_argument(model, cache) -> dict:
+    """The keyword a transformers model's forward takes its KV cache by: ``cache`` since
+    transformers 5.2x, ``past_key_values`` before (vLLM's CPU build pins transformers below
+    5.20); an unknown keyword would be swallowed silently and the pass would run uncached."""
+    return {_cache_parameter(type(model)): cache}
+
+
 @dataclass
 class LoadedModel:
     model: Any  # a transformers causal LM
@@ -296,11 +311,12 @@ class LoadedModel:
 
     def _run(self, input_ids, cache, want_hidden: bool, keep: int | torch.Tensor):
         if self.vocab_ids is None:
-            out = self.model(input_ids=input_ids, cache=cache, use_cache=True,
+            out = self.model(input_ids=input_ids, **cache_argument(self.model, cache), use_cache=True,
                              output_hidden_states=want_hidden, logits_to_keep=keep)
             return out.logits.float(), out.hidden_states
-        out = self.model.get_decoder()(input_ids=input_ids, cache=cache, use_cache=True,
-                                       output_hidden_states=want_hidden)
+        decoder = self.model.get_decoder()
+        out = decoder(input_ids=input_ids, **cache_argument(decoder, cache), use_cache=True,
+                      output_hidden_states=want_hidden)
         last = out.last_hidden_state
         if isinstance(keep, torch.Tensor):
             last = last[:, keep]
@@ -388,16 +404,22 @@ class LoadedModel:
 
     @property
     def eos_token_ids(self) -> set[int]:
-        ids: set[int] = set()
-        for src in (getattr(self.model, "generation_config", None), self.model.config):
-            e = getattr(src, "eos_token_id", None) if src is not None else None
-            if isinstance(e, int):
-                ids.add(e)
-            elif isinstance(e, (list, tuple)):
-                ids.update(int(x) for x in e)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        return ids
+        return eos_token_ids(self.model.config, getattr(self.model, "generation_config", None), self.tokenizer)
+
+
+def eos_token_ids(model_config, generation_config, tokenizer) -> set[int]:
+    """Every token id that ends a generation: the generation config's, the model config's
+    and the tokenizer's end-of-sequence ids."""
+    ids: set[int] = set()
+    for src in (generation_config, model_config):
+        e = getattr(src, "eos_token_id", None) if src is not None else None
+        if isinstance(e, int):
+            ids.add(e)
+        elif isinstance(e, (list, tuple)):
+            ids.update(int(x) for x in e)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
 
 
 def reduced_head_logits(hidden: torch.Tensor, rows: torch.nn.Linear, ids: torch.Tensor, vocab_size: int):
@@ -567,6 +589,18 @@ def load_tokenizer(spec: str | os.PathLike | None = None, cache_dir: str | os.Pa
     return tokenizer, int(n) if n else None
 
 
+def model_directory(spec: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None
+                    ) -> tuple[Path, str]:
+    """(a model directory transformers and vLLM load, the model's identity hash) of a spec:
+    a GGUF is de-quantized into the cache once (``_convert_gguf_to_cache``)."""
+    cache_root = Path(cache_dir).expanduser() if cache_dir is not None else DEFAULT_CACHE_DIR
+    resolved = resolve_spec(spec, cache_root)
+    sha = spec_sha256(spec, cache_root, resolved)
+    if resolved.kind == "gguf":
+        return _convert_gguf_to_cache(resolved, sha, cache_root), sha
+    return resolved.path, sha
+
+
 def load_model(
     spec: str | os.PathLike | None = None,
     device: str | torch.device = "auto",
@@ -574,15 +608,9 @@ def load_model(
     dtype: torch.dtype | None = None,
 ) -> LoadedModel:
     """Load a causal LM + tokenizer from a spec (see module doc), ready for inference."""
-    cache_root = Path(cache_dir).expanduser() if cache_dir is not None else DEFAULT_CACHE_DIR
-    resolved = resolve_spec(spec, cache_root)
+    load_dir, sha = model_directory(spec, cache_dir)
     dev, default_dtype = pick_device(device)
     dtype = dtype or default_dtype
-    sha = spec_sha256(spec, cache_root, resolved)
-    if resolved.kind == "gguf":
-        load_dir = _convert_gguf_to_cache(resolved, sha, cache_root)
-    else:
-        load_dir = resolved.path
     model, tokenizer = _from_pretrained(load_dir, dtype)
     model.to(dev)
     model.eval()

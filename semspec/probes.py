@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .models import identity_sha256
+from .models import cache_argument, identity_sha256
 
 FORMAT = "semjobs-probe"
 VERSION = 1
@@ -387,7 +387,7 @@ def step_features(loaded, prefix_ids: Sequence[int], steps: Sequence[Sequence[in
         raise ValueError("step_features got an empty step")
     prefix = torch.tensor([list(prefix_ids)], device=dev)
     base = DynamicCache(config=model.config)
-    model(input_ids=prefix, cache=base, use_cache=True)
+    model(input_ids=prefix, **cache_argument(model, base), use_cache=True)
     out = []
     pad = loaded.tokenizer.pad_token_id
     pad = 0 if pad is None else int(pad)
@@ -400,7 +400,7 @@ def step_features(loaded, prefix_ids: Sequence[int], steps: Sequence[Sequence[in
             ids[j, : len(s)] = torch.tensor(s, device=dev)
             mask[j, : len(s)] = 1
         cache = _copy_cache(base, model.config, repeats=len(chunk))
-        res = model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=True)
+        res = model(input_ids=ids, **cache_argument(model, cache), use_cache=True, output_hidden_states=True)
         out.append(pool(res.hidden_states[idx], mask, pooling).cpu())
     return torch.cat(out, 0)
 
