@@ -33,6 +33,13 @@ def generation_options(f):
     return f
 
 
+def engine_option(f):
+    return click.option("--engine", type=click.Choice(["auto", "vllm", "embedded"]), default=None,
+                        help="What decodes: vllm, embedded (semjobs' own forward pass, every method), or "
+                        "auto: vLLM for the methods it serves when installed, else embedded "
+                        "(default: SEMJOBS_ENGINE, auto).")(f)
+
+
 def db_option(f):
     return click.option("--db", "db_url", default=None,
                         help="Database URL (default: SEMJOBS_DATABASE_URL when set, else the "
@@ -325,8 +332,9 @@ def retry(job, include_pending, db_url) -> None:
 @click.option("--processes", type=click.IntRange(min=1), default=None,
               help="Engine processes (default: SEMJOBS_PROCESSES, else one per core on a CPU, at "
               "least 8 items each, one on a GPU).")
+@engine_option
 def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, name, samples, db_url,
-        steps, resume, batch_size, processes) -> None:
+        steps, resume, batch_size, processes, engine) -> None:
     """Embedded mode: no servers; process FILE on this machine into a SQLite file, then
     export. Same tables, same per-item code as the workers; on a CPU one engine process per
     core.
@@ -346,6 +354,8 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
         settings.batch_size = batch_size
     if processes is not None:
         settings.processes = processes
+    if engine is not None:
+        settings.engine = engine
     config = _config(method, max_new_tokens, temperature, top_p, seed, samples)
     validation = validate(file, samples)
     # A refused run leaves the database as it was: one without a schema (a new SQLite file
@@ -358,7 +368,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     seqs = unfinished_seqs(job_id, url=url) if job_id is not None else None
     n_procs, threads = (engine_processes.plan(len(seqs) if seqs is not None else validation.n_samples)
                         if validation.ok else (1, settings.threads))
-    with engine_processes.open_engines(n_procs, threads) as engines:
+    with engine_processes.open_engines(n_procs, threads, config["method"]) as engines:
         if validation.ok:  # load first: a model or probe file that cannot load stores no job
             # (bad input is refused by _storable below, before anything loads)
             click.echo("loading the engine" + (f" in {n_procs} processes, {threads} torch thread(s) "

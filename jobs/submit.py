@@ -144,7 +144,7 @@ def manifest_for(path: Path, validation: Validation, queue: str, samples: int) -
             "probes": settings.probes_dir or "embedded",
             "device": settings.device,
         },
-        "engine_factory": settings.engine_factory,
+        "engine": settings.engine_factory or settings.engine,
         "queue": queue,
         "semjobs_version": __version__,
     }

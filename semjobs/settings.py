@@ -44,11 +44,20 @@ class Settings(BaseSettings):
     processes: int | None = Field(default=None, ge=1)
     threads: int | None = Field(default=None, ge=1)
 
-    # The engine the worker and `semjobs run` call, as "module:attribute[.attribute]". It is
-    # called once per process as factory(target=, draft=, probes=, device=, cache_dir=,
-    # dtype=, batch_size=) and must return an object with .identities and
-    # .generate_many(requests, batch_size=) (semspec.engine.Engine's). Tests and the overhead benchmark point it at an instant fake engine.
-    engine_factory: str = "semspec.engine:Engine.load"
+    # The engine that decodes (worker.engine.backend): "vllm" (semspec.vllm_engine: vLLM's
+    # engine, paged KV cache within kv_cache_gb; the methods in VLLM_METHODS), "embedded"
+    # (semspec.engine: semjobs' own forward pass, every method), or "auto": vLLM for the
+    # methods it serves wherever it is installed, the embedded engine for the others.
+    engine: Literal["auto", "vllm", "embedded"] = "auto"
+    # vLLM: the KV cache's whole budget per engine process, in GiB (a sequence that does not
+    # fit waits for room rather than failing), and compiled graphs instead of eager mode.
+    kv_cache_gb: float = Field(default=2.0, gt=0)
+    vllm_compile: bool = False
+    # Overrides `engine`: an engine as "module:attribute[.attribute]", called once per process
+    # as factory(target=, draft=, probes=, device=, cache_dir=, dtype=, batch_size=); it must
+    # return an object with .identities and .generate_many(requests, batch_size=)
+    # (semspec.engine.Engine's). Tests and the overhead benchmark point it at an instant fake.
+    engine_factory: str | None = None
 
     # Job defaults (each can be overridden per job on the command line, per item in the input).
     method: str = "ar"  # becomes "semspec" once the embedded draft and probes ship

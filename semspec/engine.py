@@ -27,7 +27,7 @@ from .scheduler import DEFAULT_MAX_PREFILL_TOKENS, PassStats, Runners, Scheduler
 from .sequence import METHOD_CLASSES, MethodUnavailable, PromptError, Sequence
 from .steps import detect_think_end
 from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Finished, GenerationConfig,
-                    GenerationResult, Request)
+                    GenerationResult, Request, as_requests)
 
 __all__ = ["Engine", "Finished", "MethodUnavailable", "PromptError", "Request"]
 
@@ -185,14 +185,15 @@ class Engine:
 
     @property
     def identities(self) -> dict[str, str]:
-        """What made an output: each model's and probe's identity, and the number type the
-        models ran in (bfloat16 and float32 give different greedy text)."""
+        """What made an output: each model's and probe's identity, the number type the models
+        ran in (bfloat16 and float32 give different greedy text) and the engine."""
         ids = {"target": str(self.target.identity)}
         if self.draft is not None:
             ids["draft"] = str(self.draft.identity)
         if self.probes is not None:
             ids.update(self.probes.identities())
         ids["dtype"] = str(self.target.dtype).removeprefix("torch.")
+        ids["engine"] = "embedded"
         return ids
 
     def new_sequence(self, messages: list[dict] | str, config: GenerationConfig, runners: Runners) -> Sequence:
@@ -224,17 +225,8 @@ class Engine:
         when given, is filled with the counts of the passes run (``PassStats``).
         ``share_prefixes``: prompts that begin alike copy each other's cached prefix
         (``semspec.scheduler``); off, each is prefilled in full."""
-        default = config or GenerationConfig()
-
-        def requests():
-            for i, p in enumerate(prompts):
-                if p is None or (isinstance(p, Request) and p.key is not None):
-                    yield p  # None: a live source has nothing ready yet (Scheduler.run)
-                else:
-                    yield Request(p.prompt, p.config, i) if isinstance(p, Request) else Request(p, key=i)
-
         yield from Scheduler(self, batch_size, max_prefill_tokens, stats=stats,
-                             share_prefixes=share_prefixes).run(requests(), default)
+                             share_prefixes=share_prefixes).run(as_requests(prompts), config or GenerationConfig())
 
     def generate(self, messages: list[dict] | str, config: GenerationConfig | None = None) -> GenerationResult:
         """One prompt: ``generate_many`` with a batch of one; errors are raised."""

@@ -112,3 +112,22 @@ def detect_think_end(tokenizer) -> str | None:
         if m in vocab:
             return m
     return None
+
+
+def step_spans(tokenizer, ids: list[int], detector: StepDetector) -> list[tuple[int, int]]:
+    """Where the steps of generated token ids begin and end (``[start, end)`` offsets into
+    ``ids``), cut as a sequence writing them token by token cuts them: each step ends at the
+    token that ends it (``StepDetector``), the rest is the last step."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    text = IncrementalText(tokenizer)
+    for i, token in enumerate(ids):
+        prev_len = len(text.text)
+        text.push(token)
+        if detector.ended(text.text, len(text.ids), prev_len) is not None:
+            spans.append((start, i + 1))
+            start = i + 1
+            text = IncrementalText(tokenizer)
+    if start < len(ids):
+        spans.append((start, len(ids)))
+    return spans

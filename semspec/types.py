@@ -153,6 +153,17 @@ class Request:
     key: Any = None
 
 
+def as_requests(prompts):
+    """``generate_many``'s prompts as :class:`Request`: a text or message list gets its
+    position as key, a Request without a key likewise; None (a live source with nothing
+    ready yet) passes through."""
+    for i, p in enumerate(prompts):
+        if p is None or (isinstance(p, Request) and p.key is not None):
+            yield p
+        else:
+            yield Request(p.prompt, p.config, i) if isinstance(p, Request) else Request(p, key=i)
+
+
 @dataclass
 class Finished:
     key: Any

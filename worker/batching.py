@@ -130,11 +130,21 @@ _loops_lock = threading.Lock()
 
 
 def batch_loop(engine: Any, batch_size: int) -> BatchLoop:
-    """This process's loop for ``engine`` (one per engine and batch size)."""
-    key = (id(engine), batch_size)
+    """This process's loop for ``engine`` (one per engine: a new batch size replaces it)."""
     with _loops_lock:
-        loop = _loops.get(key)
+        loop = _loops.get((id(engine), batch_size))
         if loop is None:
-            _loops.clear()
-            loop = _loops[key] = BatchLoop(engine, batch_size)
+            _drop(engine)
+            loop = _loops[(id(engine), batch_size)] = BatchLoop(engine, batch_size)
         return loop
+
+
+def forget_loop(engine: Any) -> None:
+    """Drop ``engine``'s loop (the engine was unloaded), so it can be freed."""
+    with _loops_lock:
+        _drop(engine)
+
+
+def _drop(engine: Any) -> None:
+    for key in [k for k in _loops if k[0] == id(engine)]:
+        del _loops[key]

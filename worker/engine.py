@@ -1,7 +1,8 @@
 """The worker's one door to the decoding engine, and the per-process model cache.
 
-`get_engine()` loads the engine named by `settings.engine_factory` on first use in *this*
-process and keeps it: a Celery prefork child loads it in the child (never in the parent,
+`get_engine(method)` loads the engine that serves `method` (`backend`: vLLM or the embedded
+engine, by `settings.engine`; or `settings.engine_factory`) on first use in *this* process
+and keeps it: a Celery prefork child loads it in the child (never in the parent,
 which must not touch CUDA), `--pool solo` and `semjobs run` load it in their only process.
 The per-item code hands items to the engine through this process's batch loop
 (`worker.batching`), which calls `engine.generate_many`.
@@ -16,6 +17,7 @@ import time
 from typing import Any, Callable
 
 from semjobs.settings import settings
+from worker.batching import forget_loop
 
 _lock = threading.Lock()
 _cache: dict[tuple, Any] = {}
@@ -39,9 +41,33 @@ def resolve(path: str) -> Callable[..., Any]:
     return obj
 
 
-def engine_key() -> tuple:
+# What each backend of settings.engine loads, and the settings only it reads.
+FACTORIES = {"embedded": "semspec.engine:Engine.load", "vllm": "semspec.vllm_engine:VLLMEngine.load"}
+
+
+def backend(method: str | None = None) -> str:
+    """The engine that decodes ``method`` (default: settings.method) in this process:
+    settings.engine, where "auto" is vLLM for the methods it serves when it is installed, the
+    embedded engine for the rest. Imports the engine package: call it where the engine runs."""
+    if settings.engine != "auto":
+        return settings.engine
+    from semspec.vllm_engine import VLLM_METHODS, vllm_installed
+
+    return "vllm" if (method or settings.method) in VLLM_METHODS and vllm_installed() else "embedded"
+
+
+def factory_for(method: str | None = None) -> tuple[str, dict]:
+    """(the factory that loads ``method``'s engine, the extra arguments it takes)."""
+    if settings.engine_factory:
+        return settings.engine_factory, {}
+    name = backend(method)
+    extra = {"kv_cache_gb": settings.kv_cache_gb, "compile": settings.vllm_compile} if name == "vllm" else {}
+    return FACTORIES[name], extra
+
+
+def engine_key(factory: str, extra: dict) -> tuple:
     return (
-        settings.engine_factory, settings.target_model, settings.draft_model,
+        factory, tuple(sorted(extra.items())), settings.target_model, settings.draft_model,
         settings.probes_dir, settings.device, settings.dtype, settings.batch_size, os.getpid(),
     )
 
@@ -56,9 +82,13 @@ def set_threads() -> None:
         torch.set_num_threads(settings.threads)
 
 
-def get_engine() -> Any:
+def get_engine(method: str | None = None) -> Any:
+    """This process's engine for ``method`` (default: settings.method), loaded on first use.
+    One per backend: a worker serving `ar` on vLLM and `semspec` on the embedded engine
+    holds both."""
     global _failure
-    key = engine_key()
+    factory_path, extra = factory_for(method)
+    key = engine_key(factory_path, extra)
     engine = _cache.get(key)
     if engine is None:
         with _lock:
@@ -66,9 +96,13 @@ def get_engine() -> Any:
             if _failure is not None and _failure[0] == key and time.monotonic() - _failure[1] < settings.engine_retry_s:
                 raise EngineLoadError(_failure[2])
             if engine is None:
+                # drop engines loaded for other settings first: their memory, and vLLM's
+                # per-process state, which freeing one after the next started would tear down
+                for other in [k for k in _cache if k[2:] != key[2:]]:
+                    forget_loop(_cache.pop(other))
                 try:
                     set_threads()
-                    factory = resolve(settings.engine_factory)
+                    factory = resolve(factory_path)
                     engine = factory(
                         target=settings.target_model,
                         draft=settings.draft_model,
@@ -77,13 +111,13 @@ def get_engine() -> Any:
                         cache_dir=settings.cache_dir,
                         dtype=settings.dtype,
                         batch_size=settings.batch_size,
+                        **extra,
                     )
                 except Exception as e:
-                    message = f"could not load the engine {settings.engine_factory!r}: {type(e).__name__}: {e}"
+                    message = f"could not load the engine {factory_path!r}: {type(e).__name__}: {e}"
                     _failure = (key, time.monotonic(), message)
                     raise EngineLoadError(message) from e
                 _failure = None
-                _cache.clear()  # one engine per process: drop one loaded for other settings
                 _cache[key] = engine
     return engine
 

@@ -114,6 +114,9 @@ def _child(index: int, overrides: dict, inbox, outbox) -> None:
 class InProcessEngine:
     """The same interface over this process's own engine (one engine process)."""
 
+    def __init__(self, method: str):
+        self.method = method
+
     def __enter__(self) -> InProcessEngine:
         return self
 
@@ -125,7 +128,7 @@ class InProcessEngine:
         cannot run, with why (``worker.engine.method_problems``)."""
         from worker import engine as engines
 
-        return engines.method_problems(engines.get_engine())
+        return engines.method_problems(engines.get_engine(self.method))
 
     def run(self, job_id: str, seqs: list[int], url: str, on_item: Callable[[int], None]) -> None:
         from worker.process import run_items
@@ -133,23 +136,24 @@ class InProcessEngine:
         run_items(job_id, seqs, url=url, on_item=lambda _key, seq: on_item(seq))
 
 
-def open_engines(n: int, threads: int | None) -> InProcessEngine | EngineProcesses:
-    """Where `semjobs run` decodes: this process for ``n`` = 1, else ``n`` children."""
+def open_engines(n: int, threads: int | None, method: str) -> InProcessEngine | EngineProcesses:
+    """Where `semjobs run` decodes ``method``: this process for ``n`` = 1, else ``n`` children."""
     if n == 1:
         if threads is not None:
             settings.threads = threads
-        return InProcessEngine()
-    return EngineProcesses(n, threads)
+        return InProcessEngine(method)
+    return EngineProcesses(n, threads, method)
 
 
 class EngineProcesses:
     """``n`` child engine processes, each with ``threads`` torch threads; use as a context
     manager (leaving it stops every child)."""
 
-    def __init__(self, n: int, threads: int | None):
+    def __init__(self, n: int, threads: int | None, method: str):
         ctx = mp.get_context("spawn")
         overrides = settings.model_dump()
         overrides["threads"] = threads
+        overrides["method"] = method  # each child loads the engine that serves it
         self._outbox = ctx.Queue()
         self._inboxes = [ctx.Queue() for _ in range(n)]
         self._children = [

@@ -78,7 +78,7 @@ def run_items(
             report.skipped = len(seqs)
             return report
         # Load first (minutes, once per process), so no transaction stays open meanwhile.
-        engine = engines.get_engine()  # raises EngineLoadError
+        engine = engines.get_engine(config.get("method"))  # raises EngineLoadError
         loop = batch_loop(engine, settings.batch_size)
         # Nothing is in flight yet: a database outage here ends the task, which retries.
         repo.mark_job_running(session, job_id, None if job_id in _identities_written
@@ -98,6 +98,13 @@ def run_items(
             holdings.drop(job_id, seqs)
         retrying(session, lambda: repo.finalize_job(session, job_id), "finishing the job")
     return report
+
+
+def job_method(job_id: str, url: str | None = None) -> str | None:
+    """The method job ``job_id`` decodes with (None when there is no such job)."""
+    with session_factory(url, role="worker")() as session:
+        config = _job_config(session, job_id)
+    return config.get("method") if config is not None else None
 
 
 def fail_unstarted(job_id: str, seqs: list[int], reason: str, url: str | None = None) -> int:

@@ -14,7 +14,7 @@ from worker.celery import app
 from worker import engine as engines
 from worker.engine import EngineLoadError
 from worker.publish import CALIBRATE, RUN_CHUNK, requeue
-from worker.process import fail_unstarted, run_items, worker_name
+from worker.process import fail_unstarted, job_method, run_items, worker_name
 from worker.queues import queue_name
 
 log = get_task_logger(__name__)
@@ -38,12 +38,12 @@ RETRYING = dict(bind=True, autoretry_for=(OperationalError,), retry_backoff=5, r
                 max_retries=10)
 
 
-def load_or_give_up(task, what: str) -> str | None:
-    """Load this process's engine (kept for the task's own call); on failure retry the task
-    later, up to ``settings.engine_load_attempts`` tries, then return the load error for the
-    caller to fail ``what`` with. None when the engine loaded."""
+def load_or_give_up(task, what: str, method: str | None = None) -> str | None:
+    """Load this process's engine for ``method`` (kept for the task's own call); on failure
+    retry the task later, up to ``settings.engine_load_attempts`` tries, then return the load
+    error for the caller to fail ``what`` with. None when the engine loaded."""
     try:
-        engines.get_engine()
+        engines.get_engine(method)
         return None
     except EngineLoadError as e:
         tries = task.request.retries + 1
@@ -56,7 +56,7 @@ def load_or_give_up(task, what: str) -> str | None:
 
 @app.task(name=RUN_CHUNK, **RETRYING)
 def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
-    load_error = load_or_give_up(self, f"job {job_id} chunk {seqs[:1]}")
+    load_error = load_or_give_up(self, f"job {job_id} chunk {seqs[:1]}", job_method(job_id))
     if load_error is not None:
         failed = fail_unstarted(job_id, seqs, load_error)
         return {"done": 0, "failed": failed}
@@ -83,10 +83,11 @@ def calibrate(self, calibration_id: str, question_id: str) -> str:
     """One question of a probe calibration with this worker's pair (jobs.calibration)."""
     from jobs.calibration import fail_question, run_question
 
-    load_error = load_or_give_up(self, f"calibration {calibration_id} question {question_id}")
+    # calibration reads the embedded engine's models (the probes' method is semspec)
+    load_error = load_or_give_up(self, f"calibration {calibration_id} question {question_id}", "semspec")
     if load_error is not None:
         return fail_question(calibration_id, question_id, load_error)
-    engine = engines.get_engine()
+    engine = engines.get_engine("semspec")
     outcome = run_question(calibration_id, question_id, engine.target, getattr(engine, "draft", None),
                            worker=liveness.name() or worker_name())
     log.info("calibration %s question %s: %s", calibration_id, question_id, outcome)

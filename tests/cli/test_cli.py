@@ -244,8 +244,9 @@ def test_a_method_whose_probes_do_not_fit_is_refused_up_front_and_ar_still_runs(
     target = tiny_model_dir(tmp_path / "target", num_layers=2, seed=0)
     draft = tiny_model_dir(tmp_path / "draft", num_layers=1, seed=1)
     ProbePair(Probe(64, layer=-1, model_sha256="0" * 64), Probe(64, layer=1, role="draft")).save(tmp_path / "p")
+    # the embedded engine: vLLM's CPU attention has no kernel for the tiny models' 16-wide heads
     for key, value in {"target_model": str(target), "draft_model": str(draft), "probes_dir": str(tmp_path / "p"),
-                       "cache_dir": tmp_path / "cache", "processes": 1, "device": "cpu"}.items():
+                       "cache_dir": tmp_path / "cache", "processes": 1, "device": "cpu", "engine": "embedded"}.items():
         monkeypatch.setattr(settings, key, value)
     engines._cache.clear()
     src = ROOT / "examples" / "prompts.jsonl"

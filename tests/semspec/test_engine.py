@@ -318,13 +318,13 @@ def test_engine_load_from_specs(tiny_dirs, tmp_path):
     e = Engine.load(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), str(tmp_path / "probes"),
                     device="cpu", cache_dir=tmp_path / "cache")
     ids = e.identities
-    assert set(ids) == {"target", "draft", "target_probe", "draft_probe", "dtype"} and ids["dtype"] == "float32"
+    assert set(ids) == {"target", "draft", "target_probe", "draft_probe", "dtype", "engine"} and ids["dtype"] == "float32"
     assert ids["target_probe"].startswith(str((tmp_path / "probes" / "target.safetensors").resolve()) + "@sha256:")
     r = e.generate(PROMPT, cfg("semspec", max_new_tokens=12))
     assert r.counters.generated_tokens == 12 and r.models == ids
     assert all(0 < s.p_target < 1 for s in r.steps if s.p_target is not None)
     plain = Engine.load(str(tiny_dirs["target"]), device="cpu", cache_dir=tmp_path / "cache")
-    assert plain.draft is None and set(plain.identities) == {"target", "dtype"}
+    assert plain.draft is None and set(plain.identities) == {"target", "dtype", "engine"}
 
 
 def test_probes_that_cannot_load_fail_only_the_methods_that_need_them(tiny_dirs, tmp_path):

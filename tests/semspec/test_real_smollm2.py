@@ -64,7 +64,7 @@ def test_embedded_defaults_load_and_decode():
     assert (e.probes is not None) == embedded_probes_available()
     if e.probes is None:
         return
-    assert set(e.identities) == {"target", "draft", "target_probe", "draft_probe", "dtype"}
+    assert set(e.identities) == {"target", "draft", "target_probe", "draft_probe", "dtype", "engine"}
     r = e.generate(QUESTION, GenerationConfig(method="semspec", max_new_tokens=16, step_delimiter="\n",
                                               max_step_tokens=8))
     assert r.counters.generated_tokens == 16 and r.counters.steps_drafted > 0

@@ -5,6 +5,7 @@ again and its items are redone once, SIGTERM stops them all."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -25,8 +26,10 @@ def node_pids(pid: int) -> dict[str, int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
     nodes = {}
     for child in map(int, out.split()):
-        argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-        nodes[argv[argv.index(b"-n") + 1].decode().split("@")[0]] = child
+        # the argv, or, once Celery retitles the process (setproctitle, which vLLM installs),
+        # "[celeryd: NODE:MainProcess] ... (worker ... -n NODE)" in one string
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        nodes[re.search(r"-n (\S+)", cmdline).group(1).split("@")[0]] = child
     return nodes
 
 

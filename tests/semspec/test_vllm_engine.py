@@ -1,0 +1,143 @@
+"""semspec.vllm_engine on a tiny random model: one vLLM engine for the module (it starts in
+seconds), compared with the embedded engine on the same weights."""
+
+from __future__ import annotations
+
+import gc
+from concurrent.futures import wait
+
+import pytest
+
+from semspec.types import GenerationConfig, Request
+from semspec.vllm_engine import VLLMEngine, vllm_installed
+from tests.conftest import REQUIRE
+
+PROMPTS = ["What is 2+2?", "Name three colours.", [{"role": "user", "content": "Count to five."}],
+           "Tell me a story about a cat.", "Why is the sky blue?"]
+GREEDY = GenerationConfig(method="ar", max_new_tokens=40)
+SAMPLED = GenerationConfig(method="ar", max_new_tokens=40, temperature=1.0, top_p=0.95, seed=11)
+
+
+@pytest.fixture(scope="module")
+def tiny_vllm_dir(tmp_path_factory):
+    """A tiny model vLLM's CPU attention runs (head size 64, as SmolLM2's)."""
+    from semspec.testing import tiny_model_dir
+
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny-vllm") / "model", num_layers=2, hidden_size=256, seed=3)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_vllm_dir, tiny_cache):
+    if not vllm_installed():
+        (pytest.fail if REQUIRE else pytest.skip)("vLLM is not installed (scripts/install.sh installs it)")
+    eng = VLLMEngine.load(str(tiny_vllm_dir), device="cpu", cache_dir=tiny_cache, dtype="float32", batch_size=8,
+                          kv_cache_gb=0.25)
+    yield eng
+    del eng
+    gc.collect()
+
+
+def _results(engine, prompts, config, batch_size=8):
+    return {d.key: d for d in engine.generate_many(prompts, config, batch_size=batch_size)}
+
+
+def test_greedy_text_and_steps_match_the_embedded_engine(engine, tiny_vllm_dir, tiny_cache):
+    """float32 greedy: vLLM and the embedded engine write the same tokens from the same
+    weights, and the step log cuts them alike."""
+    from semspec.engine import Engine
+
+    embedded = Engine.load(str(tiny_vllm_dir), draft="none", device="cpu", cache_dir=tiny_cache, dtype="float32")
+    config = GenerationConfig(method="ar", max_new_tokens=40, step_delimiter=" ", max_step_tokens=8)
+    got = _results(engine, PROMPTS, config)
+    for key, prompt in enumerate(PROMPTS):
+        mine, theirs = got[key].result, embedded.generate(prompt, config)
+        assert mine.text == theirs.text and mine.finish_reason == theirs.finish_reason
+        assert [s.text for s in mine.steps] == [s.text for s in theirs.steps] and len(mine.steps) > 1
+        assert {s.author for s in mine.steps} == {"target"} and {s.decision for s in mine.steps} == {"target_only"}
+        assert mine.counters.generated_tokens == theirs.counters.generated_tokens
+        assert mine.counters.prompt_tokens == theirs.counters.prompt_tokens
+    assert engine.identities["target"].split("@")[1] == embedded.identities["target"].split("@")[1]
+
+
+def test_a_seed_reproduces_a_sample_alone_or_in_a_batch(engine):
+    batched = _results(engine, [Request(p, SAMPLED) for p in PROMPTS], None)
+    alone = engine.generate(PROMPTS[2], SAMPLED)
+    assert alone.text == batched[2].result.text
+    reseeded = engine.generate(PROMPTS[2], GenerationConfig(**{**SAMPLED.__dict__, "seed": 12}))
+    assert reseeded.text != alone.text
+    assert engine.generate(PROMPTS[2], GREEDY).text != alone.text
+
+
+def test_results_have_the_service_shape(engine):
+    r = engine.generate(PROMPTS[0], GenerationConfig(method="ar", max_new_tokens=7))
+    c = r.counters
+    assert r.finish_reason == "length" and c.generated_tokens == 7 and c.target_forward_passes == 7
+    assert c.prompt_tokens > 0 and c.draft_forward_passes == c.drafted_tokens == c.steps_drafted == 0
+    assert set(c.phase_seconds) == {"prefill", "target_write"} and r.wall_seconds >= sum(c.phase_seconds.values())
+    assert "".join(s.text for s in r.steps).replace(" ", "") == r.text.replace(" ", "")
+    assert sum(s.target_tokens for s in r.steps) == 7 and all(s.seconds >= 0 for s in r.steps)
+    assert r.models == engine.identities and r.models["engine"].startswith("vllm ")
+
+
+def test_a_bad_prompt_fails_alone(engine):
+    long = "word " * 600  # the tiny model's context is 512 tokens
+    got = _results(engine, ["", long, PROMPTS[0]], GREEDY)
+    assert "empty prompt" in str(got[0].error)
+    assert "does not fit the target's context" in str(got[1].error)
+    assert got[2].error is None and got[2].result.counters.generated_tokens > 0
+
+
+def test_methods_it_does_not_serve_are_refused_with_the_way_out(engine):
+    assert engine.method_problem("ar") is None
+    problem = engine.method_problem("semspec")
+    assert "vLLM" in problem and "--engine embedded" in problem
+    (done,) = engine.generate_many(["hi"], GenerationConfig(method="semspec"))
+    assert done.result is None and "--engine embedded" in str(done.error)
+
+
+def test_stopping_early_aborts_what_is_in_flight(engine):
+    stream = engine.generate_many(PROMPTS, GenerationConfig(method="ar", max_new_tokens=200), batch_size=4)
+    first = next(stream)
+    assert first.result is not None
+    stream.close()
+    assert not engine.llm.has_unfinished_requests()
+
+
+def test_the_worker_batch_loop_feeds_it_as_slots_free(engine):
+    """worker.batching hands items over one by one from other threads (a live source that
+    says None while nothing is new); every future settles with its own result."""
+    from worker.batching import BatchLoop
+
+    loop = BatchLoop(engine, batch_size=2)
+    futures = []
+    for prompt in PROMPTS:
+        while not loop.try_reserve():
+            loop.wait(loop.version, 0.05)
+        futures.append(loop.submit(prompt, GREEDY))
+    done, _ = wait(futures, timeout=120)
+    assert len(done) == len(PROMPTS)
+    alone = _results(engine, PROMPTS, GREEDY)
+    assert [f.result().text for f in futures] == [alone[i].result.text for i in range(len(PROMPTS))]
+
+
+@pytest.fixture(scope="module")
+def tight_engine(engine, tiny_vllm_dir, tiny_cache):
+    """The same model with a KV budget of 768 tokens: less than a third of what the batch
+    below needs at once (vLLM wants room for one whole context, 512 tokens, at least)."""
+    eng = VLLMEngine.load(str(tiny_vllm_dir), device="cpu", cache_dir=tiny_cache, dtype="float32", batch_size=8,
+                          kv_cache_gb=768 * 2048 / 2**30)
+    yield eng
+    del eng
+    gc.collect()
+
+
+def test_a_kv_budget_smaller_than_the_batch_needs_only_slows_it(engine, tight_engine):
+    """Memory is a budget: sequences that do not fit wait (vLLM preempts and recomputes
+    them); every one completes, token for token what a roomy cache writes."""
+    config = GenerationConfig(method="ar", max_new_tokens=300)
+    prompts = [f"Story number {i}:" for i in range(8)]
+    cache = tight_engine.llm.vllm_config.cache_config
+    assert cache.num_gpu_blocks * cache.block_size < 8 * 300 / 2  # not even half of the batch fits
+    roomy, tight = _results(engine, prompts, config), _results(tight_engine, prompts, config)
+    assert all(tight[i].result.counters.generated_tokens == 300 for i in range(8))
+    assert [tight[i].result.text for i in range(8)] == [roomy[i].result.text for i in range(8)]
