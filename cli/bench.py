@@ -111,9 +111,15 @@ def _unescape(value: str | None) -> str | None:
                    "in flight (0: always; default: the engine's, 1 on a CPU).")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="With --batch-size: the models' number type (auto: the fastest for each size).")
+@click.option("--engine", "engines", default="embedded", show_default=True,
+              help="With --batch-size: the engine(s) that decode, comma-separated: embedded, vllm (each "
+                   "runs the methods it serves; list vllm_generate in --methods for plain vLLM beside it). "
+                   "Without --batch-size: embedded only.")
+@click.option("--kv-cache-gb", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="vLLM's KV cache budget in GiB (default: SEMJOBS_KV_CACHE_GB).")
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
           ratio_floors, adaptive, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens, draft_stop_prob, judge_threshold, threads, device,
-          cache_dir, no_warmup, no_loglik, quiet, batch_sizes, draft_max_batch, dtype) -> None:
+          cache_dir, no_warmup, no_loglik, quiet, batch_sizes, draft_max_batch, dtype, engines, kv_cache_gb) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
 
     Ctrl-C or SIGTERM during the runs stops them and still writes the report, over the
@@ -121,7 +127,9 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
 
     Examples: semjobs bench --limit 10 --out out/bench;
     semjobs bench --batch-size 1,8,32 --methods ar,semspec,hf_generate --temperature 0 --limit 32
-    --threads 1 --out out/batch"""
+    --threads 1 --out out/batch;
+    semjobs bench --batch-size 32 --engine vllm,embedded --methods ar,vllm_generate --dtype bfloat16
+    --temperature 0 --offset 100 --limit 64 --threads 1 --out out/vllm"""
     import torch
 
     from semspec.benchmark.report import write_report
@@ -147,9 +155,15 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
         if not quiet:
             click.echo(f"[{time.perf_counter() - t0:7.1f}s] {msg}", err=True)
 
+    engine_names = tuple(e.strip() for e in engines.split(",") if e.strip())
+    if not engine_names or set(engine_names) - {"embedded", "vllm"}:
+        raise click.UsageError(f"--engine: embedded and/or vllm, not {engines!r}")
     if batch_sizes:
         return _sweep(settings, _ints(batch_sizes), dtype, device, target, draft, probes, cache_dir, out_dir, say,
-                      draft_max_batch)
+                      draft_max_batch, engine_names, kv_cache_gb)
+    if engine_names != ("embedded",):
+        raise click.UsageError("--engine vllm needs --batch-size: the per-prompt comparison (loglik, "
+                               "hf_assisted, probes) runs on the embedded engine")
     from semspec.benchmark.runner import plan_runs, run_bench
 
     try:
@@ -190,9 +204,10 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
 
 
 def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_dir, out_dir, say,
-           draft_max_batch=None) -> None:
+           draft_max_batch=None, engines=("embedded",), kv_cache_gb=None) -> None:
     import json
 
+    from semjobs.settings import settings as service_settings
     from semspec.benchmark.runner import load_engine, load_prompts
     from semspec.benchmark.throughput import BATCH_METHODS, SweepSettings, markdown, run_sweep
 
@@ -200,14 +215,23 @@ def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_di
     sweep = SweepSettings(batch_sizes=tuple(batch_sizes), methods=tuple(methods),
                           temperature=settings.temperature, top_p=settings.top_p,
                           max_new_tokens=settings.max_new_tokens, seed=settings.seed, dtype=dtype, device=device,
-                          draft_max_batch=draft_max_batch)
+                          draft_max_batch=draft_max_batch, engines=tuple(engines))
     try:
         prompt_list = load_prompts(settings.prompts, settings.limit, settings.offset)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
 
-    def load(dt):
-        say(f"loading the models in {str(dt).removeprefix('torch.')}")
+    def load(engine, dt):
+        say(f"loading the {engine} engine in {str(dt).removeprefix('torch.')}")
+        if engine == "vllm":
+            from semspec.vllm_engine import VLLMEngine
+
+            t0 = time.perf_counter()
+            loaded = VLLMEngine.load(target, device=device, cache_dir=cache_dir, dtype=str(dt),
+                                     batch_size=max(batch_sizes), seed=settings.seed,
+                                     kv_cache_gb=kv_cache_gb or service_settings.kv_cache_gb)
+            say(f"vLLM started in {time.perf_counter() - t0:.1f}s")
+            return loaded
         return load_engine(target, draft, probes, device=device, cache_dir=cache_dir, dtype=dt)
 
     result = run_sweep(load, prompt_list, sweep, progress=say)

@@ -1,11 +1,15 @@
 """Throughput by batch size (``semjobs bench --batch-size 1,4,8,16,32``).
 
-Every method decodes the same prompts through ``Engine.generate_many`` at each batch size,
-in the number type ``pick_dtype`` chooses for that size (or the one forced), one after the
-other in one process, so their ratios are comparable. ``hf_generate`` is the peer:
-transformers' own ``generate`` on left-padded static batches of the same size and number
-type, each row's output cut at its own EOS (a static batch still runs until its longest
-row ends; continuous batching does not wait).
+Every method decodes the same prompts through ``generate_many`` at each batch size, on each
+engine asked for (``--engine embedded,vllm``; a method is labelled ``method@engine`` when
+there are several), one after the other in one process, so their ratios are comparable. The
+embedded engine runs in the number type ``pick_dtype`` chooses for the size, vLLM in
+``vllm_dtype``'s, unless one is forced. Two peers: ``hf_generate``, transformers' own
+``generate`` on left-padded static batches of the same size and number type, each row's
+output cut at its own EOS (a static batch still runs until its longest row ends; continuous
+batching does not wait); and ``vllm_generate``, plain ``vllm.LLM.generate`` over the same
+prompt ids, with the same engine arguments and at most the batch size in flight: what
+semjobs on vLLM costs beyond vLLM itself.
 
 Figures per (batch size, method): generated tokens/s and items/s over the wall time of
 the whole set, accuracy against the references, and, when greedy, the share of outputs
@@ -23,12 +27,16 @@ from typing import Any, Callable
 import torch
 
 from semspec.answers import final_answer, is_correct
+from semspec.engine import Engine
 from semspec.models import encode_prompt, pick_dtype
+from semspec.vllm_engine import vllm_dtype
 from semspec.scheduler import PassStats
 from semspec.types import GenerationConfig, Request
 
 
-BATCH_METHODS = ("ar", "token_sd", "step_judge", "semspec", "hf_generate")
+BATCH_METHODS = ("ar", "token_sd", "step_judge", "semspec", "hf_generate", "vllm_generate")
+# The peers, each beside the engine whose models it runs.
+PEERS = {"hf_generate": "embedded", "vllm_generate": "vllm"}
 
 
 @dataclass
@@ -42,6 +50,7 @@ class SweepSettings:
     dtype: str = "auto"  # "auto": pick_dtype per batch size; else forced for every size
     device: str = "auto"
     draft_max_batch: int | None = None  # None: the engine's (GenerationConfig.draft_max_batch)
+    engines: tuple[str, ...] = ("embedded",)
 
 
 def _config(method: str, s: SweepSettings, i: int) -> GenerationConfig:
@@ -57,14 +66,62 @@ def engine_run(engine, method: str, prompts: list[dict], s: SweepSettings,
     reqs = [Request(p["prompt"], _config(method, s, i), key=i) for i, p in enumerate(prompts)]
     out: list[dict | None] = [None] * len(prompts)
     stats = PassStats()
-    for done in engine.generate_many(reqs, batch_size=batch_size, stats=stats):
+    counted = {"stats": stats} if isinstance(engine, Engine) else {}  # vLLM counts no passes of ours
+    for done in engine.generate_many(reqs, batch_size=batch_size, **counted):
         if done.error is not None:
             raise RuntimeError(f"{method} failed on prompt {done.key}: {done.error}") from done.error
         r = done.result
         c = r.counters
         out[done.key] = {"text": r.text, "generated_tokens": c.generated_tokens,
                          "steps_drafted": c.steps_drafted, "steps_accepted": c.steps_accepted}
-    return out, {"target": stats.target, "draft": stats.draft}
+    return out, ({"target": stats.target, "draft": stats.draft} if counted else None)
+
+
+def vllm_generate_run(engine, prompts: list[dict], s: SweepSettings, batch_size: int,
+                      device: str = "auto") -> tuple[list[dict], float]:
+    """Plain ``vllm.LLM.generate`` on ``engine``'s model, number type and KV budget, with
+    ``batch_size`` sequences at most in flight, over the prompt ids ``engine`` would decode:
+    (records, seconds of the generate call). Its ``LLM`` starts (untimed) in a process of its
+    own: vLLM's parallel state is one per process, and freeing a second engine would tear
+    down the first's."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from semspec.vllm_engine import engine_arguments
+
+    args = engine_arguments(engine.model_dir, device, engine.dtype, batch_size,
+                            engine.llm.vllm_config.cache_config.kv_cache_memory_bytes / 2**30, seed=s.seed)
+    ids = [encode_prompt(engine.tokenizer, p["prompt"]) for p in prompts]
+    sampling = [dict(temperature=s.temperature, top_p=s.top_p if s.temperature > 0 else 1.0,
+                     seed=s.seed + i if s.temperature > 0 else None, max_tokens=s.max_new_tokens,
+                     stop_token_ids=sorted(engine.eos))
+                for i in range(len(prompts))]
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        outs, wall = pool.submit(_plain_vllm_generate, args, ids, sampling, torch.get_num_threads()).result()
+    recs = []
+    for new in outs:
+        new = [t for t in new if t not in engine.eos]
+        recs.append({"text": engine.tokenizer.decode(new, skip_special_tokens=True), "generated_tokens": len(new)})
+    return recs, wall
+
+
+def _plain_vllm_generate(args: dict, ids: list[list[int]], sampling: list[dict],
+                         threads: int) -> tuple[list[list[int]], float]:
+    """In a process of its own: ``vllm.LLM(**args).generate`` over ``ids``; (each output's
+    token ids, seconds of the generate call)."""
+    torch.set_num_threads(threads)
+    from vllm import LLM, SamplingParams
+
+    from semspec.vllm_engine import configure_process
+
+    configure_process()
+    llm = LLM(**args)
+    params = [SamplingParams(**kw) for kw in sampling]
+    llm.generate([{"prompt_token_ids": ids[0]}], SamplingParams(max_tokens=1), use_tqdm=False)  # warm-up, as VLLMEngine.load
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    return [list(o.outputs[0].token_ids) for o in outs], wall
 
 
 @torch.inference_mode()
@@ -92,34 +149,52 @@ def hf_generate_run(target, prompts: list[dict], s: SweepSettings, batch_size: i
     return out
 
 
-def run_sweep(load: Callable[[torch.dtype], Any], prompts: list[dict], s: SweepSettings,
+def sweep_dtype(engine: str, s: SweepSettings, batch_size: int) -> Any:
+    """The number type ``engine`` runs ``batch_size`` sequences in (``s.dtype`` when forced)."""
+    if engine == "vllm":
+        return vllm_dtype(s.device, s.dtype)
+    return pick_dtype(s.device, batch_size, s.dtype)
+
+
+def run_sweep(load: Callable[[str, Any], Any], prompts: list[dict], s: SweepSettings,
               progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
-    """``load(dtype)`` gives the engine in that number type (loaded once per type)."""
-    engines: dict[torch.dtype, Any] = {}
+    """``load(engine, dtype)`` gives that engine ("embedded", "vllm") in that number type
+    (loaded once per pair; vLLM's with ``max(s.batch_sizes)`` slots)."""
+    loaded: dict[tuple[str, Any], Any] = {}
     by_batch: dict[str, dict[str, dict]] = {}
     outputs: dict[tuple[int, str], list[str]] = {}
     for bs in s.batch_sizes:
-        dtype = pick_dtype(s.device, bs, s.dtype)
-        if dtype not in engines:
-            engines[dtype] = load(dtype)
-        engine = engines[dtype]
         row = by_batch[str(bs)] = {}
-        for method in s.methods:
-            t0 = time.perf_counter()
-            if method == "hf_generate":
-                recs, passes = hf_generate_run(engine.target, prompts, s, bs), None
-            else:
-                recs, passes = engine_run(engine, method, prompts, s, bs)
-            wall = time.perf_counter() - t0
-            outputs[(bs, method)] = [r["text"] for r in recs]
-            row[method] = _figures(recs, prompts, wall, dtype, passes)
-            progress(f"batch {bs:>3} {method:<12} {row[method]['tokens_per_s']:7.1f} tok/s "
-                     f"{row[method]['items_per_s']:.3f} items/s ({wall:.1f}s, {row[method]['dtype']})")
+        for name in s.engines:
+            dtype = sweep_dtype(name, s, bs)
+            if (name, dtype) not in loaded:
+                loaded[(name, dtype)] = load(name, dtype)
+            engine = loaded[(name, dtype)]
+            for method in s.methods:
+                peer_of = PEERS.get(method)
+                if peer_of not in (None, name) or (peer_of is None and engine.method_problem(method)):
+                    continue
+                label = method if peer_of or len(s.engines) == 1 else f"{method}@{name}"
+                t0 = time.perf_counter()
+                passes = None
+                if method == "hf_generate":
+                    recs = hf_generate_run(engine.target, prompts, s, bs)
+                elif method == "vllm_generate":
+                    recs, wall = vllm_generate_run(engine, prompts, s, bs, s.device)
+                else:
+                    recs, passes = engine_run(engine, method, prompts, s, bs)
+                if method != "vllm_generate":
+                    wall = time.perf_counter() - t0
+                outputs[(bs, label)] = [r["text"] for r in recs]
+                row[label] = _figures(recs, prompts, wall, dtype, passes)
+                row[label]["engine"] = name
+                progress(f"batch {bs:>3} {label:<16} {row[label]['tokens_per_s']:7.1f} tok/s "
+                         f"{row[label]['items_per_s']:.3f} items/s ({wall:.1f}s, {row[label]['dtype']})")
     if s.temperature <= 0 and s.batch_sizes[0] == 1:
         for bs in s.batch_sizes:
-            for method in s.methods:
-                ref, got = outputs[(1, method)], outputs[(bs, method)]
-                by_batch[str(bs)][method]["same_as_batch_1"] = sum(a == b for a, b in zip(ref, got)) / len(ref)
+            for label in by_batch[str(bs)]:
+                ref, got = outputs[(1, label)], outputs[(bs, label)]
+                by_batch[str(bs)][label]["same_as_batch_1"] = sum(a == b for a, b in zip(ref, got)) / len(ref)
     return {"by_batch_size": by_batch, "goals": goals(by_batch)}
 
 
@@ -151,8 +226,13 @@ def goals(by_batch: dict[str, dict[str, dict]]) -> dict[str, float | None]:
     def ratio(a, b):
         return a / b if a is not None and b else None
 
+    ar_vllm = tps(32, "ar@vllm") or (tps(32, "ar") if by_batch.get("32", {}).get("ar", {}).get("engine") == "vllm"
+                                     else None)
     out = {
         "ar_b32_over_hf_generate_b32": ratio(tps(32, "ar"), tps(32, "hf_generate")),
+        # issue #33: semjobs on vLLM against plain vLLM, and against the embedded engine
+        "ar_vllm_b32_over_vllm_generate_b32": ratio(ar_vllm, tps(32, "vllm_generate")),
+        "ar_vllm_b32_over_ar_embedded_b32": ratio(ar_vllm, tps(32, "ar@embedded")),
         "ar_b16_over_ar_b1": ratio(tps(16, "ar"), tps(1, "ar")),
         "semspec_b8_over_semspec_b1": ratio(tps(8, "semspec"), tps(1, "semspec")),
     }
