@@ -58,6 +58,20 @@ class MethodUnavailable(ValueError):
     """The method needs a model or probes the engine was not given."""
 
 
+def prompt_ids(tokenizer, messages, template_kwargs: dict | None, max_context: int | None) -> list[int]:
+    """The prompt's token ids (its chat template applied); PromptError when it cannot be
+    rendered, is empty or leaves no room in the context."""
+    try:
+        ids = encode_prompt(tokenizer, messages, template_kwargs)
+    except ValueError as e:
+        raise PromptError(str(e)) from e
+    if not ids:
+        raise PromptError("empty prompt")
+    if max_context is not None and len(ids) >= max_context:
+        raise PromptError(f"prompt of {len(ids)} tokens does not fit the target's context of {max_context} tokens")
+    return ids
+
+
 def _common_prefix(a: list, b: list) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -74,17 +88,8 @@ class Sequence:
         self.cfg = config
         self.t0 = time.perf_counter()
         tgt = engine.target
-        try:
-            prompt = encode_prompt(tgt.tokenizer, messages, config.chat_template_kwargs)
-        except ValueError as e:
-            raise PromptError(str(e)) from e
-        if not prompt:
-            raise PromptError("empty prompt")
         max_ctx = tgt.max_context
-        if max_ctx is not None and len(prompt) >= max_ctx:
-            raise PromptError(
-                f"prompt of {len(prompt)} tokens does not fit the target's context of {max_ctx} tokens"
-            )
+        prompt = prompt_ids(tgt.tokenizer, messages, config.chat_template_kwargs, max_ctx)
         if config.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
         if config.draft_attempts < 1:

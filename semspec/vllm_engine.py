@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .answers import final_answer, split_reasoning
-from .models import ModelIdentity, cpu_has_fast_bf16, encode_prompt, eos_token_ids, model_directory
-from .sequence import PromptError
+from .models import ModelIdentity, cpu_has_fast_bf16, eos_token_ids, model_directory
+from .sequence import prompt_ids
 from .steps import StepDetector, detect_think_end, step_spans
 from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Counters, Finished,
                     GenerationConfig, GenerationResult, StepRecord, as_requests)
@@ -209,7 +209,7 @@ class VLLMEngine:
                         continue
                     try:
                         self._add(req.key, req.prompt, req.config or default, running)
-                    except (PromptError, ValueError) as e:
+                    except ValueError as e:  # a bad prompt (PromptError) or config
                         yield Finished(req.key, None, e)
                 if not running:
                     if exhausted:
@@ -236,15 +236,7 @@ class VLLMEngine:
             raise ValueError(problem)
         if config.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
-        try:
-            ids = encode_prompt(self.tokenizer, prompt, config.chat_template_kwargs)
-        except ValueError as e:
-            raise PromptError(str(e)) from e
-        if not ids:
-            raise PromptError("empty prompt")
-        if len(ids) >= self.max_context:
-            raise PromptError(f"prompt of {len(ids)} tokens does not fit the target's context of "
-                              f"{self.max_context} tokens")
+        ids = prompt_ids(self.tokenizer, prompt, config.chat_template_kwargs, self.max_context)
         params = SamplingParams(
             temperature=config.temperature, top_p=config.top_p if config.temperature > 0 else 1.0,
             seed=config.seed if config.temperature > 0 else None,
