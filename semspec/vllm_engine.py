@@ -26,6 +26,7 @@ import gc
 import importlib.util
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -79,9 +80,13 @@ def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: 
 
 def configure_process() -> None:
     """Environment vLLM reads when an engine starts: the engine in this process (no engine
-    core process of its own), and its log at warnings."""
+    core process of its own), and its log at errors only (set VLLM_LOGGING_LEVEL to see
+    more): at warning level it prints hundreds of lines per start about choices made here on
+    purpose (eager mode, a float32 checkpoint cast to bfloat16 weight by weight, no tcmalloc
+    preloaded), and a failure to start is raised anyway."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
 
 
 @dataclass
