@@ -1,5 +1,6 @@
 """Real services, real processes: `semjobs submit` -> Redis -> `semjobs worker` (a real
-celery worker subprocess, instant test-double engine) -> Postgres -> `semjobs export`."""
+celery worker subprocess, instant test-double engine; SIGKILL, SIGTERM and cancel also on vLLM) ->
+Postgres -> `semjobs export`."""
 
 from __future__ import annotations
 
@@ -157,19 +158,38 @@ def victim_mid_item(pg_db, job_id, min_done):
     return running if running and done >= min_done else None
 
 
+@pytest.fixture(params=["fake", "vllm"])
+def decoding(request, tmp_path_factory):
+    """What the workers decode with: (environment, submit options). The instant test double,
+    or vLLM on a tiny random model (64-wide heads, as its CPU attention needs), whose 300
+    tokens an item take long enough to be killed mid-item."""
+    if request.param == "fake":
+        return {}, ()
+    from semspec.testing import tiny_model_dir
+    from semspec.vllm_engine import vllm_installed
+    from tests.conftest import REQUIRE
+
+    if not vllm_installed():
+        (pytest.fail if REQUIRE else pytest.skip)("vLLM is not installed (scripts/install.sh installs it)")
+    model = tiny_model_dir(tmp_path_factory.mktemp("vllm-model") / "model", hidden_size=256, seed=3)
+    return ({"SEMJOBS_ENGINE_FACTORY": "", "SEMJOBS_ENGINE": "vllm", "SEMJOBS_TARGET_MODEL": str(model),
+             "SEMJOBS_DRAFT_MODEL": "none", "SEMJOBS_KV_CACHE_GB": "0.25"}, ("--max-new-tokens", "300"))
+
+
 def test_sigkilled_worker_items_are_redone_never_duplicated(service_env, workers, pg_db,
-                                                              tmp_path):
+                                                              tmp_path, decoding):
     # A short visibility timeout, the same for every process, so Redis hands the dead
     # worker's unacknowledged chunk to the survivor within seconds; by then the victim's
     # heartbeat is older than the dead-after time, so the redelivery may take over what it
     # was running (a redelivery leaves alone what a worker that still beats runs).
     # batches of 2: items finish in waves, so the victim is killed with some done, some running
+    engine_env, options = decoding
     env = {**service_env, "SEMJOBS_VISIBILITY_TIMEOUT_S": "4", "FAKE_ENGINE_DELAY_S": "0.25",
            "SEMJOBS_BATCH_SIZE": "2", "SEMJOBS_HEARTBEAT_INTERVAL_S": "0.5",
-           "SEMJOBS_WORKER_DEAD_AFTER_S": "2"}
+           "SEMJOBS_WORKER_DEAD_AFTER_S": "2", **engine_env}
     workers.env = env
     n = 24
-    job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
+    job_id = submit(env, write_input(tmp_path / "in.jsonl", n), *options)
     victim = workers.start("victim")
 
     wait_for(lambda: victim_mid_item(pg_db, job_id, min_done=2), 60, interval=0.05,
@@ -190,8 +210,10 @@ def test_sigkilled_worker_items_are_redone_never_duplicated(service_env, workers
     assert items[killed_item].worker.startswith("survivor@")
     out = tmp_path / "out.jsonl"
     run_cli(["export", job_id, "-o", str(out)], env)
-    ids = [line["id"] for line in read_jsonl(out)]
-    assert sorted(ids) == sorted(f"q{i}" for i in range(n))
+    lines = read_jsonl(out)
+    assert sorted(line["id"] for line in lines) == sorted(f"q{i}" for i in range(n))
+    if engine_env:  # every item, the redone one too, decoded by vLLM
+        assert all(line["models"]["engine"].startswith("vllm ") for line in lines)
 
 
 def test_killed_worker_items_are_redone_in_seconds_not_after_the_visibility_timeout(
@@ -257,11 +279,13 @@ def test_killed_worker_items_are_redone_in_seconds_not_after_the_visibility_time
           f"(visibility timeout {vt}s)")
 
 
-def test_cancel_stops_a_running_job(service_env, workers, pg_db, tmp_path):
+def test_cancel_stops_a_running_job(service_env, workers, pg_db, tmp_path, decoding):
+    engine_env, options = decoding
+    env = {**service_env, **engine_env}
     n = 40
-    job_id = submit(service_env, write_input(tmp_path / "in.jsonl", n))
+    job_id = submit(env, write_input(tmp_path / "in.jsonl", n), *options)
     # two items at a time, 0.3 s each: the job runs for seconds, the cancel arrives mid-job
-    workers.start("w1", env={"FAKE_ENGINE_DELAY_S": "0.3", "SEMJOBS_BATCH_SIZE": "2"})
+    workers.start("w1", env={"FAKE_ENGINE_DELAY_S": "0.3", "SEMJOBS_BATCH_SIZE": "2", **engine_env})
     wait_for(lambda: counts(pg_db, job_id).get("done", 0) >= 2, 60, what="first items")
     res = run_cli(["cancel", job_id], service_env)
     cancelled_at = datetime.now(timezone.utc)
@@ -284,15 +308,17 @@ def test_cancel_stops_a_running_job(service_env, workers, pg_db, tmp_path):
     print(f"\njob settled {settled_s:.2f}s after the cancel (items take 0.3 s)")
 
 
-def test_sigterm_hands_back_the_rest_of_the_chunk(service_env, workers, pg_db, tmp_path):
+def test_sigterm_hands_back_the_rest_of_the_chunk(service_env, workers, pg_db, tmp_path, decoding):
     """Warm shutdown (SIGTERM, `docker stop`): the running chunk starts no new item, finishes
     those in flight, re-enqueues the rest and is acknowledged; no item runs twice, nothing
     waits for the visibility timeout."""
     # a batch of 2: the chunk's items start two at a time, so there is a tail to hand back
-    env = {**service_env, "SEMJOBS_CHUNK_SIZE": "8", "FAKE_ENGINE_DELAY_S": "0.4", "SEMJOBS_BATCH_SIZE": "2"}
+    engine_env, options = decoding
+    env = {**service_env, "SEMJOBS_CHUNK_SIZE": "8", "FAKE_ENGINE_DELAY_S": "0.4", "SEMJOBS_BATCH_SIZE": "2",
+           **engine_env}
     workers.env = env
     n = 16
-    job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
+    job_id = submit(env, write_input(tmp_path / "in.jsonl", n), *options)
     first = workers.start("first")
     wait_for(lambda: counts(pg_db, job_id).get("done", 0) >= 2, 60, interval=0.05,
              what="first items")
