@@ -40,6 +40,16 @@ def items_per_s(url: str, job_id: str | None = None) -> tuple[int, float]:
     return len(rows), len(rows) / span
 
 
+def job_status(url: str, job_id: str) -> str | None:
+    from sqlalchemy import select
+
+    from db.models import Job
+    from db.session import session_factory
+
+    with session_factory(url)() as s:
+        return s.scalar(select(Job.status).where(Job.id == job_id))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--items", type=int, default=256)
@@ -70,9 +80,9 @@ def main() -> None:
                                  check=True, capture_output=True, text=True)
             job_id = out.stdout.strip().splitlines()[-1]
             while True:
-                status = subprocess.run([sys.executable, "-m", "cli", "status", job_id, "--json"], env=env,
-                                        cwd=ROOT, capture_output=True, text=True).stdout
-                if '"status": "completed"' in status:
+                # read here, not by `semjobs status` in a subprocess: starting Python every
+                # poll took a large share of one of the two cores the workers decode on
+                if job_status(url, job_id) == "completed":
                     return job_id
                 if worker.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"worker stopped or timed out:\n{(Path(tmp) / 'worker.log').read_text()[-3000:]}")
