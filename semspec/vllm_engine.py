@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import torch
+
 from .answers import final_answer, split_reasoning
-from .models import ModelIdentity, cpu_has_fast_bf16, eos_token_ids, model_directory
+from .models import DEFAULT_TARGET, ModelIdentity, cpu_has_fast_bf16, eos_token_ids, model_directory, models_cache
 from .sequence import prompt_ids
 from .steps import StepDetector, detect_think_end, step_spans
 from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Counters, Finished,
@@ -59,8 +61,6 @@ def vllm_dtype(device: str, dtype: str) -> str:
     CPU with bfloat16 instructions (AMX, AVX512-BF16), float32 on other CPUs."""
     if dtype != "auto":
         return dtype
-    import torch
-
     on_gpu = device != "cpu" and torch.cuda.is_available()
     return "bfloat16" if on_gpu or cpu_has_fast_bf16() else "float32"
 
@@ -69,7 +69,7 @@ def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: 
                      kv_cache_gb: float = DEFAULT_KV_CACHE_GB, compile: bool = False, seed: int = 0) -> dict:
     """vLLM's engine arguments for semjobs' settings (``VLLMEngine.load``; the bench's plain
     ``vllm.LLM`` peer takes the same)."""
-    on_cpu = device == "cpu" or not _cuda_available()
+    on_cpu = device == "cpu" or not torch.cuda.is_available()
     return dict(
         model=str(model_dir), tokenizer=str(model_dir), dtype=vllm_dtype("cpu" if on_cpu else "cuda", dtype),
         seed=seed, max_num_seqs=batch_size, enable_prefix_caching=True, enforce_eager=not compile,
@@ -105,7 +105,9 @@ class _Running:
 
 class VLLMEngine:
     def __init__(self, llm: Any, tokenizer: Any, identity: ModelIdentity, dtype: str, max_context: int,
-                 eos: set[int], version: str):
+                 eos: set[int], version: str, model_dir: Path, threads: int):
+        """``model_dir``: what vLLM loaded; ``threads``: torch's threads in the thread that
+        loaded it (see generate_many)."""
         self.llm = llm
         self.tokenizer = tokenizer
         self.identity = identity
@@ -115,8 +117,8 @@ class VLLMEngine:
         self.version = version
         self.think_end_marker = detect_think_end(tokenizer)
         self._next_id = 0
-        self.threads: int | None = None  # torch threads of the thread that loaded it
-        self.model_dir: Path | None = None  # what vLLM loaded
+        self.model_dir = model_dir
+        self.threads = threads
 
     @classmethod
     def load(cls, target: str | None = None, draft: str | None = None, probes: str | None = None,
@@ -127,15 +129,11 @@ class VLLMEngine:
         ``draft`` and ``probes`` are not used yet (``VLLM_METHODS``). ``batch_size``: requests
         decoded at once. ``kv_cache_gb``: the KV cache's whole budget. ``compile``: vLLM's
         compiled graphs (slower start) instead of eager mode."""
-        from .models import models_cache
-
         configure_process()
         import vllm
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig as HFGenerationConfig
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
-
-        import torch
 
         threads = torch.get_num_threads()
         model_dir, sha = model_directory(target, models_cache(cache_dir))
@@ -158,11 +156,9 @@ class VLLMEngine:
             # binding; in this process it binds nothing, and the embedded engine, tests and
             # the thread that steps this engine (generate_many) need the real one
             torch.set_num_threads = set_num_threads
-        name = str(target) if target is not None else "embedded:smollm2-135m"
+        name = str(target) if target is not None else DEFAULT_TARGET
         engine = cls(llm, tokenizer, ModelIdentity(name, sha), dt, int(llm.model_config.max_model_len),
-                     eos_token_ids(hf_config, generation_config, tokenizer), vllm.__version__)
-        engine.threads = threads
-        engine.model_dir = model_dir
+                     eos_token_ids(hf_config, generation_config, tokenizer), vllm.__version__, model_dir, threads)
         # one token now: a model vLLM loads but cannot run (an attention shape its kernels
         # lack) fails the load, before any job is stored, instead of every item
         engine.generate("Hi", GenerationConfig(method="ar", max_new_tokens=1))
@@ -192,10 +188,7 @@ class VLLMEngine:
         # Torch's thread count is per thread: a thread that steps the engine (the worker's
         # batch loop) must run the count it was loaded with, or vLLM's CPU attention, which
         # plans its work for that count, aborts the process.
-        if self.threads is not None:
-            import torch
-
-            torch.set_num_threads(self.threads)
+        torch.set_num_threads(self.threads)
         default = config or GenerationConfig(method="ar")
         source = iter(as_requests(prompts))
         running: dict[str, _Running] = {}
@@ -309,9 +302,3 @@ class VLLMEngine:
         if done.error is not None:
             raise done.error
         return done.result
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

@@ -66,10 +66,11 @@ def factory_for(method: str | None = None) -> tuple[str, dict]:
 
 
 def engine_key(factory: str, extra: dict) -> tuple:
-    return (
-        factory, tuple(sorted(extra.items())), settings.target_model, settings.draft_model,
-        settings.probes_dir, settings.device, settings.dtype, settings.batch_size, os.getpid(),
-    )
+    """(which engine, the settings it was loaded for): engines of other backends for the
+    same settings stay loaded beside it, those for other settings are dropped."""
+    loaded_for = (settings.target_model, settings.draft_model, settings.probes_dir, settings.device,
+                  settings.dtype, settings.batch_size, os.getpid())
+    return (factory, tuple(sorted(extra.items()))), loaded_for
 
 
 def set_threads() -> None:
@@ -98,7 +99,7 @@ def get_engine(method: str | None = None) -> Any:
             if engine is None:
                 # drop engines loaded for other settings first: their memory, and vLLM's
                 # per-process state, which freeing one after the next started would tear down
-                for other in [k for k in _cache if k[2:] != key[2:]]:
+                for other in [k for k in _cache if k[1] != key[1]]:
                     forget_loop(_cache.pop(other))
                 try:
                     set_threads()
