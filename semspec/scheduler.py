@@ -26,10 +26,11 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from .intake import Intake
 from .runner import Feed, ModelRunner
 from .sampling import sample_rows
 from .stream import PassRequest, PassResult
-from .types import Finished, GenerationConfig, Request
+from .types import Abort, Cancelled, Finished, GenerationConfig, Request
 
 DEFAULT_MAX_PREFILL_TOKENS = 512
 DEFAULT_MAX_VERIFY_WAIT = 32  # ticks; about one drafted step of the shipped probes' rule
@@ -118,24 +119,21 @@ class Scheduler:
         """Decode every request, yielding each as it finishes. ``requests`` is read lazily:
         the next one is taken only when a slot is free. A source fed while decoding (a
         worker's) may yield None for "nothing ready yet": the tick goes on with the active
-        sequences and asks again next tick; with none active it should block instead."""
-        pending = iter(requests)
+        sequences and asks again next tick; with none active it should block instead. An
+        :class:`Abort` from the source ends that request at once (``semspec.intake``)."""
+        intake = Intake(requests)
         active: list[_Active] = []
         held: list[_Active] = []  # admitted, waiting for a twin's prefill to copy it
-        exhausted = False
         while True:
             for entry in list(held):
                 if not self._waits_for_prefix(entry, active):
                     held.remove(entry)
                     yield from self._start(entry, active)
-            while not exhausted and len(active) + len(held) < self.batch_size:
-                try:
-                    req = next(pending)
-                except StopIteration:
-                    exhausted = True
-                    break
-                if req is None:  # the source has nothing ready now: decode what is active
-                    break
+            # None: the source has nothing ready now: decode what is active
+            while (req := intake.next(room=len(active) + len(held) < self.batch_size)) is not None:
+                if isinstance(req, Abort):
+                    yield from self._abort(req.key, active, held)
+                    continue
                 entry, finished = self._admit(req, default)
                 if finished is not None:
                     yield finished
@@ -150,7 +148,9 @@ class Scheduler:
                         yield from self._start(entry, active)
                     held = []
                     continue
-                return
+                if intake.exhausted:
+                    return
+                continue  # a live source had nothing ready (or only aborts): ask it again
             self.ticks += 1
             done: list[Finished] = []
             drafting = [a for a in active if self._wants(a, self.runners.draft)]
@@ -243,6 +243,15 @@ class Scheduler:
             return self._retire(entry, None)
         except Exception as e:  # the sequence failed: that item alone
             return self._retire(entry, e)
+
+    def _abort(self, key: Any, active: list[_Active], held: list[_Active]) -> Iterator[Finished]:
+        """End the sequence of ``key`` between ticks, its slots freed (none: it has finished)."""
+        for entries in (active, held):
+            for entry in entries:
+                if entry.key == key:
+                    entries.remove(entry)
+                    yield self._retire(entry, Cancelled(f"request {key!r} aborted"))
+                    return
 
     def _retire(self, entry: _Active, error: Exception | None) -> Finished:
         entry.request = None

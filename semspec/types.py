@@ -153,12 +153,25 @@ class Request:
     key: Any = None
 
 
+@dataclass
+class Abort:
+    """A marker a live request source sends after a request: stop decoding the request with
+    this key (its job was cancelled). It ends at once as ``Finished(key, None, Cancelled)``,
+    or not at all if it has already finished."""
+
+    key: Any
+
+
+class Cancelled(Exception):
+    """The error of a request stopped by an :class:`Abort` marker."""
+
+
 def as_requests(prompts):
     """``generate_many``'s prompts as :class:`Request`: a text or message list gets its
     position as key, a Request without a key likewise; None (a live source with nothing
-    ready yet) passes through."""
+    ready yet) and :class:`Abort` markers pass through."""
     for i, p in enumerate(prompts):
-        if p is None or (isinstance(p, Request) and p.key is not None):
+        if p is None or isinstance(p, Abort) or (isinstance(p, Request) and p.key is not None):
             yield p
         else:
             yield Request(p.prompt, p.config, i) if isinstance(p, Request) else Request(p, key=i)

@@ -34,11 +34,12 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from .answers import final_answer, split_reasoning
+from .intake import Intake
 from .models import DEFAULT_TARGET, ModelIdentity, cpu_has_fast_bf16, eos_token_ids, model_directory, models_cache
 from .sequence import prompt_ids
 from .steps import StepDetector, detect_think_end, step_spans
-from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Counters, Finished,
-                    GenerationConfig, GenerationResult, StepRecord, as_requests)
+from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Counters, Finished,
+                    GenerationConfig, GenerationResult, StepRecord)
 
 # The methods vLLM serves today; the others run on the embedded engine (semspec.engine).
 VLLM_METHODS = ("ar",)
@@ -184,33 +185,31 @@ class VLLMEngine:
         """Decode up to ``batch_size`` prompts at once, yielding a :class:`Finished` as each
         ends (``semspec.engine.Engine.generate_many``'s contract: ``prompts`` read lazily, one
         as each slot frees; None from a live source means nothing new yet; a bad prompt fails
-        alone)."""
+        alone; an Abort from the source ends that request at once: ``semspec.intake``)."""
         # Torch's thread count is per thread: a thread that steps the engine (the worker's
         # batch loop) must run the count it was loaded with, or vLLM's CPU attention, which
         # plans its work for that count, aborts the process.
         torch.set_num_threads(self.threads)
         default = config or GenerationConfig(method="ar")
-        source = iter(as_requests(prompts))
+        intake = Intake(prompts)
         running: dict[str, _Running] = {}
-        exhausted = False
         try:
             while True:
-                while not exhausted and len(running) < batch_size:
-                    try:
-                        req = next(source)
-                    except StopIteration:
-                        exhausted = True
-                        break
-                    if req is None:
-                        if running:
-                            break  # nothing new now: go on decoding
+                # None: nothing new now: go on decoding
+                while (req := intake.next(room=len(running) < batch_size)) is not None:
+                    if isinstance(req, Abort):
+                        rid = next((r for r, run in running.items() if run.key == req.key), None)
+                        if rid is not None:  # else it has finished
+                            self.llm.abort_request([rid])
+                            del running[rid]
+                            yield Finished(req.key, None, Cancelled(f"request {req.key!r} aborted"))
                         continue
                     try:
                         self._add(req.key, req.prompt, req.config or default, running)
                     except ValueError as e:  # a bad prompt (PromptError) or config
                         yield Finished(req.key, None, e)
                 if not running:
-                    if exhausted:
+                    if intake.exhausted:
                         return
                     continue
                 for out in self.llm.step():

@@ -18,7 +18,8 @@ import sys
 import time
 
 from semspec.answers import split_reasoning
-from semspec.types import Counters, Finished, GenerationConfig, GenerationResult, StepRecord
+from semspec.intake import Intake
+from semspec.types import Abort, Cancelled, Counters, Finished, GenerationConfig, GenerationResult, StepRecord
 
 
 class InstantEngine:
@@ -37,21 +38,20 @@ class InstantEngine:
     def generate_many(self, requests, config=None, batch_size=1):
         """The real engine's interface and batching: up to ``batch_size`` items in flight,
         each finishing ``delay_s`` after it started, the next taken as a slot frees (a None
-        from the source: nothing ready yet)."""
-        source = iter(requests)
+        from the source: nothing ready yet; an Abort: that item ends Cancelled now)."""
+        intake = Intake(requests)
         active: list[tuple[float, object]] = []  # (due, request)
-        exhausted = False
         while True:
-            while not exhausted and len(active) < batch_size:
-                req = next(source, StopIteration)
-                if req is StopIteration:
-                    exhausted = True
-                elif req is None:
-                    break
+            while (req := intake.next(room=len(active) < batch_size)) is not None:
+                if isinstance(req, Abort):
+                    aborted = [a for a in active if a[1].key == req.key]
+                    for a in aborted:
+                        active.remove(a)
+                        yield Finished(req.key, None, Cancelled(f"request {req.key!r} aborted"))
                 else:
                     active.append((time.monotonic() + self.delay_s, req))
             if not active:
-                if exhausted:
+                if intake.exhausted:
                     return
                 time.sleep(0.005)  # nothing in flight and nothing ready: the source was polled
                 continue

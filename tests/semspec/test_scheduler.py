@@ -8,7 +8,7 @@ import pytest
 from semspec.engine import Engine, PromptError, Request
 from semspec.models import encode_prompt
 from semspec.probes import ProbePair
-from semspec.types import GenerationConfig
+from semspec.types import Abort, Cancelled, GenerationConfig
 from tests.semspec.test_engine import cfg as engine_cfg
 
 PROMPTS = [
@@ -128,6 +128,26 @@ def test_prompts_are_read_lazily_and_a_bad_one_fails_alone(engines):
     rest = list(stream)
     assert [d.key for d in rest][0] == 0  # the shortest budget finishes first
     assert sorted(d.key for d in rest) == [0, 2, 3, 4] and all(d.result is not None for d in rest)
+
+
+def test_an_abort_frees_its_slot_at_once_and_leaves_the_others_alone(engines):
+    """An Abort from the source (a cancelled job) ends that sequence between ticks, even in
+    a full batch; the next prompt takes its slot, and the others decode as if alone."""
+    e = engines["plain"]
+    reqs = [Request(PROMPTS[i], cfg("ar"), key=i) for i in range(3)]
+
+    def source():
+        yield Abort("gone")  # not in flight (finished, say): nothing happens
+        yield reqs[0]
+        yield reqs[1]  # the batch of 2 is full
+        yield None  # read in the full batch: one tick runs
+        yield Abort(0)
+        yield reqs[2]
+
+    done = list(e.generate_many(source(), batch_size=2))
+    assert done[0].key == 0 and isinstance(done[0].error, Cancelled) and done[0].result is None
+    assert sorted(d.key for d in done[1:]) == [1, 2]
+    _same({d.key: d.result for d in done[1:]}, _alone(e, reqs[1:]))
 
 
 def test_generate_is_the_one_prompt_case(engines):

@@ -8,7 +8,7 @@ from concurrent.futures import wait
 
 import pytest
 
-from semspec.types import GenerationConfig, Request
+from semspec.types import Abort, Cancelled, GenerationConfig, Request
 from semspec.vllm_engine import VLLMEngine, vllm_installed
 from tests.conftest import REQUIRE
 
@@ -101,6 +101,27 @@ def test_stopping_early_aborts_what_is_in_flight(engine):
     assert first.result is not None
     stream.close()
     assert not engine.llm.has_unfinished_requests()
+
+
+def test_an_abort_ends_its_request_at_once_and_leaves_the_others_alone(engine):
+    """An Abort from the source (a cancelled job) aborts that request in vLLM, even in a full
+    batch; the next prompt takes its slot, and the others decode as if alone."""
+    config = GenerationConfig(method="ar", max_new_tokens=100)
+    reqs = [Request(p, config, key=i) for i, p in enumerate(PROMPTS[:3])]
+
+    def source():
+        yield Abort("gone")  # not in flight (finished, say): nothing happens
+        yield reqs[0]
+        yield reqs[1]  # the batch of 2 is full
+        yield None  # read in the full batch: one step runs
+        yield Abort(0)
+        yield reqs[2]
+
+    done = list(engine.generate_many(source(), batch_size=2))
+    assert done[0].key == 0 and isinstance(done[0].error, Cancelled) and done[0].result is None
+    assert not engine.llm.has_unfinished_requests()
+    alone = _results(engine, reqs[1:], None)
+    assert {d.key: d.result.text for d in done[1:]} == {k: d.result.text for k, d in alone.items()}
 
 
 def test_the_worker_batch_loop_feeds_it_as_slots_free(engine):
