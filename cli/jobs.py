@@ -268,7 +268,7 @@ def report(job, out_dir, db_url) -> None:
 @click.argument("job")
 @db_option
 def cancel(job, db_url) -> None:
-    """Cancel a job: pending items are dropped, running items finish.
+    """Cancel a job: pending items are dropped, running items are stopped within seconds.
 
     Example: semjobs cancel 3f2a9c1b7d4e"""
     from db import repo
@@ -281,7 +281,7 @@ def cancel(job, db_url) -> None:
         return
     with session_factory(db_url)() as session:
         n = repo.cancel_job(session, job)
-    click.echo(f"job {job} cancelled; {n} pending items will not run")
+    click.echo(f"job {job} cancelled; {n} pending items will not run, running ones stop within seconds")
 
 
 @click.command()

@@ -231,6 +231,19 @@ def cancel_leftovers(session: Session, job_id: str, seqs: Iterable[int]) -> int:
     return res.rowcount
 
 
+def cancel_running(session: Session, pk: int, worker: str) -> bool:
+    """Mark item `pk` cancelled: `worker` stopped decoding it because its job was cancelled.
+    Only while it is running and still `worker`'s: an item the reaper has handed to another
+    worker meanwhile is that worker's to settle."""
+    res = session.execute(
+        update(Item)
+        .where(Item.id == pk, Item.status == "running", Item.worker == worker)
+        .values(status="cancelled", finished_at=utcnow())
+    )
+    session.commit()
+    return res.rowcount > 0
+
+
 def job_is_cancelled(session: Session, job_id: str) -> bool:
     return session.scalar(select(Job.status).where(Job.id == job_id)) == "cancelled"
 
@@ -492,7 +505,8 @@ def release_dead_workers(session: Session, dead_after_s: float, gone: Iterable[s
 
 
 def cancel_job(session: Session, job_id: str) -> int:
-    """Cancel a job: pending items become cancelled now; running ones finish their item."""
+    """Cancel a job: pending items become cancelled now; the workers decoding running ones
+    notice within a second or so and abort them (worker.process)."""
     session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status.in_(JOB_ACTIVE))

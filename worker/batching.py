@@ -5,7 +5,8 @@ batching). A Celery worker holds several chunks at a time (the threads pool, one
 thread); each chunk's thread claims an item only when the loop has a free slot, hands it
 over, and commits its result the moment it comes back. So the batch stays full across
 chunk boundaries, every item is claimed just before it starts (a cancelled job's items
-never start), and a chunk's message is acknowledged only once all of its items are settled.
+never start; those decoding are aborted: ``cancel``), and a chunk's message is acknowledged
+only once all of its items are settled.
 
 The loop runs in a thread of its own (torch releases the GIL in its kernels); the threads
 that hand it items do all the database work. Nothing here imports Celery.
@@ -16,9 +17,9 @@ from __future__ import annotations
 import queue
 import threading
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Iterable
 
-from semspec.types import Request
+from semspec.types import Abort, Request
 
 
 class BatchLoop:
@@ -62,6 +63,16 @@ class BatchLoop:
             self._ensure_thread()
         return fut
 
+    def cancel(self, futures: Iterable[Future]) -> None:
+        """Abort these items in the engine (their job was cancelled): each still decoding
+        ends with semspec.types.Cancelled, its slot freed; one that finishes first keeps its
+        result."""
+        futures = set(futures)
+        with self._lock:
+            for key, fut in self._futures.items():
+                if fut in futures:  # after its Request in the inbox, so the engine has it
+                    self._inbox.put(Abort(key))
+
     def wait(self, seen: int, timeout: float) -> int:
         """Block until a slot frees after ``seen`` (a ``version``) or ``timeout`` passes."""
         with self._lock:
@@ -83,8 +94,9 @@ class BatchLoop:
             self._thread.start()
 
     def _requests(self, inbox: queue.Queue):
-        """Items as they are handed over. While the engine has items, an empty inbox is
-        "nothing new now" (None: the engine goes on decoding); when it has none, wait."""
+        """Items (and Abort markers) as they are handed over. While the engine has items, an
+        empty inbox is "nothing new now" (None: the engine goes on decoding); when it has
+        none, wait."""
         while True:
             if self._in_engine == 0:
                 req = inbox.get()
@@ -94,7 +106,8 @@ class BatchLoop:
                 except queue.Empty:
                     yield None
                     continue
-            self._in_engine += 1
+            if not isinstance(req, Abort):
+                self._in_engine += 1
             yield req
 
     def _run(self, inbox: queue.Queue) -> None:

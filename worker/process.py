@@ -22,12 +22,16 @@ from db.session import session_factory
 from jobs.submit import item_config
 from semjobs.settings import settings
 from semspec.answers import is_correct
+from semspec.types import Cancelled
 from worker import engine as engines
 from worker.batching import batch_loop
 from worker.holdings import holdings
 
 _job_configs: dict[str, dict] = {}  # job id -> config (immutable once stored)
 _identities_written: set[str] = set()
+# How often a chunk with items decoding asks whether their job was cancelled: a cancel stops
+# them within about this, for one small read per chunk and interval.
+CANCEL_CHECK_S = 1.0
 
 
 @dataclass
@@ -35,6 +39,7 @@ class ChunkReport:
     done: int = 0
     failed: int = 0
     skipped: int = 0  # already finished, or claimed by nobody (cancelled)
+    aborted: int = 0  # stopped mid-decode: the job was cancelled
     duplicates: int = 0  # finished here, but another delivery had stored it first
     cancelled: bool = False
     left: list[int] = field(default_factory=list)  # not attempted: the chunk ran out of time
@@ -126,6 +131,8 @@ class _Chunk:
         self.config, self.loop, self.report, self.on_item = config, loop, report, on_item
         # future -> (item pk, seq, the input's reference answer)
         self.in_flight: dict[Future, tuple[int, int, str | None]] = {}
+        self.next_cancel_check = 0.0  # time.monotonic()
+        self.abort_sent = False
 
     def run(self, deadline, should_stop) -> None:
         i = 0
@@ -150,7 +157,28 @@ class _Chunk:
                 continue
             if i >= len(self.seqs) and not self.in_flight:
                 return
-            self.loop.wait(seen, timeout=1.0)
+            self.abort_if_cancelled()
+            self.loop.wait(seen, timeout=CANCEL_CHECK_S)
+
+    def abort_if_cancelled(self) -> None:
+        """Abort the items in flight once their job is cancelled (each then ends Cancelled and
+        is settled so). Asked only while items decode: a claim finds out by itself."""
+        if not self.in_flight or self.abort_sent:
+            return
+        if not self.report.cancelled:  # else a claim found out
+            if time.monotonic() < self.next_cancel_check:
+                return
+            self.next_cancel_check = time.monotonic() + CANCEL_CHECK_S
+            if not retrying(self.session, self._job_cancelled, "reading the job"):
+                return
+            self.report.cancelled = True  # the next claim finds nothing and cancels the rest
+        self.abort_sent = True  # nothing starts after a cancel: these are all there will be
+        self.loop.cancel(self.in_flight)
+
+    def _job_cancelled(self) -> bool:
+        cancelled = repo.job_is_cancelled(self.session, self.job_id)
+        self.session.commit()  # ends the read: no transaction stays open while items decode
+        return cancelled
 
     def abandon(self) -> None:
         for fut, (_pk, seq, _ref) in self.in_flight.items():
@@ -206,6 +234,12 @@ class _Chunk:
 
     def _settle(self, fut: Future, pk: int, seq: int, reference: str | None) -> None:
         error = fut.exception()
+        if isinstance(error, Cancelled):  # aborted by abort_if_cancelled
+            retrying(self.session, lambda: repo.cancel_running(self.session, pk, self.worker), "cancelling an item")
+            self.report.aborted += 1
+            if self.on_item:
+                self.on_item("cancelled", seq)
+            return
         if error is not None:  # the engine failed on this item: record it, go on
             tail = "".join(traceback.format_exception_only(type(error), error)).strip()
             retrying(self.session, lambda: repo.fail_item(self.session, pk, tail), "failing an item")

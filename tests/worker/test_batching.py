@@ -1,6 +1,6 @@
 """The per-process batch loop (`worker.batching.BatchLoop`) with the instant test-double
-engine: slots are shared by every caller, a freed slot wakes waiters, an engine failure
-fails what it held and the next item starts a fresh loop."""
+engine: slots are shared by every caller, a freed slot wakes waiters, a cancel aborts the
+items it names, an engine failure fails what it held and the next item starts a fresh loop."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from semspec.types import GenerationConfig
+from semspec.types import Cancelled, GenerationConfig
 from tests.fake_engine import InstantEngine
 from worker.batching import BatchLoop
 
@@ -49,6 +49,21 @@ def test_items_of_several_callers_run_side_by_side():
     # four items of 0.3 s each in one batch of four: well under the 1.2 s of one at a time
     assert time.monotonic() - t0 < 0.9
     assert sorted(results) == ["a", "b"] and all(len(r) == 2 for r in results.values())
+
+
+def test_cancel_aborts_only_the_items_named_and_frees_their_slots():
+    loop = BatchLoop(InstantEngine(delay_s=30), batch_size=2)
+    assert loop.try_reserve() and loop.try_reserve()
+    mine, other = loop.submit("mine", CFG), loop.submit("another job's", CFG)
+    seen = loop.version
+    t0 = time.monotonic()
+    loop.cancel([mine])  # the batch is full: the engine hears of it all the same
+    with pytest.raises(Cancelled):
+        mine.result(timeout=5)
+    assert time.monotonic() - t0 < 1 and loop.wait(seen, timeout=5) > seen  # its slot freed
+    assert loop.try_reserve()
+    loop.unreserve()
+    assert not other.done()
 
 
 class _Exploding(InstantEngine):

@@ -11,6 +11,7 @@ from db import repo
 from db.models import Item, ItemStats, Job, Output, StepLog
 from db.session import session_factory
 from jobs.submit import job_config, store_job
+from tests.conftest import wait_for
 from worker.process import run_items
 
 
@@ -139,8 +140,8 @@ def test_cancel_stops_new_items_from_starting(db_url, tmp_path, fake_engine, mon
                 repo.cancel_job(s, job_id)
 
     rep = run_items(job_id, list(range(8)), url=db_url, on_item=cancel_after_two)
-    # what had started when the job was cancelled finishes (at most a batch more), the
-    # rest never starts
+    # what had started when the job was cancelled finishes or is aborted (at most a batch
+    # more done), the rest never starts
     assert rep.cancelled and 2 <= rep.done <= 2 + settings.batch_size
     st = statuses(db_url, job_id)
     assert [st[f"i{i}"] for i in range(8)] == ["done"] * rep.done + ["cancelled"] * (8 - rep.done)
@@ -150,6 +151,62 @@ def test_cancel_stops_new_items_from_starting(db_url, tmp_path, fake_engine, mon
     assert rep.done == 0 and count(db_url, Output, job_id) == done
     with session_factory(db_url)() as s:
         assert s.get(Job, job_id).status == "cancelled"
+
+
+def test_a_cancel_aborts_the_items_decoding_and_spares_another_jobs(db_url, tmp_path, fake_engine,
+                                                                    monkeypatch):
+    """Items decoding when their job is cancelled stop within about a second (the chunk
+    asks once a second) and end cancelled; another job's items in the same batch loop
+    decode on to the end."""
+    import threading
+
+    from semjobs.settings import settings
+    from worker import engine as engines
+
+    monkeypatch.setenv("FAKE_ENGINE_DELAY_S", "3")
+    monkeypatch.setattr(settings, "batch_size", 4)
+    engines._cache.clear()
+    spared, doomed = make_job(db_url, tmp_path, n=2), make_job(db_url, tmp_path, n=6)
+    reports = {}
+
+    def chunk(job_id, n):
+        reports[job_id] = run_items(job_id, list(range(n)), url=db_url, worker="w@h:1")
+
+    def running(job_id):
+        return list(statuses(db_url, job_id).values()).count("running")
+
+    spared_chunk = threading.Thread(target=chunk, args=(spared, 2))
+    spared_chunk.start()
+    wait_for(lambda: running(spared) == 2, 10, interval=0.05, what="the first job decoding")
+    doomed_chunk = threading.Thread(target=chunk, args=(doomed, 6))
+    doomed_chunk.start()
+    wait_for(lambda: running(doomed) == 2, 10, interval=0.05, what="the second job in the other two slots")
+    with session_factory(db_url)() as s:
+        repo.cancel_job(s, doomed)
+    t0 = time.monotonic()
+    doomed_chunk.join(timeout=10)
+    assert time.monotonic() - t0 < 2.5 and spared_chunk.is_alive()  # well before its 3 s items end
+    spared_chunk.join(timeout=10)
+    rep = reports[doomed]
+    assert rep.cancelled and (rep.aborted, rep.done, rep.failed) == (2, 0, 0)
+    assert set(statuses(db_url, doomed).values()) == {"cancelled"}
+    assert count(db_url, Output, doomed) == 0
+    assert reports[spared].done == 2 and set(statuses(db_url, spared).values()) == {"done"}
+    with session_factory(db_url)() as s:
+        assert (s.get(Job, doomed).status, s.get(Job, spared).status) == ("cancelled", "completed")
+
+
+def test_an_aborted_item_is_cancelled_only_while_this_worker_runs_it(db_url, tmp_path):
+    from semspec.types import GenerationConfig
+    from tests.fake_engine import InstantEngine
+
+    job_id = make_job(db_url, tmp_path, n=3)
+    with session_factory(db_url)() as s:
+        mine, taken, done = (repo.claim_item(s, job_id, seq, "w1") for seq in range(3))
+        repo.claim_item(s, job_id, 1, "w2")  # handed to another worker meanwhile (w1 looked dead)
+        repo.save_result(s, job_id, done.pk, InstantEngine().generate("q", GenerationConfig(max_new_tokens=4)))
+        assert [repo.cancel_running(s, c.pk, "w1") for c in (mine, taken, done)] == [True, False, False]
+    assert statuses(db_url, job_id) == {"i0": "cancelled", "i1": "running", "i2": "done"}
 
 
 def test_running_item_of_dead_worker_is_cancelled_by_next_delivery(db_url, tmp_path, fake_engine):
