@@ -14,7 +14,7 @@ from worker.celery import app
 from worker import engine as engines
 from worker.engine import EngineLoadError
 from worker.publish import CALIBRATE, RUN_CHUNK, requeue
-from worker.process import fail_unstarted, job_method, run_items, worker_name
+from worker.process import fail_unstarted, job_engine_request, run_items, worker_name
 from worker.queues import queue_name
 
 log = get_task_logger(__name__)
@@ -38,12 +38,13 @@ RETRYING = dict(bind=True, autoretry_for=(OperationalError,), retry_backoff=5, r
                 max_retries=10)
 
 
-def load_or_give_up(task, what: str, method: str | None = None) -> str | None:
-    """Load this process's engine for ``method`` (kept for the task's own call); on failure
+def load_or_give_up(task, what: str, method: str | None = None, draft_tokens: int | None = None) -> str | None:
+    """Load this process's engine for ``method`` and ``draft_tokens`` (kept for the task's
+    own call; ``worker.engine.get_engine``); on failure
     retry the task later, up to ``settings.engine_load_attempts`` tries, then return the load
     error for the caller to fail ``what`` with. None when the engine loaded."""
     try:
-        engines.get_engine(method)
+        engines.get_engine(method, draft_tokens)
         return None
     except EngineLoadError as e:
         tries = task.request.retries + 1
@@ -56,7 +57,7 @@ def load_or_give_up(task, what: str, method: str | None = None) -> str | None:
 
 @app.task(name=RUN_CHUNK, **RETRYING)
 def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
-    load_error = load_or_give_up(self, f"job {job_id} chunk {seqs[:1]}", job_method(job_id))
+    load_error = load_or_give_up(self, f"job {job_id} chunk {seqs[:1]}", *job_engine_request(job_id))
     if load_error is not None:
         failed = fail_unstarted(job_id, seqs, load_error)
         return {"done": 0, "failed": failed}
@@ -73,7 +74,7 @@ def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
     log.info(
         "job %s chunk %s: done=%d failed=%d skipped=%d duplicates=%d%s",
         job_id, seqs[:1], report.done, report.failed, report.skipped, report.duplicates,
-        " cancelled" if report.cancelled else "",
+        f" cancelled ({report.aborted} aborted mid-decode)" if report.cancelled else "",
     )
     return {"done": report.done, "failed": report.failed}
 

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy import func, select
 
+from db import repo
 from db.models import Item, Job, Output, Worker
 from db.session import session_factory
 from tests.conftest import run_cli, wait_for
@@ -296,7 +297,7 @@ def test_cancel_stops_a_running_job(service_env, workers, pg_db, tmp_path, decod
         c = counts(pg_db, job_id)
         return not c.get("running") and not c.get("pending")
 
-    # the two items in flight finish (0.3 s each); nothing starts after the cancel
+    # the two items in flight finish (0.3 s each) or are aborted; nothing starts after the cancel
     wait_for(settled, 30, interval=0.05, what="running items to finish")
     settled_s = (datetime.now(timezone.utc) - cancelled_at).total_seconds()
     c = counts(pg_db, job_id)
@@ -306,6 +307,38 @@ def test_cancel_stops_a_running_job(service_env, workers, pg_db, tmp_path, decod
                                                                 Item.started_at.is_not(None))))
     assert max(started) <= cancelled_at, "an item started after the cancel"
     print(f"\njob settled {settled_s:.2f}s after the cancel (items take 0.3 s)")
+
+
+def test_cancel_aborts_the_items_decoding(service_env, workers, pg_db, tmp_path, decoding):
+    """Items mid-decode when their job is cancelled stop within seconds and end cancelled, not
+    done or failed: the test double's take a minute, vLLM's 400 tokens take many seconds."""
+    engine_env, options = decoding
+    env = {**service_env, **engine_env}
+    n = 8
+    longer = ("--max-new-tokens", "400") if engine_env else ()
+    job_id = submit(env, write_input(tmp_path / "in.jsonl", n), *options, *longer)
+    w = workers.start("w1", env={"FAKE_ENGINE_DELAY_S": "60", "SEMJOBS_BATCH_SIZE": "2", **engine_env})
+    wait_for(lambda: counts(pg_db, job_id).get("running") == 2, 90, interval=0.05, what="two items decoding")
+    t0 = time.monotonic()
+    with session_factory(pg_db)() as s:  # what `semjobs cancel` does, without its start-up
+        repo.cancel_job(s, job_id)
+
+    def settled():
+        c = counts(pg_db, job_id)
+        return not c.get("running") and not c.get("pending")
+
+    wait_for(settled, 30, interval=0.05, what="the items decoding to stop")
+    settled_s = time.monotonic() - t0
+    with session_factory(pg_db)() as s:
+        items = s.execute(select(Item.status, Item.started_at, Item.error).where(Item.job_id == job_id)).all()
+        n_out = s.scalar(select(func.count()).select_from(Output).where(Output.job_id == job_id))
+    aborted = [i for i in items if i.status == "cancelled" and i.started_at is not None]
+    # both stopped mid-decode (vLLM on a much faster host might finish one first: kept, done)
+    assert len(aborted) >= (1 if engine_env else 2) and all(i.error is None for i in aborted)
+    assert {i.status for i in items} <= {"cancelled", "done"} and n_out == counts(pg_db, job_id).get("done", 0)
+    assert settled_s < 4, f"settled {settled_s:.1f}s after the cancel"
+    assert job_status(pg_db, job_id) == "cancelled" and "Traceback" not in workers.log(w)
+    print(f"\n{len(aborted)} items aborted mid-decode, settled {settled_s:.2f}s after the cancel")
 
 
 def test_sigterm_hands_back_the_rest_of_the_chunk(service_env, workers, pg_db, tmp_path, decoding):
