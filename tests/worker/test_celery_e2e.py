@@ -1,6 +1,6 @@
 """Real services, real processes: `semjobs submit` -> Redis -> `semjobs worker` (a real
-celery worker subprocess, instant test-double engine; SIGKILL, SIGTERM and cancel also on vLLM) ->
-Postgres -> `semjobs export`."""
+celery worker subprocess, instant test-double engine; the SIGKILL, reaper, SIGTERM and cancel
+tests also on vLLM: the `decoding` fixture, tests/worker/conftest.py) -> Postgres -> `semjobs export`."""
 
 from __future__ import annotations
 
@@ -62,6 +62,14 @@ def wait_completed(url, job_id, workers, timeout=90):
     except AssertionError:
         logs = "\n".join(workers.log(p)[-3000:] for p in workers.procs)
         raise AssertionError(f"job {job_id} not completed: {counts(url, job_id)}\n{logs}")
+
+
+def decoded_by(url, job_id, decoding) -> bool:
+    """Whether every output of the job came from the `decoding` fixture's engine."""
+    with session_factory(url)() as s:
+        engines = {(m or {}).get("engine", "test-double").split()[0]
+                   for m in s.scalars(select(Output.models).where(Output.job_id == job_id))}
+    return engines == ({"vllm"} if decoding[0] else {"test-double"})
 
 
 def read_jsonl(path):
@@ -159,24 +167,6 @@ def victim_mid_item(pg_db, job_id, min_done):
     return running if running and done >= min_done else None
 
 
-@pytest.fixture(params=["fake", "vllm"])
-def decoding(request, tmp_path_factory):
-    """What the workers decode with: (environment, submit options). The instant test double,
-    or vLLM on a tiny random model (64-wide heads, as its CPU attention needs), whose 300
-    tokens an item take long enough to be killed mid-item."""
-    if request.param == "fake":
-        return {}, ()
-    from semspec.testing import tiny_model_dir
-    from semspec.vllm_engine import vllm_installed
-    from tests.conftest import REQUIRE
-
-    if not vllm_installed():
-        (pytest.fail if REQUIRE else pytest.skip)("vLLM is not installed (scripts/install.sh installs it)")
-    model = tiny_model_dir(tmp_path_factory.mktemp("vllm-model") / "model", hidden_size=256, seed=3)
-    return ({"SEMJOBS_ENGINE_FACTORY": "", "SEMJOBS_ENGINE": "vllm", "SEMJOBS_TARGET_MODEL": str(model),
-             "SEMJOBS_DRAFT_MODEL": "none", "SEMJOBS_KV_CACHE_GB": "0.25"}, ("--max-new-tokens", "300"))
-
-
 def test_sigkilled_worker_items_are_redone_never_duplicated(service_env, workers, pg_db,
                                                               tmp_path, decoding):
     # A short visibility timeout, the same for every process, so Redis hands the dead
@@ -218,17 +208,18 @@ def test_sigkilled_worker_items_are_redone_never_duplicated(service_env, workers
 
 
 def test_killed_worker_items_are_redone_in_seconds_not_after_the_visibility_timeout(
-        service_env, workers, pg_db, tmp_path):
+        service_env, workers, pg_db, tmp_path, decoding):
     """A whole worker SIGKILLed (a preempted node): the next worker's reaper re-enqueues the
     items it held once its heartbeat is SEMJOBS_WORKER_DEAD_AFTER_S old, long before Redis
     hands its chunk out again; that late redelivery then skips every item."""
-    vt = 15
+    engine_env, options = decoding
+    vt = 40 if engine_env else 15  # on vLLM each worker loads the engine first (seconds)
     env = {**service_env, "SEMJOBS_VISIBILITY_TIMEOUT_S": str(vt), "FAKE_ENGINE_DELAY_S": "0.3",
            "SEMJOBS_HEARTBEAT_INTERVAL_S": "0.5", "SEMJOBS_WORKER_DEAD_AFTER_S": "2",
-           "SEMJOBS_BATCH_SIZE": "2"}
+           "SEMJOBS_BATCH_SIZE": "2", **engine_env}
     workers.env = env
     n = 8
-    job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
+    job_id = submit(env, write_input(tmp_path / "in.jsonl", n), *options)
     victim = workers.start("victim")
     t_start = time.monotonic()  # the victim receives its chunk after this: redelivery > +vt
 
@@ -260,7 +251,7 @@ def test_killed_worker_items_are_redone_in_seconds_not_after_the_visibility_time
 
     items, n_out = state()
     assert n_out == n and all(status == "done" for status, _, _ in items.values())
-    assert items[killed.seq] == ("done", 2, "survivor")
+    assert items[killed.seq] == ("done", 2, "survivor") and decoded_by(pg_db, job_id, decoding)
     with session_factory(pg_db)() as s:
         killed_done_at = s.get(Item, killed.id).finished_at
     # what was done before the kill stays as it was; what the victim had started (a batch

@@ -3,7 +3,9 @@ running job, the whole stack stopped and started again, a chunk that outlives th
 visibility timeout, an item that kills its worker every time. Real `semjobs worker`
 subprocesses (batching on), private Redis and Postgres servers that the test stops and
 starts (tests/services.py). Each test counts what matters: every input has exactly one
-output, and no finished item is generated again."""
+output, and no finished item is generated again. The restarts run on the instant test
+double and on vLLM (the `decoding` fixture); the visibility-timeout and poison-item tests
+on the double alone: they need items of a set length, and an item that kills its process."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from db.models import Item, Job, Output
 from db.session import forget, session_factory
 from tests.conftest import FAKE_ENGINE, ROOT, Workers, wait_for
 from tests.services import PrivatePostgres, PrivateRedis
-from tests.worker.test_celery_e2e import counts, submit, wait_completed, write_input
+from tests.worker.test_celery_e2e import counts, decoded_by, submit, wait_completed, write_input
 
 pytestmark = pytest.mark.slow
 
@@ -62,6 +64,13 @@ def stack(private_redis, private_pg, last_run_file, tmp_path):
     w.stop_all()
 
 
+def on_engine(stack, decoding) -> tuple:
+    """Point the stack's workers at the `decoding` fixture's engine; the submit options for it."""
+    engine_env, options = decoding
+    stack.env = {**stack.env, **engine_env}
+    return options
+
+
 def items(url, job_id) -> dict[int, Item]:
     with session_factory(url)() as s:
         return {i.seq: i for i in s.scalars(select(Item).where(Item.job_id == job_id))}
@@ -76,30 +85,32 @@ def done(url, job_id) -> int:
     return counts(url, job_id).get("done", 0)
 
 
-def test_redis_restarted_mid_job_the_lost_messages_are_reissued(stack):
+def test_redis_restarted_mid_job_the_lost_messages_are_reissued(stack, decoding):
     """A Redis that keeps nothing on disk restarts: its queued chunks are gone. The worker
     reconnects, its heartbeat finds the pending items no worker holds and no message carries,
     enqueues them again, and the job completes with every item generated once."""
+    options = on_engine(stack, decoding)
     n = 16
-    job_id = submit(stack.env, write_input(stack.tmp / "in.jsonl", n))
+    job_id = submit(stack.env, write_input(stack.tmp / "in.jsonl", n), *options)
     w = stack.start("w1")
     wait_for(lambda: done(stack.url, job_id) >= 1, 60, interval=0.05, what="first items")
     stack.redis.stop()
     stack.redis.start()
     wait_completed(stack.url, job_id, stack, timeout=90)
     assert "had lost the messages of pending items" in stack.log(w)
-    assert n_outputs(stack.url, job_id) == n
+    assert n_outputs(stack.url, job_id) == n and decoded_by(stack.url, job_id, decoding)
     # the chunks in the worker's hands when Redis went down finished there; each item of a
     # lost chunk counts the lost delivery and its run
     assert all(i.status == "done" and i.attempts in (1, 2) for i in items(stack.url, job_id).values())
 
 
-def test_postgres_restarted_mid_job_commits_are_retried(stack):
+def test_postgres_restarted_mid_job_commits_are_retried(stack, decoding):
     """Postgres stops for two seconds under a running job: the items in flight keep their
     results, the worker retries its commits with back-off (one warning, no traceback per
     attempt), and nothing is lost or generated twice."""
+    options = on_engine(stack, decoding)
     n = 12
-    job_id = submit(stack.env, write_input(stack.tmp / "in.jsonl", n))
+    job_id = submit(stack.env, write_input(stack.tmp / "in.jsonl", n), *options)
     w = stack.start("w1")
     wait_for(lambda: done(stack.url, job_id) >= 2, 60, interval=0.05, what="first items")
     stack.pg.stop()
@@ -108,15 +119,16 @@ def test_postgres_restarted_mid_job_commits_are_retried(stack):
     wait_completed(stack.url, job_id, stack, timeout=90)
     log = stack.log(w)
     assert "database unreachable" in log and "Traceback" not in log, log[-3000:]
-    assert n_outputs(stack.url, job_id) == n
+    assert n_outputs(stack.url, job_id) == n and decoded_by(stack.url, job_id, decoding)
     assert [i.attempts for i in items(stack.url, job_id).values()] == [1] * n
 
 
-def test_everything_stopped_then_started_again_continues_without_redoing(stack):
+def test_everything_stopped_then_started_again_continues_without_redoing(stack, decoding):
     """Worker (SIGTERM), Redis and Postgres all stopped mid-job, then started again: the new
     worker finishes the job, no finished item is redone, every item has one output."""
+    options = on_engine(stack, decoding)
     n = 16
-    job_id = submit(stack.env, write_input(stack.tmp / "in.jsonl", n))
+    job_id = submit(stack.env, write_input(stack.tmp / "in.jsonl", n), *options)
     first = stack.start("first")
     wait_for(lambda: done(stack.url, job_id) >= 3, 60, interval=0.05, what="first items")
     first.send_signal(signal.SIGTERM)
@@ -131,7 +143,7 @@ def test_everything_stopped_then_started_again_continues_without_redoing(stack):
     stack.start("second")
     wait_completed(stack.url, job_id, stack, timeout=90)
     after = items(stack.url, job_id)
-    assert n_outputs(stack.url, job_id) == n
+    assert n_outputs(stack.url, job_id) == n and decoded_by(stack.url, job_id, decoding)
     assert all(after[seq].finished_at == at for seq, at in before.items())
 
 
