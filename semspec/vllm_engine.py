@@ -25,6 +25,7 @@ import bisect
 import gc
 import importlib.util
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -35,14 +36,16 @@ import torch
 
 from .answers import final_answer, split_reasoning
 from .intake import Intake
-from .models import DEFAULT_TARGET, ModelIdentity, cpu_has_fast_bf16, eos_token_ids, model_directory, models_cache
+from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, ModelIdentity, cpu_has_fast_bf16, eos_token_ids, model_directory, models_cache
 from .sequence import prompt_ids
 from .steps import StepDetector, detect_think_end, step_spans
+from .vllm_speculation import speculative_config
 from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Counters, Finished,
                     GenerationConfig, GenerationResult, StepRecord)
 
 # The methods vLLM serves today; the others run on the embedded engine (semspec.engine).
-VLLM_METHODS = ("ar",)
+# token_sd is vLLM's own speculative decoding (semspec.vllm_speculation).
+VLLM_METHODS = ("ar", "token_sd")
 # KV cache budget when the caller sets none, in GiB: 32 sequences of SmolLM2's 8,192-token
 # context in float32 would need 11 GiB, but a batch's sequences rarely all run long; a
 # sequence that does not fit waits (vLLM preempts and recomputes it) rather than failing.
@@ -67,7 +70,8 @@ def vllm_dtype(device: str, dtype: str) -> str:
 
 
 def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: str = "auto", batch_size: int = 32,
-                     kv_cache_gb: float = DEFAULT_KV_CACHE_GB, compile: bool = False, seed: int = 0) -> dict:
+                     kv_cache_gb: float = DEFAULT_KV_CACHE_GB, compile: bool = False, seed: int = 0,
+                     speculative_config: dict | None = None) -> dict:
     """vLLM's engine arguments for semjobs' settings (``VLLMEngine.load``; the bench's plain
     ``vllm.LLM`` peer takes the same)."""
     on_cpu = device == "cpu" or not torch.cuda.is_available()
@@ -75,7 +79,9 @@ def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: 
         model=str(model_dir), tokenizer=str(model_dir), dtype=vllm_dtype("cpu" if on_cpu else "cuda", dtype),
         seed=seed, max_num_seqs=batch_size, enable_prefix_caching=True, enforce_eager=not compile,
         disable_log_stats=True, kv_cache_memory_bytes=int(kv_cache_gb * 2**30),
-        block_size=CPU_BLOCK_SIZE if on_cpu else None,
+        block_size=CPU_BLOCK_SIZE if on_cpu else None, speculative_config=speculative_config,
+        # each request's drafted and accepted tokens, for its counters and step log
+        per_request_spec_decode_metrics="detailed" if speculative_config else "none",
     )
 
 
@@ -88,6 +94,17 @@ def configure_process() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+
+
+def _shield_llvmlite() -> None:
+    """Let a second engine start in a process where an ngram engine ran. vLLM's CPU start-up
+    (0.32.0, ``triton_utils.dispatcher.register_kernels``) reads ``vars(obj)`` of every object
+    in every loaded module; llvmlite's library wrapper, which vLLM's ngram drafter loads
+    through numba, answers any unknown attribute, ``__dict__`` included, with a C-function
+    wrapper, and the scan raises. Giving it a real ``__dict__`` entry ends that."""
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    if ffi is not None and hasattr(ffi, "lib"):
+        ffi.lib._fntab.setdefault("__dict__", {})
 
 
 @dataclass
@@ -104,11 +121,22 @@ class _Running:
     passes: int = 0
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """What an engine speculates with (token_sd): vLLM's method, tokens drafted per
+    verification, the draft's identity."""
+
+    method: str
+    tokens: int
+    draft: ModelIdentity
+
+
 class VLLMEngine:
     def __init__(self, llm: Any, tokenizer: Any, identity: ModelIdentity, dtype: str, max_context: int,
-                 eos: set[int], version: str, model_dir: Path, threads: int):
+                 eos: set[int], version: str, model_dir: Path, threads: int, speculation: Speculation | None = None):
         """``model_dir``: what vLLM loaded; ``threads``: torch's threads in the thread that
-        loaded it (see generate_many)."""
+        loaded it (see generate_many); ``speculation``: what it drafts with, when it serves
+        token_sd (an engine serves either ar or token_sd: vLLM speculates for every request)."""
         self.llm = llm
         self.tokenizer = tokenizer
         self.identity = identity
@@ -120,16 +148,19 @@ class VLLMEngine:
         self._next_id = 0
         self.model_dir = model_dir
         self.threads = threads
+        self.speculation = speculation
 
     @classmethod
     def load(cls, target: str | None = None, draft: str | None = None, probes: str | None = None,
              device: str = "auto", cache_dir: str | os.PathLike | None = None, dtype: str = "auto",
              batch_size: int = 32, kv_cache_gb: float = DEFAULT_KV_CACHE_GB, compile: bool = False,
-             seed: int = 0) -> "VLLMEngine":
+             seed: int = 0, speculative_tokens: int | None = None) -> "VLLMEngine":
         """Start vLLM on the target spec (``semspec.models``: embedded name, GGUF, directory).
-        ``draft`` and ``probes`` are not used yet (``VLLM_METHODS``). ``batch_size``: requests
-        decoded at once. ``kv_cache_gb``: the KV cache's whole budget. ``compile``: vLLM's
-        compiled graphs (slower start) instead of eager mode."""
+        ``speculative_tokens``: an engine for token_sd, drafting that many tokens per
+        verification with ``draft`` (``semspec.vllm_speculation``); without, one for ar.
+        ``probes`` are not used yet (``VLLM_METHODS``). ``batch_size``: requests decoded at
+        once. ``kv_cache_gb``: the KV cache's whole budget. ``compile``: vLLM's compiled graphs
+        (slower start) instead of eager mode."""
         configure_process()
         import vllm
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig as HFGenerationConfig
@@ -144,11 +175,18 @@ class VLLMEngine:
             generation_config = HFGenerationConfig.from_pretrained(model_dir, local_files_only=True)
         except OSError:  # the model ships none
             generation_config = None
-        args = EngineArgs(**engine_arguments(model_dir, device, dtype, batch_size, kv_cache_gb, compile, seed))
+        speculation, spec_config = None, None
+        if speculative_tokens:
+            spec_config, draft_identity = speculative_config(draft, target, speculative_tokens, model_dir, sha,
+                                                             models_cache(cache_dir) or DEFAULT_CACHE_DIR)
+            speculation = Speculation(spec_config["method"], speculative_tokens, draft_identity)
+        args = EngineArgs(**engine_arguments(model_dir, device, dtype, batch_size, kv_cache_gb, compile, seed,
+                                             spec_config))
         dt = args.dtype
         # an engine dropped but not yet collected would, when collected, tear down the
         # per-process parallel state this one is about to share
         gc.collect()
+        _shield_llvmlite()
         set_num_threads = torch.set_num_threads
         try:
             llm = LLMEngine.from_engine_args(args)
@@ -159,17 +197,20 @@ class VLLMEngine:
             torch.set_num_threads = set_num_threads
         name = str(target) if target is not None else DEFAULT_TARGET
         engine = cls(llm, tokenizer, ModelIdentity(name, sha), dt, int(llm.model_config.max_model_len),
-                     eos_token_ids(hf_config, generation_config, tokenizer), vllm.__version__, model_dir, threads)
+                     eos_token_ids(hf_config, generation_config, tokenizer), vllm.__version__, model_dir, threads,
+                     speculation)
         # one token now: a model vLLM loads but cannot run (an attention shape its kernels
         # lack) fails the load, before any job is stored, instead of every item
-        engine.generate("Hi", GenerationConfig(method="ar", max_new_tokens=1))
+        engine.generate("Hi", GenerationConfig(method="token_sd" if speculation else "ar", max_new_tokens=1,
+                                               draft_tokens=speculative_tokens or GenerationConfig.draft_tokens))
         return engine
 
     # ------------------------------------------------------------------ what it serves
     @property
     def identities(self) -> dict[str, str]:
-        """What made an output: the target's identity, the number type and the engine."""
-        return {"target": str(self.identity), "dtype": self.dtype, "engine": f"vllm {self.version}"}
+        """What made an output: the target's (and the draft's) identity, the number type and the engine."""
+        drafted = {"draft": str(self.speculation.draft)} if self.speculation else {}
+        return {"target": str(self.identity), **drafted, "dtype": self.dtype, "engine": f"vllm {self.version}"}
 
     def method_problem(self, method: str) -> str | None:
         if method not in METHODS:
@@ -177,6 +218,9 @@ class VLLMEngine:
         if method not in VLLM_METHODS:
             return (f"method {method!r} does not run on the vLLM engine yet (it runs "
                     f"{', '.join(VLLM_METHODS)}); use --engine embedded (SEMJOBS_ENGINE=embedded)")
+        if (method == "token_sd") != (self.speculation is not None):
+            return (f"this vLLM engine was started {'with' if self.speculation else 'without'} speculation; "
+                    f"{method} needs one started {'without' if self.speculation else 'with'}")
         return None
 
     # ------------------------------------------------------------------ decoding
@@ -219,7 +263,7 @@ class VLLMEngine:
                     self._take(run, out)
                     if out.finished:
                         del running[out.request_id]
-                        yield Finished(run.key, self._result(run, out.outputs[0].finish_reason))
+                        yield Finished(run.key, self._result(run, out.outputs[0]))
         finally:  # the caller stopped early (or failed): free vLLM of what is left
             if running:
                 self.llm.abort_request(list(running))
@@ -233,6 +277,9 @@ class VLLMEngine:
             raise ValueError(problem)
         if config.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
+        if self.speculation and config.draft_tokens != self.speculation.tokens:
+            raise ValueError(f"draft_tokens={config.draft_tokens}, but vLLM drafts the same number for every "
+                             f"request of an engine: this one drafts {self.speculation.tokens}")
         ids = prompt_ids(self.tokenizer, prompt, config.chat_template_kwargs, self.max_context)
         params = SamplingParams(
             temperature=config.temperature, top_p=config.top_p if config.temperature > 0 else 1.0,
@@ -253,22 +300,28 @@ class VLLMEngine:
             run.passes += 1
             run.arrivals.append((len(run.ids), time.perf_counter()))
 
-    def _result(self, run: _Running, vllm_reason: str | None) -> GenerationResult:
+    def _result(self, run: _Running, output: Any) -> GenerationResult:
+        """The result of a finished request (``output``: its last ``CompletionOutput``)."""
         ids = run.ids
-        finish = "eos" if vllm_reason == "stop" else "length"
+        finish = "eos" if output.finish_reason == "stop" else "length"
         if ids and ids[-1] in self.eos:
             ids = ids[:-1]  # the end-of-sequence token is not part of the text, as in the embedded engine
         cfg = run.config
         think_end = self.think_end_marker if cfg.think_end == "auto" else (cfg.think_end or None)
         detector = StepDetector(cfg.step_delimiter or DEFAULT_STEP_DELIMITER, think_end,
                                 cfg.max_step_tokens or DEFAULT_MAX_STEP_TOKENS)
-        steps = self._steps(ids, step_spans(self.tokenizer, ids, detector), run)
+        verified = self._verifications(run, output.spec_decode_metrics)
+        steps = self._steps(ids, step_spans(self.tokenizer, ids, detector), run, verified)
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         reasoning, content = split_reasoning(text, think_end)
         first = run.arrivals[0][1] if run.arrivals else run.t0
         last = run.arrivals[-1][1] if run.arrivals else run.t0
+        drafted = sum(d for _, d, _ in verified)
         counters = Counters(prompt_tokens=run.prompt_len, generated_tokens=len(ids),
-                            target_forward_passes=run.passes,
+                            target_forward_passes=run.passes, drafted_tokens=drafted,
+                            accepted_tokens=sum(a for _, _, a in verified),
+                            # the head runs once per drafted token; ngram runs no model
+                            draft_forward_passes=drafted if self.speculation and self.speculation.method == "eagle" else 0,
                             phase_seconds={"prefill": first - run.t0, "target_write": last - first})
         return GenerationResult(
             text=text, final_answer=final_answer(text, think_end), reasoning=reasoning, content=content,
@@ -276,9 +329,21 @@ class VLLMEngine:
             finish_reason=finish, models=self.identities,
         )
 
-    def _steps(self, ids: list[int], spans: list[tuple[int, int]], run: _Running) -> list[StepRecord]:
-        """The step log: the target wrote every step; each step's seconds run from the moment
-        its first token came back to its last (the first step's from the request's start)."""
+    @staticmethod
+    def _verifications(run: _Running, metrics: Any) -> list[tuple[int, int, int]]:
+        """(first generated token it delivered, tokens drafted, tokens accepted) per
+        verification pass of a speculating engine: vLLM's per-request metrics list them in
+        order, one per step after the prompt's, as the arrivals after the first."""
+        if metrics is None or not metrics.per_step_drafted:
+            return []
+        starts = [count for count, _ in run.arrivals[:-1]]
+        return list(zip(starts, metrics.per_step_drafted, metrics.per_step_accepted))
+
+    def _steps(self, ids: list[int], spans: list[tuple[int, int]], run: _Running,
+               verified: list[tuple[int, int, int]]) -> list[StepRecord]:
+        """The step log: the target wrote (or, speculating, verified) every step; each step's
+        seconds run from the moment its first token came back to its last (the first step's
+        from the request's start); a verification counts for the step its first token is in."""
         counts = [count for count, _ in run.arrivals]
 
         def arrived(n: int) -> float:  # when the n-th generated token came back
@@ -288,9 +353,11 @@ class VLLMEngine:
         steps = []
         for index, (start, end) in enumerate(spans):
             began = run.t0 if start == 0 else arrived(start)
+            mine = [(d, a) for first, d, a in verified if start <= first < end]
             steps.append(StepRecord(
                 index=index, author="target", text=self.tokenizer.decode(ids[start:end], skip_special_tokens=False),
-                drafted_tokens=0, accepted_tokens=0, decision="target_only", target_tokens=end - start,
+                drafted_tokens=sum(d for d, _ in mine), accepted_tokens=sum(a for _, a in mine),
+                decision="token_verified" if self.speculation else "target_only", target_tokens=end - start,
                 seconds=arrived(end) - began,
             ))
         return steps

@@ -52,16 +52,27 @@ def backend(method: str | None = None) -> str:
     if settings.engine != "auto":
         return settings.engine
     from semspec.vllm_engine import VLLM_METHODS, vllm_installed
+    from semspec.vllm_speculation import draft_problem
 
-    return "vllm" if (method or settings.method) in VLLM_METHODS and vllm_installed() else "embedded"
+    method = method or settings.method
+    if method == "token_sd" and draft_problem(settings.draft_model, settings.target_model) is not None:
+        return "embedded"  # a draft vLLM cannot run (the layer draft)
+    return "vllm" if method in VLLM_METHODS and vllm_installed() else "embedded"
 
 
-def factory_for(method: str | None = None) -> tuple[str, dict]:
-    """(the factory that loads ``method``'s engine, the extra arguments it takes)."""
+def factory_for(method: str | None = None, draft_tokens: int | None = None) -> tuple[str, dict]:
+    """(the factory that loads ``method``'s engine, the extra arguments it takes);
+    ``draft_tokens``: the job's, which a vLLM engine for token_sd drafts for every request."""
     if settings.engine_factory:
         return settings.engine_factory, {}
     name = backend(method)
-    extra = {"kv_cache_gb": settings.kv_cache_gb, "compile": settings.vllm_compile} if name == "vllm" else {}
+    if name != "vllm":
+        return FACTORIES[name], {}
+    extra = {"kv_cache_gb": settings.kv_cache_gb, "compile": settings.vllm_compile}
+    if (method or settings.method) == "token_sd":
+        from semspec.types import GenerationConfig
+
+        extra["speculative_tokens"] = draft_tokens or GenerationConfig.draft_tokens
     return FACTORIES[name], extra
 
 
@@ -83,12 +94,13 @@ def set_threads() -> None:
         torch.set_num_threads(settings.threads)
 
 
-def get_engine(method: str | None = None) -> Any:
-    """This process's engine for ``method`` (default: settings.method), loaded on first use.
-    One per backend: a worker serving `ar` on vLLM and `semspec` on the embedded engine
-    holds both."""
+def get_engine(method: str | None = None, draft_tokens: int | None = None) -> Any:
+    """This process's engine for ``method`` (default: settings.method; ``draft_tokens``: the
+    job's), loaded on first use. One per backend: a worker serving `ar` on vLLM and `semspec`
+    on the embedded engine holds both; one serving `ar` and then `token_sd` on vLLM swaps its
+    vLLM engine (vLLM speculates for every request of an engine, or for none)."""
     global _failure
-    factory_path, extra = factory_for(method)
+    factory_path, extra = factory_for(method, draft_tokens)
     key = engine_key(factory_path, extra)
     engine = _cache.get(key)
     if engine is None:
@@ -97,9 +109,10 @@ def get_engine(method: str | None = None) -> Any:
             if _failure is not None and _failure[0] == key and time.monotonic() - _failure[1] < settings.engine_retry_s:
                 raise EngineLoadError(_failure[2])
             if engine is None:
-                # drop engines loaded for other settings first: their memory, and vLLM's
-                # per-process state, which freeing one after the next started would tear down
-                for other in [k for k in _cache if k[1] != key[1]]:
+                # drop engines loaded for other settings, or of this backend for others, first:
+                # their memory, and vLLM's per-process state, which freeing one after the
+                # next started would tear down
+                for other in [k for k in _cache if k[1] != key[1] or k[0][0] == key[0][0]]:
                     forget_loop(_cache.pop(other))
                 try:
                     set_threads()

@@ -83,7 +83,7 @@ def run_items(
             report.skipped = len(seqs)
             return report
         # Load first (minutes, once per process), so no transaction stays open meanwhile.
-        engine = engines.get_engine(config.get("method"))  # raises EngineLoadError
+        engine = engines.get_engine(*engine_request(config))  # raises EngineLoadError
         loop = batch_loop(engine, settings.batch_size)
         # Nothing is in flight yet: a database outage here ends the task, which retries.
         repo.mark_job_running(session, job_id, None if job_id in _identities_written
@@ -105,11 +105,16 @@ def run_items(
     return report
 
 
-def job_method(job_id: str, url: str | None = None) -> str | None:
-    """The method job ``job_id`` decodes with (None when there is no such job)."""
+def engine_request(config: dict | None) -> tuple[str | None, int | None]:
+    """What a job's config asks of the engine (``worker.engine.get_engine``'s arguments): its
+    method and the tokens it drafts per verification."""
+    return (config.get("method"), config.get("draft_tokens")) if config is not None else (None, None)
+
+
+def job_engine_request(job_id: str, url: str | None = None) -> tuple[str | None, int | None]:
+    """``engine_request`` of job ``job_id`` ((None, None) when there is no such job)."""
     with session_factory(url, role="worker")() as session:
-        config = _job_config(session, job_id)
-    return config.get("method") if config is not None else None
+        return engine_request(_job_config(session, job_id))
 
 
 def fail_unstarted(job_id: str, seqs: list[int], reason: str, url: str | None = None) -> int:

@@ -1,0 +1,78 @@
+"""The draft head (``semspec.head``) as a vLLM EAGLE drafter, so ``token_sd`` on vLLM runs on
+vLLM's own speculative decoding with the head the embedded engine drafts with.
+
+vLLM's built-in EAGLE layouts cannot hold this head as it was trained: its EAGLE-1 Llama
+drafter has no bias on ``fc``, skips the layer's input norm and applies no final norm, and its
+EAGLE-3 drafter norms the token embedding and the state apart before a wider first layer.
+Retraining the head in one of those layouts would cost the hour it took to train; instead
+the head's own architecture is registered with vLLM's model registry (the documented way to
+add a model out of tree) as ``EagleSemspecHeadForCausalLM``, which vLLM's ``eagle`` method
+drives like any EAGLE drafter: it reads the target's final-norm states, which is what the
+head was trained on.
+
+One difference remains, from how vLLM feeds an EAGLE drafter: it pairs the target's state at
+position i with the token at i + 1 starting at i = 0, so the head never sees the pair the
+embedded engine starts with (a zero state with the first prompt token). Rotary positions
+are one lower than the embedded engine's for every pair, which attention, reading only
+relative positions, does not see.
+
+``export_head`` writes the checkpoint (``config.json`` + ``model.safetensors``) vLLM loads;
+``register`` puts the architecture in this process's registry (``semspec.vllm_engine`` calls
+it before starting an engine; the ``vllm.general_plugins`` entry point does it in engine
+processes vLLM starts itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+# vLLM's eagle method keeps an architecture that starts with "Eagle" as it is
+ARCHITECTURE = "EagleSemspecHeadForCausalLM"
+EXPORT_FORMAT = "semspec-head-vllm/1"
+
+
+def export_head(head_dir: str | os.PathLike, target_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Write the head of ``head_dir`` (a ``semspec.head`` artifact) on the target whose
+    transformers directory is ``target_dir`` as a checkpoint vLLM's ``eagle`` method loads.
+    Idempotent: an existing export is kept (its directory name carries the head's identity)."""
+    from safetensors.torch import load_file, save_file
+
+    from .head import HEAD_META, HEAD_WEIGHTS, HeadMismatchError
+
+    out = Path(out_dir)
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    meta = json.loads((Path(head_dir) / HEAD_META).read_text())
+    config = json.loads((Path(target_dir) / "config.json").read_text())
+    mismatch = {k: (v, config.get(k)) for k, v in meta["target"]["signature"].items()
+                if k in config and config[k] != v}
+    if mismatch:
+        raise HeadMismatchError(f"the draft head in {head_dir} was trained for another target: "
+                                + ", ".join(f"{k} {v} here {h}" for k, (v, h) in sorted(mismatch.items())))
+    tensors = load_file(str(Path(head_dir) / HEAD_WEIGHTS))
+    hidden = int(config["hidden_size"])
+    # vLLM concatenates (token embedding, state); the head was trained on (state, embedding)
+    fc = tensors["fc.weight"]
+    tensors["fc.weight"] = torch.cat([fc[:, hidden:], fc[:, :hidden]], dim=1).contiguous()
+    layers = int(meta["layers"])
+    config.update(architectures=[ARCHITECTURE], num_hidden_layers=layers, semspec_format=EXPORT_FORMAT)
+    if isinstance(config.get("layer_types"), list):
+        config["layer_types"] = config["layer_types"][-layers:]
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"))
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, out)  # whole or not at all: a second process finds a complete export
+    return out
+
+
+def register() -> None:
+    """Make the head's architecture known to vLLM in this process (idempotent)."""
+    from vllm import ModelRegistry
+
+    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(ARCHITECTURE, "semspec.vllm_head_model:EagleSemspecHeadForCausalLM")

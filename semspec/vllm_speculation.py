@@ -1,0 +1,72 @@
+"""What vLLM speculates with for ``token_sd``: the draft a spec names, as vLLM's speculative
+config (``VLLMEngine.load``).
+
+- a draft head (``embedded:smollm2-135m-head`` or a directory holding ``head.json``): vLLM's
+  ``eagle`` method on the exported head (``semspec.vllm_head``); the embedded head is the
+  default draft of the embedded target, since it is the one embedded draft vLLM can run;
+- ``ngram``: vLLM's prompt lookup (drafts by matching the sequence's last tokens earlier in
+  it; no model);
+- anything else (the embedded layer draft) vLLM cannot run: ``draft_problem`` says so.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .head import EMBEDDED_HEAD_DIR, head_sha256, resolve_head
+from .models import DEFAULT_TARGET, ModelIdentity, derived_sha256, library_tag
+
+NGRAM = "ngram"
+DEFAULT_HEAD = "embedded:smollm2-135m-head"
+# ngram: the longest and shortest suffix looked up earlier in the sequence (vLLM's
+# prompt_lookup_max / _min)
+NGRAM_LOOKUP = (4, 2)
+
+
+def draft_spec(draft: str | None, target: str | None = None) -> str | None:
+    """The draft vLLM speculates with for ``draft`` on ``target`` (None: the default head on
+    the default target, else none)."""
+    if draft not in (None, ""):
+        return str(draft)
+    return DEFAULT_HEAD if target in (None, DEFAULT_TARGET) else None
+
+
+def draft_problem(draft: str | None, target: str | None = None) -> str | None:
+    """Why vLLM cannot speculate with ``draft`` on ``target``; None when it can."""
+    spec = draft_spec(draft, target)
+    if spec == NGRAM or (spec is not None and resolve_head(spec) is not None):
+        return None
+    return (f"token_sd on vLLM drafts with a draft head (e.g. {DEFAULT_HEAD}) or {NGRAM!r}; "
+            f"{'no draft is configured' if spec is None else repr(spec) + ' is neither'} "
+            "(SEMJOBS_DRAFT_MODEL; or use --engine embedded)")
+
+
+def speculative_config(draft: str | None, target: str | None, tokens: int, target_dir: Path, target_sha: str,
+                       cache: Path) -> tuple[dict, ModelIdentity]:
+    """(vLLM's ``speculative_config`` drafting ``tokens`` per verification with ``draft`` on
+    ``target``, the draft's identity). A head is exported under ``cache`` once per head and
+    target."""
+    problem = draft_problem(draft, target)
+    if problem is not None:
+        raise ValueError(problem)
+    if tokens < 1:
+        raise ValueError("draft_tokens must be at least 1")
+    spec = draft_spec(draft, target)
+    if spec == NGRAM:
+        longest, shortest = NGRAM_LOOKUP
+        config = {"method": "ngram", "num_speculative_tokens": tokens,
+                  "prompt_lookup_max": longest, "prompt_lookup_min": shortest}
+        return config, ModelIdentity(NGRAM, derived_sha256("vllm-ngram", str(longest), str(shortest)))
+    from .vllm_head import export_head, register
+
+    head_dir = resolve_head(spec) or EMBEDDED_HEAD_DIR
+    sha = head_sha256(head_dir, target_sha)
+    exported = export_head(head_dir, target_dir, Path(cache) / f"vllm-head-{sha[:16]}-{library_tag()}")
+    register()
+    # sampled: the head draws from its own distribution and the target keeps a token with
+    # probability min(1, p/q), as the embedded engine's token_sd does (vLLM's default drafts the
+    # head's argmax even when sampling, which keeps fewer tokens); greedy is unchanged
+    config = {"method": "eagle", "model": os.fspath(exported), "num_speculative_tokens": tokens,
+              "draft_sample_method": "probabilistic"}
+    return config, ModelIdentity(spec, sha)
