@@ -114,7 +114,7 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--engine", "engines", default="embedded", show_default=True,
               help="With --batch-size: the engine(s) that decode, comma-separated: embedded, vllm (each "
                    "runs the methods it serves; list vllm_generate in --methods for plain vLLM beside it). "
-                   "Without --batch-size: embedded only.")
+                   "Without --batch-size: vllm measures at batch size 1.")
 @click.option("--kv-cache-gb", type=click.FloatRange(min=0, min_open=True), default=None,
               help="vLLM's KV cache budget in GiB (default: SEMJOBS_KV_CACHE_GB).")
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
@@ -158,12 +158,14 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     engine_names = tuple(e.strip() for e in engines.split(",") if e.strip())
     if not engine_names or set(engine_names) - {"embedded", "vllm"}:
         raise click.UsageError(f"--engine: embedded and/or vllm, not {engines!r}")
+    if not batch_sizes and "vllm" in engine_names:
+        # the per-prompt comparison (loglik, hf_assisted, probes) reads the embedded engine's
+        # passes: on vLLM the methods it serves are measured by the sweep, one at a time
+        say("--engine vllm: measuring the methods vLLM serves at batch size 1 (--batch-size for more)")
+        batch_sizes = "1"
     if batch_sizes:
         return _sweep(settings, _ints(batch_sizes), dtype, device, target, draft, probes, cache_dir, out_dir, say,
                       draft_max_batch, engine_names, kv_cache_gb)
-    if engine_names != ("embedded",):
-        raise click.UsageError("--engine vllm needs --batch-size: the per-prompt comparison (loglik, "
-                               "hf_assisted, probes) runs on the embedded engine")
     from semspec.benchmark.runner import plan_runs, run_bench
 
     try:
@@ -215,21 +217,24 @@ def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_di
     sweep = SweepSettings(batch_sizes=tuple(batch_sizes), methods=tuple(methods),
                           temperature=settings.temperature, top_p=settings.top_p,
                           max_new_tokens=settings.max_new_tokens, seed=settings.seed, dtype=dtype, device=device,
-                          draft_max_batch=draft_max_batch, engines=tuple(engines))
+                          draft_max_batch=draft_max_batch, engines=tuple(engines),
+                          **({"draft_tokens": settings.draft_tokens} if settings.draft_tokens else {}))
     try:
         prompt_list = load_prompts(settings.prompts, settings.limit, settings.offset)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
 
-    def load(engine, dt):
-        say(f"loading the {engine} engine in {str(dt).removeprefix('torch.')}")
+    def load(engine, dt, speculative):
+        say(f"loading the {engine} engine in {str(dt).removeprefix('torch.')}"
+            + (f", drafting {sweep.draft_tokens} tokens per verification" if speculative else ""))
         if engine == "vllm":
             from semspec.vllm_engine import VLLMEngine
 
             t0 = time.perf_counter()
-            loaded = VLLMEngine.load(target, device=device, cache_dir=cache_dir, dtype=str(dt),
+            loaded = VLLMEngine.load(target, draft=draft, device=device, cache_dir=cache_dir, dtype=str(dt),
                                      batch_size=max(batch_sizes), seed=settings.seed,
-                                     kv_cache_gb=kv_cache_gb or service_settings.kv_cache_gb)
+                                     kv_cache_gb=kv_cache_gb or service_settings.kv_cache_gb,
+                                     speculative_tokens=sweep.draft_tokens if speculative else None)
             say(f"vLLM started in {time.perf_counter() - t0:.1f}s")
             return loaded
         return load_engine(target, draft, probes, device=device, cache_dir=cache_dir, dtype=dt)

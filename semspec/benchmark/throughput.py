@@ -20,6 +20,7 @@ which say where the time went.
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -51,12 +52,13 @@ class SweepSettings:
     device: str = "auto"
     draft_max_batch: int | None = None  # None: the engine's (GenerationConfig.draft_max_batch)
     engines: tuple[str, ...] = ("embedded",)
+    draft_tokens: int = GenerationConfig.draft_tokens  # token_sd
 
 
 def _config(method: str, s: SweepSettings, i: int) -> GenerationConfig:
     return GenerationConfig(method=method, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                             top_p=s.top_p if s.temperature > 0 else 1.0, seed=s.seed + i,
-                            draft_max_batch=s.draft_max_batch)
+                            draft_max_batch=s.draft_max_batch, draft_tokens=s.draft_tokens)
 
 
 def engine_run(engine, method: str, prompts: list[dict], s: SweepSettings,
@@ -73,7 +75,8 @@ def engine_run(engine, method: str, prompts: list[dict], s: SweepSettings,
         r = done.result
         c = r.counters
         out[done.key] = {"text": r.text, "generated_tokens": c.generated_tokens,
-                         "steps_drafted": c.steps_drafted, "steps_accepted": c.steps_accepted}
+                         "steps_drafted": c.steps_drafted, "steps_accepted": c.steps_accepted,
+                         "drafted_tokens": c.drafted_tokens, "accepted_tokens": c.accepted_tokens}
     return out, ({"target": stats.target, "draft": stats.draft} if counted else None)
 
 
@@ -156,50 +159,70 @@ def sweep_dtype(engine: str, s: SweepSettings, batch_size: int) -> Any:
     return pick_dtype(s.device, batch_size, s.dtype)
 
 
-def run_sweep(load: Callable[[str, Any], Any], prompts: list[dict], s: SweepSettings,
+def engine_instance(name: str, method: str, dtype: Any) -> tuple:
+    """Which loaded engine runs ``method``: the embedded engine runs every method in one;
+    vLLM speculates for every request of an engine or for none, so its token_sd has its own."""
+    return name, dtype, name == "vllm" and method == "token_sd"
+
+
+def run_sweep(load: Callable[[str, Any, bool], Any], prompts: list[dict], s: SweepSettings,
               progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
-    """``load(engine, dtype)`` gives that engine ("embedded", "vllm") in that number type
-    (loaded once per pair; vLLM's with ``max(s.batch_sizes)`` slots)."""
-    loaded: dict[tuple[str, Any], Any] = {}
-    by_batch: dict[str, dict[str, dict]] = {}
-    outputs: dict[tuple[int, str], list[str]] = {}
+    """``load(engine, dtype, speculative)`` gives that engine ("embedded", "vllm") in that
+    number type (vLLM's with ``max(s.batch_sizes)`` slots; ``speculative``: vLLM's for
+    token_sd). The runs are grouped by the engine they need and each engine is loaded once and
+    dropped before the next loads: vLLM's state is one per process."""
+    runs: dict[tuple, list[tuple[int, str, str]]] = {}  # engine instance -> (batch size, engine, method)
     for bs in s.batch_sizes:
-        row = by_batch[str(bs)] = {}
         for name in s.engines:
-            dtype = sweep_dtype(name, s, bs)
-            if (name, dtype) not in loaded:
-                loaded[(name, dtype)] = load(name, dtype)
-            engine = loaded[(name, dtype)]
             for method in s.methods:
-                peer_of = PEERS.get(method)
-                if peer_of not in (None, name) or (peer_of is None and engine.method_problem(method)):
-                    continue
-                label = method if peer_of or len(s.engines) == 1 else f"{method}@{name}"
-                passes = None
-                if method == "vllm_generate":  # times its generate call alone, not its start
-                    recs, wall = vllm_generate_run(engine, prompts, s, bs, s.device)
+                if PEERS.get(method) in (None, name):
+                    runs.setdefault(engine_instance(name, method, sweep_dtype(name, s, bs)), []).append((bs, name, method))
+    by_batch: dict[str, dict[str, dict]] = {str(bs): {} for bs in s.batch_sizes}
+    outputs: dict[tuple[int, str], list[str]] = {}
+    for (name, dtype, speculative), todo in runs.items():
+        engine = load(name, dtype, speculative)
+        for bs, name, method in todo:
+            if PEERS.get(method) is None and engine.method_problem(method):
+                continue
+            label = method if PEERS.get(method) or len(s.engines) == 1 else f"{method}@{name}"
+            passes = None
+            if method == "vllm_generate":  # times its generate call alone, not its start
+                recs, wall = vllm_generate_run(engine, prompts, s, bs, s.device)
+            else:
+                t0 = time.perf_counter()
+                if method == "hf_generate":
+                    recs = hf_generate_run(engine.target, prompts, s, bs)
                 else:
-                    t0 = time.perf_counter()
-                    if method == "hf_generate":
-                        recs = hf_generate_run(engine.target, prompts, s, bs)
-                    else:
-                        recs, passes = engine_run(engine, method, prompts, s, bs)
-                    wall = time.perf_counter() - t0
-                outputs[(bs, label)] = [r["text"] for r in recs]
-                row[label] = _figures(recs, prompts, wall, dtype, passes)
-                row[label]["engine"] = name
-                progress(f"batch {bs:>3} {label:<16} {row[label]['tokens_per_s']:7.1f} tok/s "
-                         f"{row[label]['items_per_s']:.3f} items/s ({wall:.1f}s, {row[label]['dtype']})")
+                    recs, passes = engine_run(engine, method, prompts, s, bs)
+                wall = time.perf_counter() - t0
+            outputs[(bs, label)] = [r["text"] for r in recs]
+            fig = by_batch[str(bs)][label] = _figures(recs, prompts, wall, dtype, passes, s.draft_tokens)
+            fig["engine"] = name
+            progress(f"batch {bs:>3} {label:<16} {fig['tokens_per_s']:7.1f} tok/s "
+                     f"{fig['items_per_s']:.3f} items/s ({wall:.1f}s, {fig['dtype']})")
+        del engine
+        gc.collect()
+    # the table reads in the order the methods were asked for
+    order = {m: i for i, m in enumerate(s.methods)}
+    for bs in by_batch:
+        by_batch[bs] = dict(sorted(by_batch[bs].items(), key=lambda kv: order.get(kv[0].split("@")[0], 0)))
     if s.temperature <= 0 and s.batch_sizes[0] == 1:
         for bs in s.batch_sizes:
             for label in by_batch[str(bs)]:
                 ref, got = outputs[(1, label)], outputs[(bs, label)]
                 by_batch[str(bs)][label]["same_as_batch_1"] = sum(a == b for a, b in zip(ref, got)) / len(ref)
+    if s.temperature <= 0:  # lossless: token_sd's greedy text is ar's on the same engine
+        for bs in s.batch_sizes:
+            for label, fig in by_batch[str(bs)].items():
+                ar = label.replace("token_sd", "ar", 1)
+                if label.startswith("token_sd") and (bs, ar) in outputs:
+                    same = [a == b for a, b in zip(outputs[(bs, ar)], outputs[(bs, label)])]
+                    fig["same_as_ar"] = sum(same) / len(same)
     return {"by_batch_size": by_batch, "goals": goals(by_batch)}
 
 
 def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: torch.dtype,
-             passes: dict[str, dict] | None) -> dict[str, Any]:
+             passes: dict[str, dict] | None, draft_tokens: int) -> dict[str, Any]:
     gen = sum(r["generated_tokens"] for r in recs)
     refs = [(r, p["reference"]) for r, p in zip(recs, prompts) if p.get("reference") is not None]
     fig: dict[str, Any] = {
@@ -211,6 +234,9 @@ def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: torch.dt
     drafted = sum(r.get("steps_drafted", 0) for r in recs)
     if drafted:
         fig["step_acceptance"] = sum(r["steps_accepted"] for r in recs) / drafted
+    drafted_tokens = sum(r.get("drafted_tokens", 0) for r in recs)
+    if drafted_tokens:  # token_sd: of draft_tokens drafted per verification, how many were kept
+        fig["accepted_per_verification"] = sum(r["accepted_tokens"] for r in recs) / drafted_tokens * draft_tokens
     if passes is not None:
         fig["passes"] = passes
         fig["seconds_per_pass"] = {role: p["seconds"] / p["passes"] for role, p in passes.items() if p}
@@ -242,6 +268,8 @@ def goals(by_batch: dict[str, dict[str, dict]]) -> dict[str, float | None]:
     }
     for bs in by_batch:
         out[f"semspec_over_ar_b{bs}"] = ratio(tps(int(bs), "semspec"), tps(int(bs), "ar"))
+        # issue #33: token_sd on vLLM's speculative decoding against ar on vLLM
+        out[f"token_sd_vllm_over_ar_vllm_b{bs}"] = ratio(tps_on(int(bs), "token_sd", "vllm"), tps_on(int(bs), "ar", "vllm"))
     return out
 
 
@@ -253,13 +281,14 @@ def markdown(result: dict[str, Any]) -> str:
     for bs, row in by_batch.items():
         cells = [f"{row[m]['tokens_per_s']:.1f} ({row[m]['items_per_s']:.3f})" for m in methods]
         lines.append(f"| {bs} ({row[methods[0]]['dtype']}) | " + " | ".join(cells) + " |")
-    lines += ["", "| batch | method | accuracy | same as batch 1 | step acceptance |", "|---|---|---|---|---|"]
+    lines += ["", "| batch | method | accuracy | same as batch 1 | step acceptance | drafted tokens kept per verification |",
+              "|---|---|---|---|---|---|"]
     for bs, row in by_batch.items():
         for m, f in row.items():
             def fmt(v):
                 return "-" if v is None else f"{v:.2f}"
             lines.append(f"| {bs} | {m} | {fmt(f.get('accuracy'))} | {fmt(f.get('same_as_batch_1'))} | "
-                         f"{fmt(f.get('step_acceptance'))} |")
+                         f"{fmt(f.get('step_acceptance'))} | {fmt(f.get('accepted_per_verification'))} |")
     lines += ["", "| goal | ratio |", "|---|---|"]
     lines += [f"| {k} | {'-' if v is None else f'{v:.2f}'} |" for k, v in result["goals"].items()]
     return "\n".join(lines) + "\n"

@@ -21,22 +21,25 @@ def test_one_sweep_runs_semjobs_on_vllm_plain_vllm_and_the_embedded_engine(tmp_p
 
     model = str(tiny_model_dir(tmp_path / "model", hidden_size=256, seed=3))
 
-    def load(engine, dtype):
+    def load(engine, dtype, speculative):
         if engine == "vllm":
-            return VLLMEngine.load(model, device="cpu", cache_dir=tiny_cache, dtype=dtype, batch_size=32,
-                                   kv_cache_gb=0.25)
+            return VLLMEngine.load(model, draft="ngram", device="cpu", cache_dir=tiny_cache, dtype=dtype,
+                                   batch_size=32, kv_cache_gb=0.25, speculative_tokens=3 if speculative else None)
         return Engine.load(model, draft="none", device="cpu", cache_dir=tiny_cache, dtype="float32")
 
-    s = SweepSettings(batch_sizes=(1, 32), methods=("ar", "vllm_generate", "hf_generate", "semspec"),
-                      max_new_tokens=12, dtype="float32", device="cpu", engines=("vllm", "embedded"))
+    s = SweepSettings(batch_sizes=(1, 32), methods=("ar", "token_sd", "vllm_generate", "hf_generate", "semspec"),
+                      max_new_tokens=12, dtype="float32", device="cpu", engines=("vllm", "embedded"), draft_tokens=3)
     result = run_sweep(load, PROMPTS, s)
     for bs in ("1", "32"):
         row = result["by_batch_size"][bs]
-        # semspec runs on neither: vLLM does not serve it yet, and this embedded engine has no draft
-        assert set(row) == {"ar@vllm", "vllm_generate", "ar@embedded", "hf_generate"}
-        assert row["ar@vllm"]["engine"] == row["vllm_generate"]["engine"] == "vllm"
+        # semspec runs on neither: vLLM does not serve it yet, and this embedded engine has no
+        # draft (so no token_sd either); vLLM's token_sd drafts with ngram on its own engine
+        assert set(row) == {"ar@vllm", "token_sd@vllm", "vllm_generate", "ar@embedded", "hf_generate"}
+        assert row["ar@vllm"]["engine"] == row["vllm_generate"]["engine"] == row["token_sd@vllm"]["engine"] == "vllm"
+        assert row["token_sd@vllm"]["same_as_ar"] == 1.0
         # float32 greedy from the same weights: the same tokens whoever decodes them
         assert len({f["generated_tokens"] for f in row.values()}) == 1
         assert all(f["same_as_batch_1"] == 1.0 and f["tokens_per_s"] > 0 for f in row.values())
     goals = result["goals"]
     assert goals["ar_vllm_b32_over_vllm_generate_b32"] > 0 and goals["ar_vllm_b32_over_ar_embedded_b32"] > 0
+    assert goals["token_sd_vllm_over_ar_vllm_b1"] > 0
