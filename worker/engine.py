@@ -14,13 +14,15 @@ import importlib
 import os
 import threading
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from semjobs.settings import settings
 from worker.batching import forget_loop
 
 _lock = threading.Lock()
 _cache: dict[tuple, Any] = {}
+_users: dict[tuple, int] = {}  # engine key -> chunks decoding with it now (in_use)
 # The last failed load: (key, when, error). Chunks arriving meanwhile get the same error
 # instead of each loading the models again, until settings.engine_retry_s has passed.
 _failure: tuple[tuple, float, str] | None = None
@@ -28,6 +30,11 @@ _failure: tuple[tuple, float, str] | None = None
 
 class EngineLoadError(RuntimeError):
     """The engine could not be loaded: a worker problem, not an item's."""
+
+
+class EngineBusy(RuntimeError):
+    """Serving this request would drop an engine that other chunks are decoding with (a
+    worker holds one vLLM engine at a time): try again once they are done."""
 
 
 def resolve(path: str) -> Callable[..., Any]:
@@ -98,42 +105,62 @@ def get_engine(method: str | None = None, draft_tokens: int | None = None) -> An
     """This process's engine for ``method`` (default: settings.method; ``draft_tokens``: the
     job's), loaded on first use. One per backend: a worker serving `ar` on vLLM and `semspec`
     on the embedded engine holds both; one serving `ar` and then `token_sd` on vLLM swaps its
-    vLLM engine (vLLM speculates for every request of an engine, or for none)."""
+    vLLM engine (vLLM speculates for every request of an engine, or for none), which raises
+    EngineBusy while chunks decode with the one it would drop."""
+    return _get(method, draft_tokens)[0]
+
+
+@contextmanager
+def in_use(method: str | None = None, draft_tokens: int | None = None) -> Iterator[Any]:
+    """``get_engine``'s engine, counted as in use until the block ends: no other request
+    drops it meanwhile (they get EngineBusy)."""
+    engine, key = _get(method, draft_tokens, use=True)
+    try:
+        yield engine
+    finally:
+        with _lock:
+            _users[key] -= 1
+
+
+def _get(method: str | None, draft_tokens: int | None, use: bool = False) -> tuple[Any, tuple]:
     global _failure
     factory_path, extra = factory_for(method, draft_tokens)
     key = engine_key(factory_path, extra)
-    engine = _cache.get(key)
-    if engine is None:
-        with _lock:
-            engine = _cache.get(key)
+    with _lock:
+        engine = _cache.get(key)
+        if engine is None:
             if _failure is not None and _failure[0] == key and time.monotonic() - _failure[1] < settings.engine_retry_s:
                 raise EngineLoadError(_failure[2])
-            if engine is None:
-                # drop engines loaded for other settings, or of this backend for others, first:
-                # their memory, and vLLM's per-process state, which freeing one after the
-                # next started would tear down
-                for other in [k for k in _cache if k[1] != key[1] or k[0][0] == key[0][0]]:
-                    forget_loop(_cache.pop(other))
-                try:
-                    set_threads()
-                    factory = resolve(factory_path)
-                    engine = factory(
-                        target=settings.target_model,
-                        draft=settings.draft_model,
-                        probes=settings.probes_dir,
-                        device=settings.device,
-                        cache_dir=settings.cache_dir,
-                        dtype=settings.dtype,
-                        batch_size=settings.batch_size,
-                        **extra,
-                    )
-                except Exception as e:
-                    message = f"could not load the engine {factory_path!r}: {type(e).__name__}: {e}"
-                    _failure = (key, time.monotonic(), message)
-                    raise EngineLoadError(message) from e
-                _failure = None
-                _cache[key] = engine
-    return engine
+            # drop engines loaded for other settings, or of this backend for others, first:
+            # their memory, and vLLM's per-process state, which freeing one after the next
+            # started would tear down (so never one a chunk still decodes with)
+            drop = [k for k in _cache if k[1] != key[1] or k[0][0] == key[0][0]]
+            if any(_users.get(k) for k in drop):
+                raise EngineBusy("this worker's engine is decoding another job's items with other settings")
+            for other in drop:
+                forget_loop(_cache.pop(other))
+            try:
+                set_threads()
+                factory = resolve(factory_path)
+                engine = factory(
+                    target=settings.target_model,
+                    draft=settings.draft_model,
+                    probes=settings.probes_dir,
+                    device=settings.device,
+                    cache_dir=settings.cache_dir,
+                    dtype=settings.dtype,
+                    batch_size=settings.batch_size,
+                    **extra,
+                )
+            except Exception as e:
+                message = f"could not load the engine {factory_path!r}: {type(e).__name__}: {e}"
+                _failure = (key, time.monotonic(), message)
+                raise EngineLoadError(message) from e
+            _failure = None
+            _cache[key] = engine
+        if use:
+            _users[key] = _users.get(key, 0) + 1
+    return engine, key
 
 
 def loaded() -> bool:

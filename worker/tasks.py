@@ -34,6 +34,9 @@ def _on_shutdown(**_kwargs) -> None:
 
 # Both tasks wait out a database that is away; an engine that cannot load is tried a few
 # times (load_or_give_up), then what needed it fails with the load error as its reason.
+# A chunk that needs another engine than the one this worker's other chunks decode with waits
+# this long before it is tried again (here or on another worker).
+ENGINE_BUSY_RETRY_S = 5
 RETRYING = dict(bind=True, autoretry_for=(OperationalError,), retry_backoff=5, retry_backoff_max=300,
                 max_retries=10)
 
@@ -57,17 +60,21 @@ def load_or_give_up(task, what: str, method: str | None = None, draft_tokens: in
 
 @app.task(name=RUN_CHUNK, **RETRYING)
 def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
-    load_error = load_or_give_up(self, f"job {job_id} chunk {seqs[:1]}", *job_engine_request(job_id))
-    if load_error is not None:
-        failed = fail_unstarted(job_id, seqs, load_error)
-        return {"done": 0, "failed": failed}
-    # Stop starting new items after half the visibility timeout: a task must end well
-    # before Redis would hand its message to a second worker.
-    deadline = time.monotonic() + settings.visibility_timeout_s / 2
-    # The name this process beats under, so a dead worker's items are found (worker.recovery).
-    name = liveness.name() or worker_name()
-    report = run_items(job_id, seqs, worker=name, deadline=deadline,
-                       should_stop=lambda: _shutting_down)
+    try:
+        load_error = load_or_give_up(self, f"job {job_id} chunk {seqs[:1]}", *job_engine_request(job_id))
+        if load_error is not None:
+            failed = fail_unstarted(job_id, seqs, load_error)
+            return {"done": 0, "failed": failed}
+        # Stop starting new items after half the visibility timeout: a task must end well
+        # before Redis would hand its message to a second worker.
+        deadline = time.monotonic() + settings.visibility_timeout_s / 2
+        # The name this process beats under, so a dead worker's items are found (worker.recovery).
+        name = liveness.name() or worker_name()
+        report = run_items(job_id, seqs, worker=name, deadline=deadline,
+                           should_stop=lambda: _shutting_down)
+    except engines.EngineBusy as e:  # nothing started: come back once the other job's chunks are done
+        log.info("job %s chunk %s: %s; again in %ss", job_id, seqs[:1], e, ENGINE_BUSY_RETRY_S)
+        raise self.retry(exc=e, countdown=ENGINE_BUSY_RETRY_S, max_retries=None)
     if report.left:
         queue = (self.request.delivery_info or {}).get("routing_key") or queue_name()
         requeue(queue, job_id, report.left)

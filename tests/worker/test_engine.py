@@ -1,0 +1,47 @@
+"""worker.engine: which engine serves a request, and that one a chunk decodes with is never
+dropped under it."""
+
+from __future__ import annotations
+
+import pytest
+
+from semjobs.settings import settings
+from worker import engine as engines
+
+from tests.fake_engine import InstantEngine
+
+# two doors to the instant double, one per backend (nothing here needs real decoding)
+load_as_vllm = load_as_embedded = InstantEngine.load
+
+
+@pytest.fixture
+def vllm_double(monkeypatch):
+    monkeypatch.setattr(engines, "FACTORIES", {"vllm": f"{__name__}:load_as_vllm",
+                                               "embedded": f"{__name__}:load_as_embedded"})
+    monkeypatch.setattr(settings, "engine", "vllm")
+    monkeypatch.setattr(settings, "engine_factory", None)
+    monkeypatch.setattr(engines, "_cache", {})
+    monkeypatch.setattr(engines, "_users", {})
+
+
+def test_a_vllm_engine_for_token_sd_drafts_the_jobs_count():
+    _, extra = engines.factory_for("token_sd", 6)
+    assert extra["speculative_tokens"] == 6
+    assert "speculative_tokens" not in engines.factory_for("ar", 6)[1]
+
+
+def test_an_engine_in_use_is_not_swapped_away(vllm_double):
+    with engines.in_use("ar") as ar:
+        with pytest.raises(engines.EngineBusy):
+            engines.get_engine("token_sd", 4)
+        assert engines.get_engine("ar") is ar  # the same request is served meanwhile
+    speculating = engines.get_engine("token_sd", 4)
+    assert speculating is not ar and list(engines._cache) == [engines.engine_key(*engines.factory_for("token_sd", 4))]
+
+
+def test_a_worker_holds_one_vllm_engine_and_one_embedded(vllm_double, monkeypatch):
+    ar = engines.get_engine("ar")
+    monkeypatch.setattr(settings, "engine", "embedded")
+    embedded = engines.get_engine("semspec")
+    monkeypatch.setattr(settings, "engine", "vllm")
+    assert engines.get_engine("ar") is ar and embedded is not ar and len(engines._cache) == 2
