@@ -348,6 +348,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     from worker import engine_processes
     from worker.engine import EngineLoadError
     from worker.queues import EMBEDDED_QUEUE
+    from worker.process import engine_request
 
     url = db_url or settings.embedded_database_url
     if batch_size is not None:
@@ -368,7 +369,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     seqs = unfinished_seqs(job_id, url=url) if job_id is not None else None
     n_procs, threads = (engine_processes.plan(len(seqs) if seqs is not None else validation.n_samples)
                         if validation.ok else (1, settings.threads))
-    with engine_processes.open_engines(n_procs, threads, config["method"], config.get("draft_tokens")) as engines:
+    with engine_processes.open_engines(n_procs, threads, engine_request(config)) as engines:
         if validation.ok:  # load first: a model or probe file that cannot load stores no job
             # (bad input is refused by _storable below, before anything loads)
             click.echo("loading the engine" + (f" in {n_procs} processes, {threads} torch thread(s) "

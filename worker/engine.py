@@ -52,27 +52,30 @@ def resolve(path: str) -> Callable[..., Any]:
 FACTORIES = {"embedded": "semspec.engine:Engine.load", "vllm": "semspec.vllm_engine:VLLMEngine.load"}
 
 
-def backend(method: str | None = None) -> str:
-    """The engine that decodes ``method`` (default: settings.method) in this process:
-    settings.engine, where "auto" is vLLM for the methods it serves when it is installed, the
-    embedded engine for the rest. Imports the engine package: call it where the engine runs."""
+def backend(method: str | None = None, sampled: bool = False) -> str:
+    """The engine that decodes ``method`` (default: settings.method; ``sampled``: for a job
+    that samples) in this process: settings.engine, where "auto" is vLLM for the methods it
+    serves when it is installed, the embedded engine for the rest. Imports the engine
+    package: call it where the engine runs."""
     if settings.engine != "auto":
         return settings.engine
     from semspec.vllm_engine import VLLM_METHODS, vllm_installed
-    from semspec.vllm_speculation import draft_problem
+    from semspec.vllm_speculation import draft_problem, sampled_verification_works
 
     method = method or settings.method
-    if method == "token_sd" and draft_problem(settings.draft_model, settings.target_model) is not None:
-        return "embedded"  # a draft vLLM cannot run (the layer draft)
+    if method == "token_sd" and (draft_problem(settings.draft_model, settings.target_model) is not None
+                                 or (sampled and not sampled_verification_works())):
+        return "embedded"  # a draft vLLM cannot run (the layer draft), or its CPU build sampling
     return "vllm" if method in VLLM_METHODS and vllm_installed() else "embedded"
 
 
-def factory_for(method: str | None = None, draft_tokens: int | None = None) -> tuple[str, dict]:
+def factory_for(method: str | None = None, draft_tokens: int | None = None,
+                sampled: bool = False) -> tuple[str, dict]:
     """(the factory that loads ``method``'s engine, the extra arguments it takes);
     ``draft_tokens``: the job's, which a vLLM engine for token_sd drafts for every request."""
     if settings.engine_factory:
         return settings.engine_factory, {}
-    name = backend(method)
+    name = backend(method, sampled)
     if name != "vllm":
         return FACTORIES[name], {}
     extra = {"kv_cache_gb": settings.kv_cache_gb, "compile": settings.vllm_compile}
@@ -101,20 +104,20 @@ def set_threads() -> None:
         torch.set_num_threads(settings.threads)
 
 
-def get_engine(method: str | None = None, draft_tokens: int | None = None) -> Any:
+def get_engine(method: str | None = None, draft_tokens: int | None = None, sampled: bool = False) -> Any:
     """This process's engine for ``method`` (default: settings.method; ``draft_tokens``: the
     job's), loaded on first use. One per backend: a worker serving `ar` on vLLM and `semspec`
     on the embedded engine holds both; one serving `ar` and then `token_sd` on vLLM swaps its
     vLLM engine (vLLM speculates for every request of an engine, or for none), which raises
     EngineBusy while chunks decode with the one it would drop."""
-    return _get(method, draft_tokens)[0]
+    return _get(method, draft_tokens, sampled)[0]
 
 
 @contextmanager
-def in_use(method: str | None = None, draft_tokens: int | None = None) -> Iterator[Any]:
+def in_use(method: str | None = None, draft_tokens: int | None = None, sampled: bool = False) -> Iterator[Any]:
     """``get_engine``'s engine, counted as in use until the block ends: no other request
     drops it meanwhile (they get EngineBusy)."""
-    engine, key = _get(method, draft_tokens, use=True)
+    engine, key = _get(method, draft_tokens, sampled, use=True)
     try:
         yield engine
     finally:
@@ -122,9 +125,9 @@ def in_use(method: str | None = None, draft_tokens: int | None = None) -> Iterat
             _users[key] -= 1
 
 
-def _get(method: str | None, draft_tokens: int | None, use: bool = False) -> tuple[Any, tuple]:
+def _get(method: str | None, draft_tokens: int | None, sampled: bool, use: bool = False) -> tuple[Any, tuple]:
     global _failure
-    factory_path, extra = factory_for(method, draft_tokens)
+    factory_path, extra = factory_for(method, draft_tokens, sampled)
     key = engine_key(factory_path, extra)
     with _lock:
         engine = _cache.get(key)

@@ -85,7 +85,7 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _child(index: int, overrides: dict, draft_tokens: int | None, inbox, outbox) -> None:
+def _child(index: int, overrides: dict, request: tuple, inbox, outbox) -> None:
     """One engine process: load, say so, then run the items it is sent."""
     from worker import engine as engines
     from worker.process import run_items
@@ -96,7 +96,7 @@ def _child(index: int, overrides: dict, draft_tokens: int | None, inbox, outbox)
         setattr(settings, name, value)
     try:
         try:
-            engine = engines.get_engine(settings.method, draft_tokens)
+            engine = engines.get_engine(*request)
         except EngineLoadError as e:
             outbox.put(("failed", index, str(e)))
             return
@@ -114,8 +114,8 @@ def _child(index: int, overrides: dict, draft_tokens: int | None, inbox, outbox)
 class InProcessEngine:
     """The same interface over this process's own engine (one engine process)."""
 
-    def __init__(self, method: str, draft_tokens: int | None = None):
-        self.method, self.draft_tokens = method, draft_tokens
+    def __init__(self, request: tuple):
+        self.request = request
 
     def __enter__(self) -> InProcessEngine:
         return self
@@ -128,7 +128,7 @@ class InProcessEngine:
         cannot run, with why (``worker.engine.method_problems``)."""
         from worker import engine as engines
 
-        return engines.method_problems(engines.get_engine(self.method, self.draft_tokens))
+        return engines.method_problems(engines.get_engine(*self.request))
 
     def run(self, job_id: str, seqs: list[int], url: str, on_item: Callable[[int], None]) -> None:
         from worker.process import run_items
@@ -136,30 +136,29 @@ class InProcessEngine:
         run_items(job_id, seqs, url=url, on_item=lambda _key, seq: on_item(seq))
 
 
-def open_engines(n: int, threads: int | None, method: str,
-                 draft_tokens: int | None = None) -> InProcessEngine | EngineProcesses:
-    """Where `semjobs run` decodes ``method`` (drafting ``draft_tokens``: the job's): this
-    process for ``n`` = 1, else ``n`` children."""
+def open_engines(n: int, threads: int | None, request: tuple) -> InProcessEngine | EngineProcesses:
+    """Where `semjobs run` decodes a job (``request``: what it asks of the engine,
+    ``worker.process.engine_request``): this process for ``n`` = 1, else ``n`` children."""
     if n == 1:
         if threads is not None:
             settings.threads = threads
-        return InProcessEngine(method, draft_tokens)
-    return EngineProcesses(n, threads, method, draft_tokens)
+        return InProcessEngine(request)
+    return EngineProcesses(n, threads, request)
 
 
 class EngineProcesses:
     """``n`` child engine processes, each with ``threads`` torch threads; use as a context
     manager (leaving it stops every child)."""
 
-    def __init__(self, n: int, threads: int | None, method: str, draft_tokens: int | None = None):
+    def __init__(self, n: int, threads: int | None, request: tuple):
         ctx = mp.get_context("spawn")
         overrides = settings.model_dump()
         overrides["threads"] = threads
-        overrides["method"] = method  # each child loads the engine that serves it
+        overrides["method"] = request[0]  # each child loads the engine that serves it
         self._outbox = ctx.Queue()
         self._inboxes = [ctx.Queue() for _ in range(n)]
         self._children = [
-            ctx.Process(target=_child, args=(i, overrides, draft_tokens, self._inboxes[i], self._outbox),
+            ctx.Process(target=_child, args=(i, overrides, request, self._inboxes[i], self._outbox),
                         name=f"semjobs-engine-{i}", daemon=True)
             for i in range(n)
         ]

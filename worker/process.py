@@ -111,14 +111,16 @@ def _run_chunk(session, job_id, seqs, worker, config, engine, report, deadline, 
         holdings.drop(job_id, seqs)
 
 
-def engine_request(config: dict | None) -> tuple[str | None, int | None]:
+def engine_request(config: dict | None) -> tuple[str | None, int | None, bool]:
     """What a job's config asks of the engine (``worker.engine.get_engine``'s arguments): its
-    method and the tokens it drafts per verification."""
-    return (config.get("method"), config.get("draft_tokens")) if config is not None else (None, None)
+    method, the tokens it drafts per verification, and whether it samples."""
+    if config is None:
+        return None, None, False
+    return config.get("method"), config.get("draft_tokens"), (config.get("temperature") or 0) > 0
 
 
-def job_engine_request(job_id: str, url: str | None = None) -> tuple[str | None, int | None]:
-    """``engine_request`` of job ``job_id`` ((None, None) when there is no such job)."""
+def job_engine_request(job_id: str, url: str | None = None) -> tuple[str | None, int | None, bool]:
+    """``engine_request`` of job ``job_id`` ((None, None, False) when there is no such job)."""
     with session_factory(url, role="worker")() as session:
         return engine_request(_job_config(session, job_id))
 

@@ -41,13 +41,14 @@ RETRYING = dict(bind=True, autoretry_for=(OperationalError,), retry_backoff=5, r
                 max_retries=10)
 
 
-def load_or_give_up(task, what: str, method: str | None = None, draft_tokens: int | None = None) -> str | None:
-    """Load this process's engine for ``method`` and ``draft_tokens`` (kept for the task's
-    own call; ``worker.engine.get_engine``); on failure
+def load_or_give_up(task, what: str, method: str | None = None, draft_tokens: int | None = None,
+                    sampled: bool = False) -> str | None:
+    """Load this process's engine for ``method``, ``draft_tokens`` and ``sampled`` (kept for
+    the task's own call; ``worker.engine.get_engine``); on failure
     retry the task later, up to ``settings.engine_load_attempts`` tries, then return the load
     error for the caller to fail ``what`` with. None when the engine loaded."""
     try:
-        engines.get_engine(method, draft_tokens)
+        engines.get_engine(method, draft_tokens, sampled)
         return None
     except EngineLoadError as e:
         tries = task.request.retries + 1

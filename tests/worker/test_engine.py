@@ -45,3 +45,17 @@ def test_a_worker_holds_one_vllm_engine_and_one_embedded(vllm_double, monkeypatc
     embedded = engines.get_engine("semspec")
     monkeypatch.setattr(settings, "engine", "vllm")
     assert engines.get_engine("ar") is ar and embedded is not ar and len(engines._cache) == 2
+
+
+def test_auto_keeps_sampled_token_sd_off_vllms_cpu_build(monkeypatch):
+    """vLLM's CPU build keeps almost no drafted token when it samples: auto runs sampled
+    token_sd on the embedded engine there, greedy on vLLM."""
+    from semspec import vllm_speculation
+
+    monkeypatch.setattr(settings, "engine", "auto")
+    monkeypatch.setattr(settings, "draft_model", "ngram")
+    monkeypatch.setattr(vllm_speculation, "sampled_verification_works", lambda: False)
+    monkeypatch.setattr("semspec.vllm_engine.vllm_installed", lambda: True)
+    assert engines.backend("token_sd", sampled=False) == "vllm"
+    assert engines.backend("token_sd", sampled=True) == "embedded"
+    assert engines.backend("ar", sampled=True) == "vllm"
