@@ -281,13 +281,14 @@ def markdown(result: dict[str, Any]) -> str:
     for bs, row in by_batch.items():
         cells = [f"{row[m]['tokens_per_s']:.1f} ({row[m]['items_per_s']:.3f})" for m in methods]
         lines.append(f"| {bs} ({row[methods[0]]['dtype']}) | " + " | ".join(cells) + " |")
-    lines += ["", "| batch | method | accuracy | same as batch 1 | step acceptance | drafted tokens kept per verification |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| batch | method | accuracy | same as batch 1 | same as ar | step acceptance | "
+              "drafted tokens kept per verification |", "|---|---|---|---|---|---|---|"]
     for bs, row in by_batch.items():
         for m, f in row.items():
             def fmt(v):
                 return "-" if v is None else f"{v:.2f}"
             lines.append(f"| {bs} | {m} | {fmt(f.get('accuracy'))} | {fmt(f.get('same_as_batch_1'))} | "
+                         f"{fmt(f.get('same_as_ar'))} | "
                          f"{fmt(f.get('step_acceptance'))} | {fmt(f.get('accepted_per_verification'))} |")
     lines += ["", "| goal | ratio |", "|---|---|"]
     lines += [f"| {k} | {'-' if v is None else f'{v:.2f}'} |" for k, v in result["goals"].items()]
