@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Iterator
 
 from semjobs import __version__
 from semjobs.settings import settings
-from semspec.types import METHODS, GenerationConfig
+from semspec.types import METHODS, NGRAM_DRAFT, GenerationConfig
 
 from db import repo
 from db.session import session_factory
@@ -103,7 +103,8 @@ def missing_model_files() -> list[str]:
     missing = []
     for key, env in MODEL_SETTINGS.items():
         spec = getattr(settings, key)
-        if spec and spec != "none" and not spec.startswith("embedded:") and not Path(spec).expanduser().exists():
+        if (spec and spec not in ("none", NGRAM_DRAFT) and not spec.startswith("embedded:")
+                and not Path(spec).expanduser().exists()):
             missing.append(f"{env}={spec}: no such file or directory here")
     return missing
 

@@ -47,7 +47,8 @@ class Settings(BaseSettings):
     # The engine that decodes (worker.engine.backend): "vllm" (semspec.vllm_engine: vLLM's
     # engine, paged KV cache within kv_cache_gb; the methods in VLLM_METHODS), "embedded"
     # (semspec.engine: semjobs' own forward pass, every method), or "auto": vLLM for the
-    # methods it serves wherever it is installed, the embedded engine for the others.
+    # methods it serves wherever it is installed, the embedded engine for the others (and
+    # for token_sd with a draft vLLM cannot run, or sampled on vLLM's CPU build).
     engine: Literal["auto", "vllm", "embedded"] = "auto"
     # vLLM: the KV cache's whole budget per engine process, in GiB (a sequence that does not
     # fit waits for room rather than failing), and compiled graphs instead of eager mode.

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 METHODS = ("ar", "token_sd", "step_judge", "semspec")
+# The draft spec that names no model: vLLM's prompt-lookup drafting (token_sd on vLLM,
+# semspec.vllm_speculation).
+NGRAM_DRAFT = "ngram"
 ANSWER_BY = ("target", "draft")
 # Step rule when neither the caller nor the loaded probes say otherwise: reasoning models
 # separate steps with a blank line.

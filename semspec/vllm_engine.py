@@ -310,16 +310,14 @@ class VLLMEngine:
         think_end = self.think_end_marker if cfg.think_end == "auto" else (cfg.think_end or None)
         detector = StepDetector(cfg.step_delimiter or DEFAULT_STEP_DELIMITER, think_end,
                                 cfg.max_step_tokens or DEFAULT_MAX_STEP_TOKENS)
-        verified = self._verifications(run, output.spec_decode_metrics)
+        drafted, accepted, verified = self._verifications(run, output.spec_decode_metrics, len(ids))
         steps = self._steps(ids, step_spans(self.tokenizer, ids, detector), run, verified)
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         reasoning, content = split_reasoning(text, think_end)
         first = run.arrivals[0][1] if run.arrivals else run.t0
         last = run.arrivals[-1][1] if run.arrivals else run.t0
-        drafted = sum(d for _, d, _ in verified)
         counters = Counters(prompt_tokens=run.prompt_len, generated_tokens=len(ids),
-                            target_forward_passes=run.passes, drafted_tokens=drafted,
-                            accepted_tokens=sum(a for _, _, a in verified),
+                            target_forward_passes=run.passes, drafted_tokens=drafted, accepted_tokens=accepted,
                             # the head runs once per drafted token; ngram runs no model
                             draft_forward_passes=drafted if self.speculation and self.speculation.method == "eagle" else 0,
                             phase_seconds={"prefill": first - run.t0, "target_write": last - first})
@@ -330,14 +328,20 @@ class VLLMEngine:
         )
 
     @staticmethod
-    def _verifications(run: _Running, metrics: Any) -> list[tuple[int, int, int]]:
-        """(first generated token it delivered, tokens drafted, tokens accepted) per
-        verification pass of a speculating engine: vLLM's per-request metrics list them in
-        order, one per step after the prompt's, as the arrivals after the first."""
-        if metrics is None or not metrics.per_step_drafted:
-            return []
-        starts = [count for count, _ in run.arrivals[:-1]]
-        return list(zip(starts, metrics.per_step_drafted, metrics.per_step_accepted))
+    def _verifications(run: _Running, metrics: Any, kept: int) -> tuple[int, int, list[tuple[int, int, int]]]:
+        """(tokens drafted, tokens accepted, and per verification pass: the first kept token
+        it delivered, tokens drafted, tokens accepted) of a speculating engine's request, from
+        vLLM's per-request metrics (``kept``: tokens in the result). The totals are vLLM's; the
+        passes are placed only where vLLM listed one for every step after the prompt's (a
+        step with nothing drafted, as ngram's without a match or the first after a preempted
+        request is recomputed, lists none); else only the counters carry them."""
+        if metrics is None:
+            return 0, 0, []
+        accepted = sum(j * count for j, count in enumerate(metrics.histogram))
+        starts = [min(count, kept - 1) for count, _ in run.arrivals[:-1]]  # an EOS-only last step counts
+        if len(metrics.per_step_drafted) != len(starts) or kept == 0:      # in the last kept token's step
+            return metrics.num_draft_tokens, accepted, []
+        return metrics.num_draft_tokens, accepted, list(zip(starts, metrics.per_step_drafted, metrics.per_step_accepted))
 
     def _steps(self, ids: list[int], spans: list[tuple[int, int]], run: _Running,
                verified: list[tuple[int, int, int]]) -> list[StepRecord]:

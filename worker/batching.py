@@ -106,9 +106,21 @@ class BatchLoop:
                 except queue.Empty:
                     yield None
                     continue
+            if req is _CLOSE:  # the engine runs out of new work: it ends once what it holds is done
+                return
             if not isinstance(req, Abort):
                 self._in_engine += 1
             yield req
+
+    def close(self) -> None:
+        """End the loop's thread once the items the engine holds are done, so nothing refers
+        to the engine any more and it can be freed; wait for that."""
+        with self._lock:
+            thread = self._thread
+            if thread is None:
+                return
+            self._inbox.put(_CLOSE)
+        thread.join()
 
     def _run(self, inbox: queue.Queue) -> None:
         try:
@@ -138,6 +150,7 @@ class BatchLoop:
                     self._free_slot()
 
 
+_CLOSE = object()  # in an inbox: no more items will come (BatchLoop.close)
 _loops: dict[tuple[int, int], BatchLoop] = {}
 _loops_lock = threading.Lock()
 
@@ -146,18 +159,23 @@ def batch_loop(engine: Any, batch_size: int) -> BatchLoop:
     """This process's loop for ``engine`` (one per engine: a new batch size replaces it)."""
     with _loops_lock:
         loop = _loops.get((id(engine), batch_size))
+        replaced = []
         if loop is None:
-            _drop(engine)
+            replaced = _drop(engine)
             loop = _loops[(id(engine), batch_size)] = BatchLoop(engine, batch_size)
-        return loop
+    for old in replaced:
+        old.close()
+    return loop
 
 
 def forget_loop(engine: Any) -> None:
-    """Drop ``engine``'s loop (the engine was unloaded), so it can be freed."""
+    """Drop ``engine``'s loop (the engine is being unloaded) and end its thread once what
+    it decodes is done, so the engine can be freed."""
     with _loops_lock:
-        _drop(engine)
+        dropped = _drop(engine)
+    for loop in dropped:
+        loop.close()
 
 
-def _drop(engine: Any) -> None:
-    for key in [k for k in _loops if k[0] == id(engine)]:
-        del _loops[key]
+def _drop(engine: Any) -> list[BatchLoop]:
+    return [_loops.pop(k) for k in [k for k in _loops if k[0] == id(engine)]]

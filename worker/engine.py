@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator
 from semjobs.settings import settings
 from worker.batching import forget_loop
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # held while an engine loads (minutes): one load at a time
+_held = threading.Lock()  # the cache and its users, never held for long
 _cache: dict[tuple, Any] = {}
 _users: dict[tuple, int] = {}  # engine key -> chunks decoding with it now (in_use)
 # The last failed load: (key, when, error). Chunks arriving meanwhile get the same error
@@ -60,12 +61,16 @@ def backend(method: str | None = None, sampled: bool = False) -> str:
     if settings.engine != "auto":
         return settings.engine
     from semspec.vllm_engine import VLLM_METHODS, vllm_installed
+    from semspec.types import NGRAM_DRAFT
     from semspec.vllm_speculation import draft_problem, sampled_verification_works
 
     method = method or settings.method
-    if method == "token_sd" and (draft_problem(settings.draft_model, settings.target_model) is not None
-                                 or (sampled and not sampled_verification_works())):
-        return "embedded"  # a draft vLLM cannot run (the layer draft), or its CPU build sampling
+    if method == "token_sd" and settings.draft_model != NGRAM_DRAFT and (
+            draft_problem(settings.draft_model, settings.target_model) is not None
+            or (sampled and not sampled_verification_works(settings.device))):
+        # a draft vLLM cannot run (the layer draft), or sampling on its CPU build; ngram
+        # stays on vLLM either way, as nothing else drafts with it
+        return "embedded"
     return "vllm" if method in VLLM_METHODS and vllm_installed() else "embedded"
 
 
@@ -87,8 +92,10 @@ def factory_for(method: str | None = None, draft_tokens: int | None = None,
 
 
 def engine_key(factory: str, extra: dict) -> tuple:
-    """(which engine, the settings it was loaded for): engines of other backends for the
-    same settings stay loaded beside it, those for other settings are dropped."""
+    """(which engine with which extra arguments, the settings it was loaded for): an engine
+    of another backend for the same settings stays loaded beside it; those for other
+    settings, or of the same backend with other extra arguments (vLLM with and without
+    speculation), are dropped when it loads."""
     loaded_for = (settings.target_model, settings.draft_model, settings.probes_dir, settings.device,
                   settings.dtype, settings.batch_size, os.getpid())
     return (factory, tuple(sorted(extra.items()))), loaded_for
@@ -121,7 +128,7 @@ def in_use(method: str | None = None, draft_tokens: int | None = None, sampled: 
     try:
         yield engine
     finally:
-        with _lock:
+        with _held:
             _users[key] -= 1
 
 
@@ -129,6 +136,12 @@ def _get(method: str | None, draft_tokens: int | None, sampled: bool, use: bool 
     global _failure
     factory_path, extra = factory_for(method, draft_tokens, sampled)
     key = engine_key(factory_path, extra)
+    with _held:  # loaded: no wait for a load of another engine in progress
+        engine = _cache.get(key)
+        if engine is not None:
+            if use:
+                _users[key] = _users.get(key, 0) + 1
+            return engine, key
     with _lock:
         engine = _cache.get(key)
         if engine is None:
@@ -137,11 +150,13 @@ def _get(method: str | None, draft_tokens: int | None, sampled: bool, use: bool 
             # drop engines loaded for other settings, or of this backend for others, first:
             # their memory, and vLLM's per-process state, which freeing one after the next
             # started would tear down (so never one a chunk still decodes with)
-            drop = [k for k in _cache if k[1] != key[1] or k[0][0] == key[0][0]]
-            if any(_users.get(k) for k in drop):
-                raise EngineBusy("this worker's engine is decoding another job's items with other settings")
-            for other in drop:
-                forget_loop(_cache.pop(other))
+            with _held:
+                drop = [k for k in _cache if k[1] != key[1] or k[0][0] == key[0][0]]
+                if any(_users.get(k) for k in drop):
+                    raise EngineBusy("this worker's engine is decoding another job's items with other settings")
+                dropped = [_cache.pop(k) for k in drop]
+            while dropped:  # popped: no reference here keeps a dropped engine alive
+                forget_loop(dropped.pop())  # waits for what its loop still decodes (an abandoned chunk's)
             try:
                 set_threads()
                 factory = resolve(factory_path)
@@ -160,9 +175,10 @@ def _get(method: str | None, draft_tokens: int | None, sampled: bool, use: bool 
                 _failure = (key, time.monotonic(), message)
                 raise EngineLoadError(message) from e
             _failure = None
+        with _held:
             _cache[key] = engine
-        if use:
-            _users[key] = _users.get(key, 0) + 1
+            if use:
+                _users[key] = _users.get(key, 0) + 1
     return engine, key
 
 

@@ -34,8 +34,8 @@ def _on_shutdown(**_kwargs) -> None:
 
 # Both tasks wait out a database that is away; an engine that cannot load is tried a few
 # times (load_or_give_up), then what needed it fails with the load error as its reason.
-# A chunk that needs another engine than the one this worker's other chunks decode with waits
-# this long before it is tried again (here or on another worker).
+# A chunk that needs another engine than the one this worker's other chunks decode with is
+# handed back after this long (to be taken here or by another worker).
 ENGINE_BUSY_RETRY_S = 5
 RETRYING = dict(bind=True, autoretry_for=(OperationalError,), retry_backoff=5, retry_backoff_max=300,
                 max_retries=10)
@@ -59,6 +59,11 @@ def load_or_give_up(task, what: str, method: str | None = None, draft_tokens: in
         return f"{e} (gave up after {tries} tries on worker {liveness.name() or worker_name()})"
 
 
+def _queue_of(task) -> str:
+    """The queue ``task``'s message came from."""
+    return (task.request.delivery_info or {}).get("routing_key") or queue_name()
+
+
 @app.task(name=RUN_CHUNK, **RETRYING)
 def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
     try:
@@ -73,12 +78,16 @@ def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
         name = liveness.name() or worker_name()
         report = run_items(job_id, seqs, worker=name, deadline=deadline,
                            should_stop=lambda: _shutting_down)
-    except engines.EngineBusy as e:  # nothing started: come back once the other job's chunks are done
-        log.info("job %s chunk %s: %s; again in %ss", job_id, seqs[:1], e, ENGINE_BUSY_RETRY_S)
-        raise self.retry(exc=e, countdown=ENGINE_BUSY_RETRY_S, max_retries=None)
+    except engines.EngineBusy as e:
+        # Nothing started: hand the chunk back as a fresh message after a pause, for this
+        # worker once the other job's chunks are done or for another. (Celery's retry would
+        # spend the retries that load failures and database outages count on.)
+        log.info("job %s chunk %s: %s; handed back in %ss", job_id, seqs[:1], e, ENGINE_BUSY_RETRY_S)
+        time.sleep(ENGINE_BUSY_RETRY_S)
+        requeue(_queue_of(self), job_id, seqs)
+        return {"done": 0, "failed": 0}
     if report.left:
-        queue = (self.request.delivery_info or {}).get("routing_key") or queue_name()
-        requeue(queue, job_id, report.left)
+        requeue(_queue_of(self), job_id, report.left)
     log.info(
         "job %s chunk %s: done=%d failed=%d skipped=%d duplicates=%d%s",
         job_id, seqs[:1], report.done, report.failed, report.skipped, report.duplicates,

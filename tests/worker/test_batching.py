@@ -87,3 +87,23 @@ def test_an_engine_failure_fails_its_items_and_the_loop_starts_again():
     assert loop.try_reserve() and loop.try_reserve()  # the failed item's slot came back
     loop.unreserve()
     assert loop.submit("second", CFG).result(timeout=5).text
+
+
+def test_forgetting_an_engine_ends_its_loop_once_its_items_are_done():
+    """An engine being swapped out is freed: its loop's thread, which refers to it, ends once
+    the items it holds are done (nothing in flight is dropped)."""
+    import gc
+    import weakref
+
+    from worker.batching import batch_loop, forget_loop
+
+    engine = InstantEngine(delay_s=0.2)
+    loop = batch_loop(engine, 2)
+    assert loop.try_reserve()
+    fut = loop.submit("question 1", CFG)
+    forget_loop(engine)  # returns once the loop's thread has ended
+    assert fut.result(timeout=0).final_answer == "2" and not loop._thread.is_alive()
+    gone = weakref.ref(engine)
+    del engine, loop
+    gc.collect()
+    assert gone() is None

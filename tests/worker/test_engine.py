@@ -24,7 +24,7 @@ def vllm_double(monkeypatch):
     monkeypatch.setattr(engines, "_users", {})
 
 
-def test_a_vllm_engine_for_token_sd_drafts_the_jobs_count():
+def test_a_vllm_engine_for_token_sd_drafts_the_jobs_count(vllm_double):
     _, extra = engines.factory_for("token_sd", 6)
     assert extra["speculative_tokens"] == 6
     assert "speculative_tokens" not in engines.factory_for("ar", 6)[1]
@@ -49,13 +49,19 @@ def test_a_worker_holds_one_vllm_engine_and_one_embedded(vllm_double, monkeypatc
 
 def test_auto_keeps_sampled_token_sd_off_vllms_cpu_build(monkeypatch):
     """vLLM's CPU build keeps almost no drafted token when it samples: auto runs sampled
-    token_sd on the embedded engine there, greedy on vLLM."""
+    token_sd with the head on the embedded engine there, greedy on vLLM; ngram, which only
+    vLLM drafts with, stays on vLLM."""
     from semspec import vllm_speculation
 
     monkeypatch.setattr(settings, "engine", "auto")
-    monkeypatch.setattr(settings, "draft_model", "ngram")
-    monkeypatch.setattr(vllm_speculation, "sampled_verification_works", lambda: False)
+    monkeypatch.setattr(settings, "target_model", None)
+    monkeypatch.setattr(settings, "draft_model", None)  # the embedded head
+    monkeypatch.setattr(vllm_speculation, "sampled_verification_works", lambda device: False)
     monkeypatch.setattr("semspec.vllm_engine.vllm_installed", lambda: True)
     assert engines.backend("token_sd", sampled=False) == "vllm"
     assert engines.backend("token_sd", sampled=True) == "embedded"
     assert engines.backend("ar", sampled=True) == "vllm"
+    monkeypatch.setattr(settings, "draft_model", "ngram")
+    assert engines.backend("token_sd", sampled=True) == "vllm"
+    monkeypatch.setattr(settings, "draft_model", "embedded:smollm2-135m-draft")
+    assert engines.backend("token_sd", sampled=False) == "embedded"

@@ -1,0 +1,23 @@
+"""worker.tasks.run_chunk's own decisions, run eagerly (no broker)."""
+
+from __future__ import annotations
+
+from worker import engine as engines
+from worker import tasks
+
+
+def test_a_chunk_whose_engine_is_busy_is_handed_back_whole(monkeypatch):
+    """A chunk that would swap away the engine other chunks decode with starts nothing and is
+    sent again as a fresh message (Celery's retry would spend the load and database retries)."""
+    sent = []
+
+    def busy(*_args, **_kwargs):
+        raise engines.EngineBusy("busy")
+
+    monkeypatch.setattr(tasks, "job_engine_request", lambda job_id: ("token_sd", 4, False))
+    monkeypatch.setattr(tasks, "load_or_give_up", busy)
+    monkeypatch.setattr(tasks, "requeue", lambda queue, job_id, seqs: sent.append((queue, job_id, seqs)))
+    monkeypatch.setattr(tasks, "ENGINE_BUSY_RETRY_S", 0)
+    result = tasks.run_chunk.apply(args=("job-1", [3, 4, 5])).get()
+    assert result == {"done": 0, "failed": 0}
+    assert sent == [(tasks.queue_name(), "job-1", [3, 4, 5])]
