@@ -119,3 +119,18 @@ def run_alone(gen):
             request = gen.send(serve_alone(request))
     except StopIteration as stop:
         return stop.value
+
+
+def aborting_source(requests):
+    """A request source that aborts in a full batch of 2, for an engine's ``generate_many``:
+    an Abort of a key not in flight (finished, say: nothing happens), ``requests[0]`` and
+    ``[1]`` (the batch is full), None (read in the full batch: one step runs), an Abort of
+    ``requests[0]``, then ``requests[2]``, which takes its slot."""
+    from semspec.types import Abort
+
+    yield Abort("gone")
+    yield requests[0]
+    yield requests[1]
+    yield None
+    yield Abort(requests[0].key)
+    yield requests[2]

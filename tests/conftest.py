@@ -28,6 +28,23 @@ REQUIRE = os.environ.get("SEMJOBS_TEST_REQUIRE_SERVICES") == "1"
 FAKE_ENGINE = "tests.fake_engine:InstantEngine.load"
 
 
+def require_vllm() -> None:
+    """Skip the calling test where vLLM is not installed (fail it under
+    SEMJOBS_TEST_REQUIRE_SERVICES=1, as CI sets: scripts/install.sh installs vLLM)."""
+    from semspec.vllm_engine import vllm_installed
+
+    if not vllm_installed():
+        (pytest.fail if REQUIRE else pytest.skip)("vLLM is not installed (scripts/install.sh installs it)")
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_dir(tmp_path_factory):
+    """A tiny random model vLLM's CPU attention runs (64-wide heads, as SmolLM2's)."""
+    from semspec.testing import tiny_model_dir
+
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny-vllm") / "model", hidden_size=256, seed=3)
+
+
 def _unavailable(what: str, err: Exception):
     msg = f"{what} not reachable ({type(err).__name__}: {err})"
     if REQUIRE:

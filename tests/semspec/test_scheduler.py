@@ -8,7 +8,8 @@ import pytest
 from semspec.engine import Engine, PromptError, Request
 from semspec.models import encode_prompt
 from semspec.probes import ProbePair
-from semspec.types import Abort, Cancelled, GenerationConfig
+from semspec.testing import aborting_source
+from semspec.types import Cancelled, GenerationConfig
 from tests.semspec.test_engine import cfg as engine_cfg
 
 PROMPTS = [
@@ -136,15 +137,7 @@ def test_an_abort_frees_its_slot_at_once_and_leaves_the_others_alone(engines):
     e = engines["plain"]
     reqs = [Request(PROMPTS[i], cfg("ar"), key=i) for i in range(3)]
 
-    def source():
-        yield Abort("gone")  # not in flight (finished, say): nothing happens
-        yield reqs[0]
-        yield reqs[1]  # the batch of 2 is full
-        yield None  # read in the full batch: one tick runs
-        yield Abort(0)
-        yield reqs[2]
-
-    done = list(e.generate_many(source(), batch_size=2))
+    done = list(e.generate_many(aborting_source(reqs), batch_size=2))
     assert done[0].key == 0 and isinstance(done[0].error, Cancelled) and done[0].result is None
     assert sorted(d.key for d in done[1:]) == [1, 2]
     _same({d.key: d.result for d in done[1:]}, _alone(e, reqs[1:]))

@@ -8,9 +8,10 @@ from concurrent.futures import wait
 
 import pytest
 
-from semspec.types import Abort, Cancelled, GenerationConfig, Request
-from semspec.vllm_engine import VLLMEngine, vllm_installed
-from tests.conftest import REQUIRE
+from semspec.testing import aborting_source
+from semspec.types import Cancelled, GenerationConfig, Request
+from semspec.vllm_engine import VLLMEngine
+from tests.conftest import require_vllm
 
 PROMPTS = ["What is 2+2?", "Name three colours.", [{"role": "user", "content": "Count to five."}],
            "Tell me a story about a cat.", "Why is the sky blue?"]
@@ -19,17 +20,8 @@ SAMPLED = GenerationConfig(method="ar", max_new_tokens=40, temperature=1.0, top_
 
 
 @pytest.fixture(scope="module")
-def tiny_vllm_dir(tmp_path_factory):
-    """A tiny model vLLM's CPU attention runs (head size 64, as SmolLM2's)."""
-    from semspec.testing import tiny_model_dir
-
-    return tiny_model_dir(tmp_path_factory.mktemp("tiny-vllm") / "model", num_layers=2, hidden_size=256, seed=3)
-
-
-@pytest.fixture(scope="module")
 def engine(tiny_vllm_dir, tiny_cache):
-    if not vllm_installed():
-        (pytest.fail if REQUIRE else pytest.skip)("vLLM is not installed (scripts/install.sh installs it)")
+    require_vllm()
     eng = VLLMEngine.load(str(tiny_vllm_dir), device="cpu", cache_dir=tiny_cache, dtype="float32", batch_size=8,
                           kv_cache_gb=0.25)
     yield eng
@@ -109,15 +101,7 @@ def test_an_abort_ends_its_request_at_once_and_leaves_the_others_alone(engine):
     config = GenerationConfig(method="ar", max_new_tokens=100)
     reqs = [Request(p, config, key=i) for i, p in enumerate(PROMPTS[:3])]
 
-    def source():
-        yield Abort("gone")  # not in flight (finished, say): nothing happens
-        yield reqs[0]
-        yield reqs[1]  # the batch of 2 is full
-        yield None  # read in the full batch: one step runs
-        yield Abort(0)
-        yield reqs[2]
-
-    done = list(engine.generate_many(source(), batch_size=2))
+    done = list(engine.generate_many(aborting_source(reqs), batch_size=2))
     assert done[0].key == 0 and isinstance(done[0].error, Cancelled) and done[0].result is None
     assert not engine.llm.has_unfinished_requests()
     alone = _results(engine, reqs[1:], None)

@@ -5,21 +5,18 @@ from __future__ import annotations
 import pytest
 
 from semspec.benchmark.throughput import SweepSettings, run_sweep
-from semspec.vllm_engine import vllm_installed
-from tests.conftest import REQUIRE
+from tests.conftest import require_vllm
 
 PROMPTS = [{"prompt": p, "reference": "4"} for p in ("What is 2+2?", "Name a colour.", "Count to three.")]
 
 
 @pytest.mark.slow
-def test_one_sweep_runs_semjobs_on_vllm_plain_vllm_and_the_embedded_engine(tmp_path, tiny_cache):
-    if not vllm_installed():
-        (pytest.fail if REQUIRE else pytest.skip)("vLLM is not installed (scripts/install.sh installs it)")
+def test_one_sweep_runs_semjobs_on_vllm_plain_vllm_and_the_embedded_engine(tiny_vllm_dir, tiny_cache):
+    require_vllm()
     from semspec.engine import Engine
-    from semspec.testing import tiny_model_dir
     from semspec.vllm_engine import VLLMEngine
 
-    model = str(tiny_model_dir(tmp_path / "model", hidden_size=256, seed=3))
+    model = str(tiny_vllm_dir)
 
     def load(engine, dtype, speculative):
         if engine == "vllm":
