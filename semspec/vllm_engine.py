@@ -116,9 +116,9 @@ class _Running:
     prompt_len: int
     t0: float
     ids: list[int] = field(default_factory=list)
-    # (generated tokens so far, perf_counter) each time tokens came back: times the steps
+    # (generated tokens so far, perf_counter) each time tokens came back, one per engine step
+    # the request ran in: times the steps, and counts the target's passes
     arrivals: list[tuple[int, float]] = field(default_factory=list)
-    passes: int = 0
 
 
 @dataclass(frozen=True)
@@ -297,7 +297,6 @@ class VLLMEngine:
         new = out.outputs[0].token_ids
         if new:
             run.ids.extend(new)
-            run.passes += 1
             run.arrivals.append((len(run.ids), time.perf_counter()))
 
     def _result(self, run: _Running, output: Any) -> GenerationResult:
@@ -317,7 +316,7 @@ class VLLMEngine:
         first = run.arrivals[0][1] if run.arrivals else run.t0
         last = run.arrivals[-1][1] if run.arrivals else run.t0
         counters = Counters(prompt_tokens=run.prompt_len, generated_tokens=len(ids),
-                            target_forward_passes=run.passes, drafted_tokens=drafted, accepted_tokens=accepted,
+                            target_forward_passes=len(run.arrivals), drafted_tokens=drafted, accepted_tokens=accepted,
                             # the head runs once per drafted token; ngram runs no model
                             draft_forward_passes=drafted if self.speculation and self.speculation.method == "eagle" else 0,
                             phase_seconds={"prefill": first - run.t0, "target_write": last - first})

@@ -41,19 +41,22 @@ def export_head(head_dir: str | os.PathLike, target_dir: str | os.PathLike, out_
     transformers directory is ``target_dir`` as a checkpoint vLLM's ``eagle`` method loads.
     Idempotent: an existing export is kept (its directory name carries the head's identity)."""
     from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
 
+    from .draft.artifact import config_signature, signature_diff
     from .head import HEAD_META, HEAD_WEIGHTS, HeadMismatchError
 
     out = Path(out_dir)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     meta = json.loads((Path(head_dir) / HEAD_META).read_text())
+    # the architecture only: the embedded engine also checks the target's weights, which
+    # vLLM loads where this cannot see them
+    diff = signature_diff(meta["target"]["signature"],
+                          config_signature(AutoConfig.from_pretrained(target_dir, local_files_only=True)))
+    if diff:
+        raise HeadMismatchError(f"the draft head in {head_dir} was built for another target architecture: {diff}")
     config = json.loads((Path(target_dir) / "config.json").read_text())
-    mismatch = {k: (v, config.get(k)) for k, v in meta["target"]["signature"].items()
-                if k in config and config[k] != v}
-    if mismatch:
-        raise HeadMismatchError(f"the draft head in {head_dir} was trained for another target: "
-                                + ", ".join(f"{k} {v} here {h}" for k, (v, h) in sorted(mismatch.items())))
     tensors = load_file(str(Path(head_dir) / HEAD_WEIGHTS))
     hidden = int(config["hidden_size"])
     # vLLM concatenates (token embedding, state); the head was trained on (state, embedding)

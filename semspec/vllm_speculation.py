@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from .head import EMBEDDED_HEAD_DIR, HEAD_META, head_sha256, resolve_head
+from .engine import EMBEDDED_HEAD
+from .head import HEAD_META, head_sha256, resolve_head
 from .models import DEFAULT_TARGET, ModelIdentity, derived_sha256, library_tag
 from .types import NGRAM_DRAFT
 
-DEFAULT_HEAD = "embedded:smollm2-135m-head"
 # the targets whose heads semspec.vllm_head_model runs: its layers are vLLM's Llama layers (no
 # attention bias as Qwen2's, no q/k norms as Qwen3's, which the embedded engine's heads have)
 HEAD_MODEL_TYPES = ("llama",)
@@ -44,7 +44,7 @@ def draft_spec(draft: str | None, target: str | None = None) -> str | None:
     the default target, else none)."""
     if draft not in (None, ""):
         return str(draft)
-    return DEFAULT_HEAD if target in (None, DEFAULT_TARGET) else None
+    return EMBEDDED_HEAD if target in (None, DEFAULT_TARGET) else None
 
 
 def draft_problem(draft: str | None, target: str | None = None) -> str | None:
@@ -59,7 +59,7 @@ def draft_problem(draft: str | None, target: str | None = None) -> str | None:
             return None
         return (f"token_sd on vLLM runs heads on {', '.join(HEAD_MODEL_TYPES)} targets ({spec!r} was trained "
                 f"on a {kind} one); use --engine embedded for it")
-    return (f"token_sd on vLLM drafts with a draft head (e.g. {DEFAULT_HEAD}) or {NGRAM_DRAFT!r}; "
+    return (f"token_sd on vLLM drafts with a draft head (e.g. {EMBEDDED_HEAD}) or {NGRAM_DRAFT!r}; "
             f"{'no draft is configured' if spec is None else repr(spec) + ' is neither'} "
             "(SEMJOBS_DRAFT_MODEL; or use --engine embedded)")
 
@@ -82,7 +82,7 @@ def speculative_config(draft: str | None, target: str | None, tokens: int, targe
         return config, ModelIdentity(NGRAM_DRAFT, derived_sha256("vllm-ngram", str(longest), str(shortest)))
     from .vllm_head import export_head, register
 
-    head_dir = resolve_head(spec) or EMBEDDED_HEAD_DIR
+    head_dir = resolve_head(spec)
     sha = head_sha256(head_dir, target_sha)
     exported = export_head(head_dir, target_dir, Path(cache) / f"vllm-head-{sha[:16]}-{library_tag()}")
     register()

@@ -85,30 +85,25 @@ def run_items(
         # Load first (minutes, once per process), so no transaction stays open meanwhile;
         # held in use while the chunk decodes, so no other chunk's job swaps it away
         with engines.in_use(*engine_request(config)) as engine:  # raises EngineLoadError, EngineBusy
-            _run_chunk(session, job_id, seqs, worker, config, engine, report, deadline, should_stop, on_item)
+            loop = batch_loop(engine, settings.batch_size)
+            # Nothing is in flight yet: a database outage here ends the task, which retries.
+            repo.mark_job_running(session, job_id, None if job_id in _identities_written
+                                  else engines.identities(engine))
+            holdings.hold(job_id, seqs)  # before the database says so: see worker.holdings
+            try:
+                repo.hold_items(session, job_id, seqs, worker)
+                session.commit()
+                _identities_written.add(job_id)
+                chunk = _Chunk(session, job_id, seqs, worker, config, loop, report, on_item)
+                try:
+                    chunk.run(deadline, should_stop)
+                except BaseException:  # the chunk ends unsettled: what it decodes is no longer
+                    chunk.abandon()    # worked on once the decode ends (the heartbeat hands it back)
+                    raise
+            finally:
+                holdings.drop(job_id, seqs)
         retrying(session, lambda: repo.finalize_job(session, job_id), "finishing the job")
     return report
-
-
-def _run_chunk(session, job_id, seqs, worker, config, engine, report, deadline, should_stop, on_item) -> None:
-    """``run_items``' work once the engine is loaded."""
-    loop = batch_loop(engine, settings.batch_size)
-    # Nothing is in flight yet: a database outage here ends the task, which retries.
-    repo.mark_job_running(session, job_id, None if job_id in _identities_written
-                          else engines.identities(engine))
-    holdings.hold(job_id, seqs)  # before the database says so: see worker.holdings
-    try:
-        repo.hold_items(session, job_id, seqs, worker)
-        session.commit()
-        _identities_written.add(job_id)
-        chunk = _Chunk(session, job_id, seqs, worker, config, loop, report, on_item)
-        try:
-            chunk.run(deadline, should_stop)
-        except BaseException:  # the chunk ends unsettled: what it decodes is no longer
-            chunk.abandon()    # worked on once the decode ends (the heartbeat hands it back)
-            raise
-    finally:
-        holdings.drop(job_id, seqs)
 
 
 def engine_request(config: dict | None) -> tuple[str | None, int | None, bool]:

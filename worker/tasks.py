@@ -41,14 +41,13 @@ RETRYING = dict(bind=True, autoretry_for=(OperationalError,), retry_backoff=5, r
                 max_retries=10)
 
 
-def load_or_give_up(task, what: str, method: str | None = None, draft_tokens: int | None = None,
-                    sampled: bool = False) -> str | None:
-    """Load this process's engine for ``method``, ``draft_tokens`` and ``sampled`` (kept for
-    the task's own call; ``worker.engine.get_engine``); on failure
+def load_or_give_up(task, what: str, request: tuple = ()) -> str | None:
+    """Load this process's engine for ``request`` (``worker.engine.get_engine``'s arguments;
+    kept for the task's own call); on failure
     retry the task later, up to ``settings.engine_load_attempts`` tries, then return the load
     error for the caller to fail ``what`` with. None when the engine loaded."""
     try:
-        engines.get_engine(method, draft_tokens, sampled)
+        engines.get_engine(*request)
         return None
     except EngineLoadError as e:
         tries = task.request.retries + 1
@@ -67,7 +66,7 @@ def _queue_of(task) -> str:
 @app.task(name=RUN_CHUNK, **RETRYING)
 def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
     try:
-        load_error = load_or_give_up(self, f"job {job_id} chunk {seqs[:1]}", *job_engine_request(job_id))
+        load_error = load_or_give_up(self, f"job {job_id} chunk {seqs[:1]}", job_engine_request(job_id))
         if load_error is not None:
             failed = fail_unstarted(job_id, seqs, load_error)
             return {"done": 0, "failed": failed}
@@ -102,7 +101,7 @@ def calibrate(self, calibration_id: str, question_id: str) -> str:
     from jobs.calibration import fail_question, run_question
 
     # calibration reads the embedded engine's models (the probes' method is semspec)
-    load_error = load_or_give_up(self, f"calibration {calibration_id} question {question_id}", "semspec")
+    load_error = load_or_give_up(self, f"calibration {calibration_id} question {question_id}", ("semspec",))
     if load_error is not None:
         return fail_question(calibration_id, question_id, load_error)
     engine = engines.get_engine("semspec")

@@ -79,7 +79,11 @@ def target_checksums(target, frozen_layers: int) -> dict[str, float]:
 
 
 def target_signature(target) -> dict:
-    cfg = target.config
+    return config_signature(target.config)
+
+
+def config_signature(cfg) -> dict:
+    """The architecture a transformers config describes, as artifacts record their target's."""
     return {
         "model_type": cfg.model_type,
         "hidden_size": int(cfg.hidden_size),
@@ -92,14 +96,19 @@ def target_signature(target) -> dict:
     }
 
 
+def signature_diff(recorded: dict, have: dict) -> dict:
+    """key -> (recorded, here) for each way the architecture ``have`` differs from the one an
+    artifact recorded (``config_signature``)."""
+    return {k: (recorded.get(k), v) for k, v in have.items() if recorded.get(k) != v}
+
+
 def check_fingerprint(recorded: dict, target, layers: int, error: type[Exception], what: str,
                       rtol: float = 1e-2) -> None:
     """Raise ``error`` unless ``target`` has the architecture (``recorded["signature"]``) and
     the weight checksums of its first ``layers`` layers (``recorded["checksums"]``) that an
     artifact (``what``, for the message) recorded when it was trained."""
-    want = recorded["signature"]
     have = target_signature(target)
-    diff = {k: (want.get(k), v) for k, v in have.items() if want.get(k) != v}
+    diff = signature_diff(recorded["signature"], have)
     if diff:
         raise error(f"{what} was built for another target architecture: {diff}")
     if layers > have["num_hidden_layers"]:

@@ -10,19 +10,15 @@ import json
 import pytest
 import torch
 
-from semspec.types import NGRAM_DRAFT, GenerationConfig, Request
-from semspec.vllm_engine import VLLMEngine, vllm_installed
-from semspec.vllm_speculation import DEFAULT_HEAD, draft_problem
-from tests.conftest import REQUIRE
+from semspec.engine import EMBEDDED_HEAD
+from semspec.types import NGRAM_DRAFT, GenerationConfig
+from semspec.vllm_engine import VLLMEngine
+from semspec.vllm_speculation import draft_problem
+from tests.conftest import require_vllm
 
 PROMPTS = ["What is 2+2?", "Name three colours.", [{"role": "user", "content": "Count to five."}],
            "Tell me a story about a cat.", "Why is the sky blue?"]
 GREEDY = GenerationConfig(method="token_sd", max_new_tokens=40, draft_tokens=3, step_delimiter=" ", max_step_tokens=8)
-
-
-def _need_vllm():
-    if not vllm_installed():
-        (pytest.fail if REQUIRE else pytest.skip)("vLLM is not installed (scripts/install.sh installs it)")
 
 
 @pytest.mark.slow
@@ -31,8 +27,8 @@ def test_the_shipped_head_drafts_smollm2_in_vllm(tmp_path_factory):
     """The shipped head, exported, keeps drafted tokens in vLLM as it does in the embedded
     engine (about 1.5 of 4 per verification there; a wrongly ported head keeps ~0). First in
     the module: no other engine may live beside it (vLLM's state is per process)."""
-    _need_vllm()
-    eng = VLLMEngine.load(None, draft=DEFAULT_HEAD, device="cpu", dtype="float32", batch_size=2, kv_cache_gb=0.5,
+    require_vllm()
+    eng = VLLMEngine.load(None, draft=EMBEDDED_HEAD, device="cpu", dtype="float32", batch_size=2, kv_cache_gb=0.5,
                           speculative_tokens=4)
     try:
         config = GenerationConfig(method="token_sd", max_new_tokens=64, draft_tokens=4)
@@ -46,13 +42,6 @@ def test_the_shipped_head_drafts_smollm2_in_vllm(tmp_path_factory):
     finally:
         del eng
         gc.collect()
-
-
-@pytest.fixture(scope="module")
-def tiny_vllm_dir(tmp_path_factory):
-    from semspec.testing import tiny_model_dir
-
-    return tiny_model_dir(tmp_path_factory.mktemp("tiny-vllm") / "model", num_layers=2, hidden_size=256, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +64,7 @@ def tiny_head_dir(tiny_vllm_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module", params=["head", NGRAM_DRAFT])
 def engine(request, tiny_vllm_dir, tiny_head_dir, tiny_cache):
-    _need_vllm()
+    require_vllm()
     draft = str(tiny_head_dir) if request.param == "head" else NGRAM_DRAFT
     eng = VLLMEngine.load(str(tiny_vllm_dir), draft=draft, device="cpu", cache_dir=tiny_cache, dtype="float32",
                           batch_size=8, kv_cache_gb=0.25, speculative_tokens=3)
@@ -130,7 +119,7 @@ def test_it_serves_token_sd_only_with_its_own_draft_count(engine):
 
 
 def test_vllm_drafts_with_a_head_or_ngram_only(tiny_head_dir):
-    assert draft_problem(None) is None and draft_problem(DEFAULT_HEAD) is None
+    assert draft_problem(None) is None and draft_problem(EMBEDDED_HEAD) is None
     assert draft_problem(NGRAM_DRAFT, "some/model") is None and draft_problem(str(tiny_head_dir), "some/model") is None
     assert "neither" in draft_problem("embedded:smollm2-135m-draft")
     assert "no draft is configured" in draft_problem(None, "some/model")
