@@ -71,17 +71,24 @@ def vllm_dtype(device: str, dtype: str) -> str:
 
 def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: str = "auto", batch_size: int = 32,
                      kv_cache_gb: float = DEFAULT_KV_CACHE_GB, compile: bool = False, seed: int = 0,
-                     speculative_config: dict | None = None) -> dict:
+                     speculative_config: dict | None = None, states_layer: int | None = None) -> dict:
     """vLLM's engine arguments for semjobs' settings (``VLLMEngine.load``; the bench's plain
-    ``vllm.LLM`` peer takes the same)."""
+    ``vllm.LLM`` peer takes the same). ``states_layer``: an engine that returns that layer's
+    hidden states to the requests that ask (``semspec.vllm_states``; no speculation then)."""
     on_cpu = device == "cpu" or not torch.cuda.is_available()
+    transfer = None
+    if states_layer is not None:
+        from . import vllm_states
+
+        speculative_config, transfer = vllm_states.speculative_config(states_layer), vllm_states.connector_config()
     return dict(
         model=str(model_dir), tokenizer=str(model_dir), dtype=vllm_dtype("cpu" if on_cpu else "cuda", dtype),
         seed=seed, max_num_seqs=batch_size, enable_prefix_caching=True, enforce_eager=not compile,
         disable_log_stats=True, kv_cache_memory_bytes=int(kv_cache_gb * 2**30),
         block_size=CPU_BLOCK_SIZE if on_cpu else None, speculative_config=speculative_config,
         # each request's drafted and accepted tokens, for its counters and step log
-        per_request_spec_decode_metrics="detailed" if speculative_config else "none",
+        per_request_spec_decode_metrics="detailed" if speculative_config and transfer is None else "none",
+        kv_transfer_config=transfer,
     )
 
 
@@ -105,6 +112,24 @@ def _shield_llvmlite() -> None:
     ffi = sys.modules.get("llvmlite.binding.ffi")
     if ffi is not None and hasattr(ffi, "lib"):
         ffi.lib._fntab.setdefault("__dict__", {})
+
+
+def start_engine(args: Any) -> Any:
+    """vLLM's ``LLMEngine`` in this process, from ``EngineArgs``."""
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    # an engine dropped but not yet collected would, when collected, tear down the
+    # per-process parallel state this one is about to share
+    gc.collect()
+    _shield_llvmlite()
+    set_num_threads = torch.set_num_threads
+    try:
+        return LLMEngine.from_engine_args(args)
+    finally:
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op, for its thread
+        # binding; in this process it binds nothing, and the embedded engine, tests and
+        # the thread that steps this engine (generate_many) need the real one
+        torch.set_num_threads = set_num_threads
 
 
 @dataclass
@@ -165,7 +190,6 @@ class VLLMEngine:
         import vllm
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig as HFGenerationConfig
         from vllm import EngineArgs
-        from vllm.v1.engine.llm_engine import LLMEngine
 
         threads = torch.get_num_threads()
         model_dir, sha = model_directory(target, models_cache(cache_dir))
@@ -183,18 +207,7 @@ class VLLMEngine:
         args = EngineArgs(**engine_arguments(model_dir, device, dtype, batch_size, kv_cache_gb, compile, seed,
                                              spec_config))
         dt = args.dtype
-        # an engine dropped but not yet collected would, when collected, tear down the
-        # per-process parallel state this one is about to share
-        gc.collect()
-        _shield_llvmlite()
-        set_num_threads = torch.set_num_threads
-        try:
-            llm = LLMEngine.from_engine_args(args)
-        finally:
-            # vLLM's CPU worker replaces torch.set_num_threads with a no-op, for its thread
-            # binding; in this process it binds nothing, and the embedded engine, tests and
-            # the thread that steps this engine (generate_many) need the real one
-            torch.set_num_threads = set_num_threads
+        llm = start_engine(args)
         name = str(target) if target is not None else DEFAULT_TARGET
         engine = cls(llm, tokenizer, ModelIdentity(name, sha), dt, int(llm.model_config.max_model_len),
                      eos_token_ids(hf_config, generation_config, tokenizer), vllm.__version__, model_dir, threads,

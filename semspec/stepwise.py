@@ -1,0 +1,331 @@
+"""The decoding methods at step level: what a serving engine is asked for, a step at a time.
+
+A method is a coroutine per prompt (``Program``): it yields a :class:`Call` (the target or the
+draft continues some token ids: writes up to the step's end, or reads a drafted step and
+returns its states) and is sent the :class:`Reply`. It never runs a model: an engine adapter
+(``semspec.vllm_steps``) turns each call into a request of its engine and sends the reply
+when the request finishes, so many prompts' calls share the engine's continuous batching, and
+the engine's prefix cache makes every call after the first cost only its new tokens (a
+rejected step is "rolled back" by not extending the prefix).
+
+    ar       the target writes every step (``write_step``).
+    semspec  the draft writes a step; the target reads it in one prefill, returning the probe
+             layer's states over the step; the probes on both models' pooled states decide
+             (``meaning_decision``); kept, the verification's sampled token starts the next
+             step; else the target writes the step itself.
+
+Counting conventions are ``semspec.sequence``'s (the embedded engine's), so results compare.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Generator
+
+import torch
+
+from .adaptive import Governor
+from .answers import final_answer, split_reasoning
+from .sampling import make_generator, uniform
+from .steps import IncrementalText, StepDetector
+from .types import ANSWER_BY, Counters, GenerationConfig, GenerationResult, StepRecord
+
+TARGET, DRAFT = "target", "draft"
+
+
+@dataclass
+class Call:
+    """One request to one model: continue ``ids`` by up to ``max_tokens`` tokens, stopping at
+    an end-of-sequence token or, when ``stop_at_step_end``, at text that may end a step.
+    ``states_from``: also return the probe layer's states of positions ``states_from`` .. the
+    last one fed. ``phase`` books its time."""
+
+    model: str
+    ids: list[int]
+    max_tokens: int
+    phase: str
+    stop_at_step_end: bool = False
+    states_from: int | None = None
+
+
+@dataclass
+class Reply:
+    tokens: list[int]
+    states: torch.Tensor | None = None  # [positions, hidden] float32, when asked for
+
+
+Program = Generator[Call, Reply, None]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a method needs to know of a model served elsewhere."""
+
+    tokenizer: object
+    eos: frozenset[int]
+    max_context: int
+
+
+def meaning_decision(probes, pooled_target: torch.Tensor, pooled_draft: torch.Tensor, config: GenerationConfig,
+                     coin: torch.Generator) -> tuple[bool, dict]:
+    """SemanticSpec's rule: keep a drafted step with probability min(1, p_target / p_draft),
+    never when p_target < tau or the ratio is under ``ratio_floor``; and the step log's record."""
+    p_t = probes.target.predict(pooled_target)
+    p_d = probes.draft.predict(pooled_draft)
+    ratio = p_t / max(p_d, 1e-6)
+    accept_prob = min(1.0, ratio)
+    if p_t < config.tau or ratio < config.ratio_floor:
+        accept_prob = 0.0
+    accepted = accept_prob >= 1.0 or uniform(coin) < accept_prob
+    return accepted, {"p_target": p_t, "p_draft": p_d, "accept_prob": accept_prob}
+
+
+@dataclass
+class DraftedStep:
+    tokens: list[int]
+    end: str  # "delimiter", "think_end", "cap", "eos", "length"
+    pooled: torch.Tensor | None
+
+
+class StepProgram:
+    """One prompt's decode at step level (``ar``); subclasses draft."""
+
+    method = "ar"
+
+    def __init__(self, prompt: list[int], config: GenerationConfig, target: ModelFacts, think_end: str | None,
+                 identities: dict[str, str], in_flight: Callable[[], int] = lambda: 1):
+        if config.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        if config.answer_by not in ANSWER_BY:
+            raise ValueError(f"answer_by must be one of {', '.join(ANSWER_BY)}, not {config.answer_by!r}")
+        self.cfg = config
+        self.target = target
+        self.ids = list(prompt)
+        self.prompt_len = len(prompt)
+        self.budget = min(config.max_new_tokens, target.max_context - len(prompt))
+        self.think_end = think_end
+        self.detector = StepDetector(config.step_delimiter, think_end, config.max_step_tokens)
+        self.counters = Counters(prompt_tokens=len(prompt))
+        self.steps: list[StepRecord] = []
+        self.phase = "think"  # -> "answer" -> "done"
+        self.finish_reason: str | None = None
+        self.step_start = len(prompt)
+        self.identities = identities
+        self.in_flight = in_flight
+        self.governor: Governor | None = None
+        self.t0 = time.perf_counter()
+        self._step_t0 = self.t0
+
+    # ------------------------------------------------------------------ state
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    def remaining(self) -> int:
+        return self.budget - (len(self.ids) - self.prompt_len)
+
+    def finish(self, reason: str) -> None:
+        if self.phase != "done":
+            self.finish_reason = reason
+            self.phase = "done"
+
+    def decode(self, ids) -> str:
+        return self.target.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def close_step(self, author: str, decision: str, drafted: int = 0, accepted: int = 0, **extra) -> None:
+        end = len(self.ids)
+        if end <= self.step_start and not drafted:
+            return
+        now = time.perf_counter()
+        self.steps.append(StepRecord(index=len(self.steps), author=author, text=self.decode(self.ids[self.step_start:]),
+                                     drafted_tokens=drafted, accepted_tokens=accepted, decision=decision,
+                                     target_tokens=end - self.step_start, seconds=now - self._step_t0, **extra))
+        if self.governor is not None:
+            self.governor.observe_step(end - self.step_start)
+        self.step_start, self._step_t0 = end, now
+
+    def take_token(self, token: int) -> bool:
+        """Append a token the target sampled; False (and finish) on end of sequence."""
+        if token in self.target.eos:
+            self.finish("eos")
+            return False
+        self.ids.append(token)
+        return True
+
+    # ------------------------------------------------------------------ steps
+    def continue_step(self, model: str, facts: ModelFacts, ids: list[int], prefix: list[int], phase: str
+                      ) -> Generator[Call, Reply, tuple[list[int], str]]:
+        """``model`` continues ``ids`` (whose last ``len(prefix)`` tokens open the step) to the
+        step's end: (its tokens, why it stopped). The engine stops at text that may end a
+        step; the step rule (``StepDetector``) decides on the tokens, and the model goes on
+        where the engine stopped early (a delimiter before any text) or cuts where it did not
+        see the end (a delimiter spanning the prefix)."""
+        text = IncrementalText(facts.tokenizer, prefix)
+        tokens: list[int] = []
+        while True:
+            n = len(prefix) + len(tokens)
+            room = min(self.cfg.max_step_tokens - n, self.remaining() - len(tokens))
+            if room <= 0:
+                return tokens, "cap" if n >= self.cfg.max_step_tokens else "length"
+            reply = yield Call(model, ids + tokens, room, phase, stop_at_step_end=True)
+            for token in reply.tokens:
+                if token in facts.eos:
+                    return tokens, "eos"
+                tokens.append(token)
+                prev = len(text.text)
+                text.push(token)
+                end = self.detector.ended(text.text, len(prefix) + len(tokens), prev)
+                if end is not None:
+                    return tokens, end.reason
+
+    def write_step(self, decision: str, **extra) -> Program:
+        """The target writes the open step itself."""
+        tokens, end = yield from self.continue_step(TARGET, self.target, self.ids, self.ids[self.step_start:],
+                                                    "target_write")
+        self.ids.extend(tokens)
+        if end == "eos":
+            self.finish("eos")
+        elif end == "length":
+            self.finish("length")
+        elif end == "think_end":
+            self.phase = "answer"
+        self.close_step("target", decision, **extra)
+
+    def advance(self) -> Program:
+        yield from self.write_step("target_only")
+
+    def program(self) -> Program:
+        while not self.done:
+            if self.remaining() <= 0:
+                self.finish("length")
+                break
+            yield from self.advance()
+        if len(self.ids) > self.step_start:
+            self.close_step("target", "target_only")
+
+    def result(self) -> GenerationResult:
+        c = self.counters
+        c.generated_tokens = len(self.ids) - self.prompt_len
+        text = self.target.tokenizer.decode(self.ids[self.prompt_len:], skip_special_tokens=True)
+        reasoning, content = split_reasoning(text, self.think_end)
+        return GenerationResult(text=text, final_answer=final_answer(text, self.think_end), reasoning=reasoning,
+                                content=content, steps=list(self.steps), counters=c,
+                                wall_seconds=time.perf_counter() - self.t0,
+                                finish_reason=self.finish_reason or "length", models=dict(self.identities))
+
+
+class SemSpecProgram(StepProgram):
+    """SemanticSpec at step level; the draft shares the target's tokenizer."""
+
+    method = "semspec"
+
+    def __init__(self, prompt, config, target, think_end, identities, in_flight=lambda: 1, *, draft: ModelFacts,
+                 probes, pool_states: Callable[[str, torch.Tensor], torch.Tensor]):
+        """``pool_states(model, rows)``: the probe's features of a step from the states the
+        engine returned for it (``semspec.vllm_steps``)."""
+        super().__init__(prompt, config, target, think_end, identities, in_flight)
+        if config.draft_max_batch is not None and config.draft_max_batch < 0:
+            raise ValueError("draft_max_batch must be at least 0 (0: no limit)")
+        self.draft = draft
+        self.probes = probes
+        self.pool_states = pool_states
+        self.coin = make_generator(config.seed + 1_000_003, "cpu")
+        if config.adaptive:
+            self.governor = Governor(config.draft_cost, config.verify_cost_per_token)
+
+    def draft_out_of_room(self) -> bool:
+        room = len(self.ids) + self.cfg.max_step_tokens + 8
+        return room > self.draft.max_context or room > self.target.max_context
+
+    def advance(self) -> Program:
+        cfg = self.cfg
+        if self.phase == "answer" and cfg.answer_by == "draft" and not self.draft_out_of_room():
+            yield from self.draft_write_step()
+        elif self.phase == "answer" or self.draft_out_of_room():
+            yield from self.write_step("target_only", reason="answer" if self.phase == "answer" else "room")
+        elif cfg.draft_max_batch and self.in_flight() > cfg.draft_max_batch:
+            yield from self.write_step("target_only", reason="batch")
+        elif self.governor is not None and not self.governor.should_speculate():
+            yield from self.write_step("target_only", reason="backoff")
+        else:
+            yield from self.speculate_step()
+
+    def draft_step(self, tap: bool) -> Generator[Call, Reply, DraftedStep]:
+        """The draft writes the rest of the open step; with ``tap``, its pooled states over the
+        whole step (its opening tokens too) from one more read of it (the last drafted
+        token is never fed while drafting)."""
+        prefix = self.ids[self.step_start:]
+        tokens, end = yield from self.continue_step(DRAFT, self.draft, self.ids, prefix, "draft")
+        pooled = None
+        if tap and tokens:
+            reply = yield Call(DRAFT, self.ids + tokens, 1, "draft", states_from=self.step_start)
+            pooled = self.pool_states(DRAFT, reply.states)
+        return DraftedStep(tokens[: max(0, self.remaining())], end, pooled)
+
+    def speculate_step(self) -> Program:
+        cfg = self.cfg
+        thrown = 0
+        attempts = cfg.draft_attempts if cfg.temperature > 0 else 1  # greedy drafts the same step again
+        for attempt in range(1, attempts + 1):
+            step = yield from self.draft_step(tap=True)
+            if not step.tokens:
+                if thrown:
+                    yield from self.write_step("rejected", drafted=thrown)
+                else:
+                    yield from self.write_step("target_only", reason="draft_stop")
+                return
+            c = self.counters
+            c.steps_drafted += 1
+            c.drafted_tokens += len(step.tokens)
+            reply = yield Call(TARGET, self.ids + step.tokens, 1, "verify", states_from=self.step_start)
+            accepted, record = meaning_decision(self.probes, self.pool_states(TARGET, reply.states), step.pooled,
+                                                cfg, self.coin)
+            if self.governor is not None and (accepted or attempt == attempts):
+                self.governor.observe_verification(accepted)
+            if accepted:
+                self.keep(step, reply.tokens, thrown, record)
+                return
+            if attempt == attempts:
+                yield from self.write_step("rejected", draft_text=self.decode(step.tokens), **record)
+                if self.steps:  # the drafted tokens went, but for the ones the target wrote alike
+                    written = self.ids[-self.steps[-1].target_tokens:]
+                    kept = _common_prefix(written, step.tokens[:-1])
+                    self.counters.accepted_tokens += kept
+                    self.steps[-1].drafted_tokens = len(step.tokens) + thrown
+                    self.steps[-1].accepted_tokens = kept
+                return
+            thrown += len(step.tokens)
+
+    def keep(self, step: DraftedStep, bonus: list[int], thrown: int, record: dict) -> None:
+        """Keep a verified step; the verification's sampled token starts the next."""
+        c = self.counters
+        c.steps_accepted += 1
+        c.accepted_tokens += len(step.tokens)
+        self.ids.extend(step.tokens)
+        self.close_step("draft", "accepted", drafted=len(step.tokens) + thrown, accepted=len(step.tokens), **record)
+        if step.end == "think_end":
+            self.phase = "answer"
+        if self.remaining() <= 0:
+            self.finish("length")
+        elif bonus:
+            self.take_token(bonus[0])
+
+    def draft_write_step(self) -> Program:
+        """A step of the answer written by the draft and kept unverified ("draft_only")."""
+        step = yield from self.draft_step(tap=False)
+        self.ids.extend(step.tokens)
+        self.close_step("draft", "draft_only", drafted=len(step.tokens), accepted=len(step.tokens))
+        if step.end == "eos":
+            self.finish("eos")
+        elif self.remaining() <= 0 or not step.tokens:
+            self.finish("length")
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,334 @@
+"""SemanticSpec on vLLM: the step-level methods (``semspec.stepwise``) over two vLLM engines.
+
+    engine = VLLMStepEngine.load()                # the embedded target, its draft and probes
+    for done in engine.generate_many(prompts, GenerationConfig(method="semspec"), batch_size=32):
+        done.key, done.result, done.error
+
+The target and the draft each run in a vLLM engine of their own in this process (the paper's
+code does the same with two SGLang engines). Each engine stores the hidden states its probe
+reads (``semspec.vllm_states``), in its paged KV cache, so that a verification returns the
+target's states over the drafted step, and a read of a drafted step the draft's. A loop here
+keeps up to ``batch_size`` prompts' programs in flight: every call a program yields becomes a
+request of its model's engine, every finished request's reply resumes its program, and each
+engine takes one step per turn while it has requests: vLLM batches whatever calls are in
+flight, with prefix caching doing the KV reuse across a prompt's calls.
+
+No I/O happens here beyond model loading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from .engine import MEASURED_DRAFT_COST, resolve_components
+from .intake import Intake
+from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, ModelIdentity, model_directory, models_cache
+from .probes import ProbePair, resolve_probes
+from .sequence import MethodUnavailable, prompt_ids
+from .stepwise import DRAFT, TARGET, Call, ModelFacts, Reply, SemSpecProgram, StepProgram
+from .steps import detect_think_end
+from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Finished,
+                    GenerationConfig)
+from .vllm_engine import DEFAULT_KV_CACHE_GB, configure_process, engine_arguments, start_engine
+from .vllm_states import STATES, STATES_FROM, final_norm
+
+STEP_METHODS = {"ar": StepProgram, "semspec": SemSpecProgram}
+# The draft's share of the KV cache budget: its cache per token is a few of the target's layers.
+DRAFT_KV_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a probe checks of the model it reads (``Probe.check_model``)."""
+
+    identity: ModelIdentity
+    hidden_size: int
+    num_layers: int
+    device: str = "cpu"  # where the probe runs: it reads pooled states the engine copied out
+
+
+@dataclass
+class Served:
+    """A model in a vLLM engine that stores one layer's states: what programs and pooling need."""
+
+    llm: Any
+    facts: ModelFacts
+    shape: ModelShape
+    layer: int  # transformers' hidden_states index the probe reads
+    norm: tuple[torch.Tensor, float] | None  # the final norm's (weight, eps), when that layer is the last
+    steps: int = 0  # engine steps taken
+    in_flight: dict[str, "_Live"] = field(default_factory=dict)
+
+    def features(self, rows: torch.Tensor) -> torch.Tensor:
+        """Mean-pooled states of a step (``semspec.probes.pool``'s features)."""
+        if self.norm is not None:
+            rows = final_norm(rows, *self.norm)
+        return rows.float().mean(0)
+
+
+@dataclass
+class _Live:
+    """A prompt in flight: its program, and the call it waits on."""
+
+    key: Any
+    program: StepProgram
+    gen: Any
+    call: Call | None = None
+    call_t0: float = 0.0
+    call_step: int = 0
+    calls: int = 0
+
+
+def _model_files(model_dir: Path) -> tuple[Any, Any, set[int]]:
+    """(tokenizer, config, end-of-sequence ids) of a model directory."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig as HFGenerationConfig
+
+    from .models import eos_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    try:
+        generation = HFGenerationConfig.from_pretrained(model_dir, local_files_only=True)
+    except OSError:  # the model ships none
+        generation = None
+    return tokenizer, config, eos_token_ids(config, generation, tokenizer)
+
+
+def _final_norm_weight(model_dir: Path) -> torch.Tensor:
+    from safetensors import safe_open
+
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            if "model.norm.weight" in f.keys():
+                return f.get_tensor("model.norm.weight")
+    raise ValueError(f"{model_dir} holds no model.norm.weight: its last layer's states cannot be normed")
+
+
+def _shape(name: str, sha: str, config: Any) -> ModelShape:
+    return ModelShape(ModelIdentity(name, sha), int(config.hidden_size), int(config.num_hidden_layers))
+
+
+class VLLMStepEngine:
+    def __init__(self, target: Served, draft: Served | None, probes: ProbePair | None, dtype: str, version: str,
+                 threads: int, draft_cost: float | None):
+        self.target = target
+        self.draft = draft
+        self.probes = probes
+        self.dtype = dtype
+        self.version = version
+        self.threads = threads
+        self.draft_cost = draft_cost
+        self.think_end_marker = detect_think_end(target.facts.tokenizer)
+        self._next_id = 0
+
+    @classmethod
+    def load(cls, target: str | None = None, draft: str | None = None, probes: str | None = None,
+             device: str = "auto", cache_dir: str | os.PathLike | None = None, dtype: str = "auto",
+             batch_size: int = 32, kv_cache_gb: float = DEFAULT_KV_CACHE_GB, compile: bool = False,
+             seed: int = 0) -> "VLLMStepEngine":
+        """The target and its draft in two vLLM engines, each storing the layer its probe
+        reads (defaults as ``semspec.engine.Engine.load``'s: the embedded target, its layer
+        draft and their probes). ``kv_cache_gb``: the target's KV budget; the draft gets
+        ``DRAFT_KV_SHARE`` of it more. Without probes only ``ar`` runs."""
+        configure_process()
+        import vllm
+        from vllm import EngineArgs
+
+        threads = torch.get_num_threads()
+        cache = models_cache(cache_dir) or DEFAULT_CACHE_DIR
+        draft, probes = resolve_components(target, draft, probes)
+        t_dir, t_sha = model_directory(target, cache)
+        t_tok, t_cfg, t_eos = _model_files(t_dir)
+        t_shape = _shape(str(target or DEFAULT_TARGET), t_sha, t_cfg)
+        pair = d_dir = d_shape = None
+        if draft and probes:
+            d_dir, d_sha = model_directory(draft, cache)
+            d_tok, d_cfg, d_eos = _model_files(d_dir)
+            d_shape = _shape(str(draft), d_sha, d_cfg)
+            pair = ProbePair.load(resolve_probes(probes), t_shape, d_shape, name=str(probes))
+
+        def serve(model_dir, tok, cfg, eos, shape, probe, gb) -> Served:
+            layer = probe.resolved_layer(shape.num_layers) if probe is not None else shape.num_layers
+            args = EngineArgs(**engine_arguments(model_dir, device, dtype, batch_size, gb, compile, seed,
+                                                 states_layer=layer))
+            llm = start_engine(args)
+            norm = None
+            if layer == shape.num_layers:
+                norm = (_final_norm_weight(Path(model_dir)), float(getattr(cfg, "rms_norm_eps", 1e-6)))
+            facts = ModelFacts(tok, frozenset(eos), int(llm.model_config.max_model_len))
+            return Served(llm, facts, shape, layer, norm)
+
+        t = serve(t_dir, t_tok, t_cfg, t_eos, t_shape, pair.target if pair else None, kv_cache_gb)
+        d = None
+        if pair is not None:
+            if d_tok.get_vocab() != t_tok.get_vocab():
+                raise MethodUnavailable("semspec on vLLM needs a draft with the target's tokenizer")
+            d = serve(d_dir, d_tok, d_cfg, d_eos, d_shape, pair.draft, kv_cache_gb * DRAFT_KV_SHARE)
+        cost = MEASURED_DRAFT_COST.get(str(draft)) if target in (None, DEFAULT_TARGET) else None
+        if d is not None and cost is None:  # a decoding pass is memory-bound: the weights it reads
+            cost = (d_cfg.num_hidden_layers * d_cfg.hidden_size ** 2) / (t_cfg.num_hidden_layers * t_cfg.hidden_size ** 2)
+        return cls(t, d, pair, str(t.llm.model_config.dtype).removeprefix("torch."), vllm.__version__, threads, cost)
+
+    # ------------------------------------------------------------------ what it serves
+    @property
+    def identities(self) -> dict[str, str]:
+        ids = {"target": str(self.target.shape.identity)}
+        if self.draft is not None:
+            ids["draft"] = str(self.draft.shape.identity)
+        if self.probes is not None:
+            ids.update(self.probes.identities())
+        ids.update(dtype=self.dtype, engine=f"vllm {self.version}")
+        return ids
+
+    def method_problem(self, method: str) -> str | None:
+        if method not in METHODS:
+            return f"unknown method {method!r}; one of {', '.join(METHODS)}"
+        if method not in STEP_METHODS:
+            return f"method {method!r} does not run on vLLM at step level (it runs {', '.join(STEP_METHODS)})"
+        if method == "semspec" and self.probes is None:
+            return "method 'semspec' needs a draft model and probes: none were loaded"
+        return None
+
+    def resolve(self, config: GenerationConfig) -> GenerationConfig:
+        """``config`` with its unset step rule filled in as the embedded engine does (the
+        probes' calibration, else the defaults) and the draft's cost for the adaptive rule;
+        no batch pause (``draft_max_batch`` 0) unless asked for."""
+        rule = {"step_delimiter": DEFAULT_STEP_DELIMITER, "max_step_tokens": DEFAULT_MAX_STEP_TOKENS,
+                "draft_max_batch": 0, "draft_cost": self.draft_cost}
+        if self.probes is not None:
+            rule.update(self.probes.step_rule())
+        unset = {k: v for k, v in rule.items() if getattr(config, k) is None}
+        return dataclasses.replace(config, **unset) if unset else config
+
+    def new_program(self, prompt: Any, config: GenerationConfig, in_flight) -> StepProgram:
+        problem = self.method_problem(config.method)
+        if problem is not None:
+            raise MethodUnavailable(problem)
+        cfg = self.resolve(config)
+        t = self.target.facts
+        ids = prompt_ids(t.tokenizer, prompt, cfg.chat_template_kwargs, t.max_context)
+        think_end = self.think_end_marker if cfg.think_end == "auto" else (cfg.think_end or None)
+        if cfg.method == "ar":
+            return StepProgram(ids, cfg, t, think_end, self.identities, in_flight)
+        return SemSpecProgram(ids, cfg, t, think_end, self.identities, in_flight, draft=self.draft.facts,
+                              probes=self.probes, pool_states=self._features)
+
+    def _features(self, model: str, rows: torch.Tensor) -> torch.Tensor:
+        return (self.target if model == TARGET else self.draft).features(rows)
+
+    # ------------------------------------------------------------------ decoding
+    def generate_many(self, prompts: Iterable, config: GenerationConfig | None = None,
+                      batch_size: int = 8) -> Iterator[Finished]:
+        """``semspec.engine.Engine.generate_many``'s contract: up to ``batch_size`` prompts in
+        flight, read lazily; a bad prompt fails alone; an Abort ends its request at once."""
+        torch.set_num_threads(self.threads)  # vLLM's CPU attention plans for the loading thread's count
+        default = config or GenerationConfig(method="semspec")
+        intake = Intake(prompts)
+        live: dict[Any, _Live] = {}
+        served = [s for s in (self.target, self.draft) if s is not None]
+        try:
+            while True:
+                while (req := intake.next(room=len(live) < batch_size)) is not None:
+                    if isinstance(req, Abort):
+                        item = live.pop(req.key, None)
+                        if item is not None:
+                            self._drop(item)
+                            yield Finished(req.key, None, Cancelled(f"request {req.key!r} aborted"))
+                        continue
+                    try:
+                        program = self.new_program(req.prompt, req.config or default, lambda: len(live))
+                    except ValueError as e:  # a bad prompt (PromptError) or config
+                        yield Finished(req.key, None, e)
+                        continue
+                    item = _Live(req.key, program, program.program())
+                    live[req.key] = item
+                    if (done := self._resume(item, None)) is not None:
+                        del live[req.key]
+                        yield done
+                if not live:
+                    if intake.exhausted:
+                        return
+                    continue
+                for s in served:
+                    if not s.in_flight:
+                        continue
+                    outputs = s.llm.step()
+                    s.steps += 1
+                    for out in outputs:
+                        if not out.finished or out.request_id not in s.in_flight:
+                            continue
+                        item = s.in_flight.pop(out.request_id)
+                        states = (out.kv_transfer_params or {}).get(STATES)
+                        if (done := self._resume(item, Reply(list(out.outputs[0].token_ids), states))) is not None:
+                            del live[item.key]
+                            yield done
+        finally:  # the caller stopped early (or failed): free vLLM of what is left
+            for item in live.values():
+                self._drop(item)
+
+    def _resume(self, item: _Live, reply: Reply | None) -> Finished | None:
+        """Send ``reply`` to the program and submit its next call; its Finished when it ends."""
+        if reply is not None:
+            served = self._served(item.call.model)
+            c = item.program.counters
+            c.phase_seconds[item.call.phase] = c.phase_seconds.get(item.call.phase, 0.0) + time.perf_counter() - item.call_t0
+            if item.call.model == TARGET:
+                c.target_forward_passes += served.steps - item.call_step
+            else:
+                c.draft_forward_passes += served.steps - item.call_step
+        try:
+            call = item.gen.send(reply) if reply is not None else next(item.gen)
+        except StopIteration:
+            return Finished(item.key, item.program.result())
+        except Exception as e:  # noqa: BLE001 -- a program's failure fails its item alone
+            return Finished(item.key, None, e)
+        self._submit(item, call)
+        return None
+
+    def _served(self, model: str) -> Served:
+        return self.target if model == TARGET else self.draft
+
+    def _submit(self, item: _Live, call: Call) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        served = self._served(call.model)
+        cfg = item.program.cfg
+        stop = [cfg.step_delimiter] + ([item.program.think_end] if item.program.think_end else [])
+        extra = {"kv_transfer_params": {STATES_FROM: call.states_from}} if call.states_from is not None else None
+        sampled = cfg.temperature > 0
+        params = SamplingParams(
+            temperature=cfg.temperature, top_p=cfg.top_p if sampled else 1.0,
+            seed=(cfg.seed * 1_000_003 + item.calls) % 2**63 if sampled else None,
+            max_tokens=call.max_tokens, stop_token_ids=sorted(served.facts.eos),
+            stop=stop if call.stop_at_step_end else None, include_stop_str_in_output=True,
+            detokenize=call.stop_at_step_end, output_kind=RequestOutputKind.FINAL_ONLY, extra_args=extra,
+        )
+        request_id = str(self._next_id)
+        self._next_id += 1
+        item.call, item.call_t0, item.call_step = call, time.perf_counter(), served.steps
+        item.calls += 1
+        served.in_flight[request_id] = item
+        served.llm.add_request(request_id, served.llm.renderer.render_cmpl([{"prompt_token_ids": call.ids}])[0],
+                               params)
+
+    def _drop(self, item: _Live) -> None:
+        for s in (self.target, self.draft):
+            if s is None:
+                continue
+            for rid in [r for r, it in s.in_flight.items() if it is item]:
+                del s.in_flight[rid]
+                s.llm.abort_request([rid])
+
+    def generate(self, messages: list[dict] | str, config: GenerationConfig | None = None):
+        (done,) = self.generate_many([messages], config, batch_size=1)
+        if done.error is not None:
+            raise done.error
+        return done.result
