@@ -209,6 +209,8 @@ def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_di
            draft_max_batch=None, engines=("embedded",), kv_cache_gb=None) -> None:
     import json
 
+    import torch
+
     from semjobs.settings import settings as service_settings
     from semspec.benchmark.runner import load_engine, load_prompts
     from semspec.benchmark.throughput import BATCH_METHODS, SweepSettings, markdown, run_sweep
@@ -224,26 +226,39 @@ def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_di
     except ValueError as e:
         raise click.UsageError(str(e)) from e
 
-    def load(engine, dt, speculative):
+    def load(engine, dt, kind):
         say(f"loading the {engine} engine in {str(dt).removeprefix('torch.')}"
-            + (f", drafting {sweep.draft_tokens} tokens per verification" if speculative else ""))
+            + (f", drafting {sweep.draft_tokens} tokens per verification" if kind == "token_sd" else "")
+            + (", target and draft at step level" if kind == "steps" else ""))
         if engine == "vllm":
             from semspec.vllm_engine import VLLMEngine
+            from semspec.vllm_steps import VLLMStepEngine
 
             t0 = time.perf_counter()
-            loaded = VLLMEngine.load(target, draft=draft, device=device, cache_dir=cache_dir, dtype=str(dt),
-                                     batch_size=max(batch_sizes), seed=settings.seed,
-                                     kv_cache_gb=kv_cache_gb or service_settings.kv_cache_gb,
-                                     speculative_tokens=sweep.draft_tokens if speculative else None)
+            common = dict(device=device, cache_dir=cache_dir, dtype=str(dt), batch_size=max(batch_sizes),
+                          seed=settings.seed, kv_cache_gb=kv_cache_gb or service_settings.kv_cache_gb)
+            if kind == "steps":
+                loaded = VLLMStepEngine.load(target, draft=draft, probes=probes, **common)
+            else:
+                loaded = VLLMEngine.load(target, draft=draft, **common,
+                                         speculative_tokens=sweep.draft_tokens if kind == "token_sd" else None)
             say(f"vLLM started in {time.perf_counter() - t0:.1f}s")
             return loaded
         return load_engine(target, draft, probes, device=device, cache_dir=cache_dir, dtype=dt)
 
-    result = run_sweep(load, prompt_list, sweep, progress=say)
+    scorer = []  # the target in float32, loaded once the runs are done
+
+    def loglik(prompt, text):
+        from semspec.benchmark.runner import target_mean_loglik
+        from semspec.models import load_model, models_cache
+
+        if not scorer:
+            scorer.append(load_model(target, device="cpu", cache_dir=models_cache(cache_dir), dtype=torch.float32))
+        return target_mean_loglik(scorer[0], prompt, text)
+
+    result = run_sweep(load, prompt_list, sweep, progress=say, loglik=loglik if settings.loglik else None)
     command = "semjobs bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 \
         and sys.argv[1] == "bench" else None
-    import torch
-
     result = {"command": command, "settings": {**sweep.__dict__, "prompts": settings.prompts, "limit": settings.limit,
                                                "offset": settings.offset, "torch_threads": torch.get_num_threads()},
               **result}

@@ -76,7 +76,8 @@ def engine_run(engine, method: str, prompts: list[dict], s: SweepSettings,
         c = r.counters
         out[done.key] = {"text": r.text, "generated_tokens": c.generated_tokens,
                          "steps_drafted": c.steps_drafted, "steps_accepted": c.steps_accepted,
-                         "drafted_tokens": c.drafted_tokens, "accepted_tokens": c.accepted_tokens}
+                         "drafted_tokens": c.drafted_tokens, "accepted_tokens": c.accepted_tokens,
+                         "phase_seconds": dict(c.phase_seconds)}
     return out, ({"target": stats.target, "draft": stats.draft} if counted else None)
 
 
@@ -159,18 +160,26 @@ def sweep_dtype(engine: str, s: SweepSettings, batch_size: int) -> Any:
     return pick_dtype(s.device, batch_size, s.dtype)
 
 
+# vLLM's engines by what they serve: ar; token_sd (vLLM speculates for every request of an
+# engine or for none); the step-level methods (semspec.vllm_steps: a target and a draft engine
+# storing the probes' states)
+VLLM_KINDS = {"token_sd": "token_sd", "semspec": "steps"}
+
+
 def engine_instance(name: str, method: str, dtype: Any) -> tuple:
     """Which loaded engine runs ``method``: the embedded engine runs every method in one;
-    vLLM speculates for every request of an engine or for none, so its token_sd has its own."""
-    return name, dtype, name == "vllm" and method == "token_sd"
+    vLLM one per kind (``VLLM_KINDS``)."""
+    return name, dtype, VLLM_KINDS.get(method) if name == "vllm" else None
 
 
-def run_sweep(load: Callable[[str, Any, bool], Any], prompts: list[dict], s: SweepSettings,
-              progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
-    """``load(engine, dtype, speculative)`` gives that engine ("embedded", "vllm") in that
-    number type (vLLM's with ``max(s.batch_sizes)`` slots; ``speculative``: vLLM's for
-    token_sd). The runs are grouped by the engine they need and each engine is loaded once and
-    dropped before the next loads: vLLM's state is one per process."""
+def run_sweep(load: Callable[[str, Any, str | None], Any], prompts: list[dict], s: SweepSettings,
+              progress: Callable[[str], None] = lambda _m: None,
+              loglik: Callable[[str, str], float | None] | None = None) -> dict[str, Any]:
+    """``load(engine, dtype, kind)`` gives that engine ("embedded", "vllm") in that number type
+    (vLLM's with ``max(s.batch_sizes)`` slots; ``kind``: which of vLLM's, ``VLLM_KINDS``). The
+    runs are grouped by the engine they need and each engine is loaded once and dropped before
+    the next loads. ``loglik(prompt, text)``: the target's mean log-likelihood per token of an
+    output, reported per run with its gap to ``ar``'s on the same engine and batch size."""
     runs: dict[tuple, list[tuple[int, str, str]]] = {}  # engine instance -> (batch size, engine, method)
     for bs in s.batch_sizes:
         for name in s.engines:
@@ -179,13 +188,13 @@ def run_sweep(load: Callable[[str, Any, bool], Any], prompts: list[dict], s: Swe
                     runs.setdefault(engine_instance(name, method, sweep_dtype(name, s, bs)), []).append((bs, name, method))
     by_batch: dict[str, dict[str, dict]] = {str(bs): {} for bs in s.batch_sizes}
     outputs: dict[tuple[int, str], list[str]] = {}
-    for (name, dtype, speculative), todo in runs.items():
+    for (name, dtype, kind), todo in runs.items():
         try:
-            engine = load(name, dtype, speculative)
+            engine = load(name, dtype, kind)
         except ValueError as e:  # a draft vLLM cannot speculate with: the other runs go on
-            if not speculative:
+            if not kind:
                 raise
-            progress(f"skipped token_sd on {name}: {e}")
+            progress(f"skipped {kind} on {name}: {e}")
             continue
         for bs, name, method in todo:
             if PEERS.get(method) is None and engine.method_problem(method):
@@ -217,6 +226,8 @@ def run_sweep(load: Callable[[str, Any, bool], Any], prompts: list[dict], s: Swe
             for label in by_batch[str(bs)]:
                 ref, got = outputs[(1, label)], outputs[(bs, label)]
                 by_batch[str(bs)][label]["same_as_batch_1"] = sum(a == b for a, b in zip(ref, got)) / len(ref)
+    if loglik is not None:
+        _add_loglik(by_batch, outputs, prompts, loglik)
     if s.temperature <= 0:  # lossless: token_sd's greedy text is ar's on the same engine
         for bs in s.batch_sizes:
             for label, fig in by_batch[str(bs)].items():
@@ -225,6 +236,20 @@ def run_sweep(load: Callable[[str, Any, bool], Any], prompts: list[dict], s: Swe
                     same = [a == b for a, b in zip(outputs[(bs, ar)], outputs[(bs, label)])]
                     fig["same_as_ar"] = sum(same) / len(same)
     return {"by_batch_size": by_batch, "goals": goals(by_batch)}
+
+
+def _add_loglik(by_batch: dict[str, dict[str, dict]], outputs: dict[tuple[int, str], list[str]],
+                prompts: list[dict], loglik: Callable[[str, str], float | None]) -> None:
+    """Each run's mean target log-likelihood per token, and ``loglik_gap_vs_ar``: ar's (same
+    engine, same batch size) minus it: how much less target-like the method's text reads."""
+    for (bs, label), texts in outputs.items():
+        values = [v for p, t in zip(prompts, texts) if (v := loglik(p["prompt"], t)) is not None]
+        by_batch[str(bs)][label]["target_mean_loglik"] = sum(values) / len(values) if values else None
+    for row in by_batch.values():
+        for label, fig in row.items():
+            ar = row.get("ar" + (label[label.index("@"):] if "@" in label else ""), {}).get("target_mean_loglik")
+            mine = fig.get("target_mean_loglik")
+            fig["loglik_gap_vs_ar"] = ar - mine if ar is not None and mine is not None else None
 
 
 def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: torch.dtype,
@@ -241,9 +266,15 @@ def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: torch.dt
     if drafted:
         fig["step_acceptance"] = sum(r["steps_accepted"] for r in recs) / drafted
     drafted_tokens = sum(r.get("drafted_tokens", 0) for r in recs)
-    if drafted_tokens:  # token_sd: tokens kept per draft_tokens drafted (per verification,
+    if drafted_tokens and not drafted:  # token_sd (which drafts no steps): tokens kept per draft_tokens drafted (per verification,
         # where every verification drafts draft_tokens: a head does, ngram may draft fewer)
         fig["accepted_per_verification"] = sum(r["accepted_tokens"] for r in recs) / drafted_tokens * draft_tokens
+    phases: dict[str, float] = {}
+    for r in recs:
+        for phase, sec in r.get("phase_seconds", {}).items():
+            phases[phase] = phases.get(phase, 0.0) + sec
+    if phases:  # summed over items: at batch 1 where the wall time went, in a batch overlapping
+        fig["phase_seconds"] = phases
     if passes is not None:
         fig["passes"] = passes
         fig["seconds_per_pass"] = {role: p["seconds"] / p["passes"] for role, p in passes.items() if p}
@@ -289,14 +320,15 @@ def markdown(result: dict[str, Any]) -> str:
         cells = [f"{row[m]['tokens_per_s']:.1f} ({row[m]['items_per_s']:.3f})" for m in methods]
         lines.append(f"| {bs} ({row[methods[0]]['dtype']}) | " + " | ".join(cells) + " |")
     lines += ["", "| batch | method | accuracy | same as batch 1 | same as ar | step acceptance | "
-              "drafted tokens kept per verification |", "|---|---|---|---|---|---|---|"]
+              "drafted tokens kept per verification | loglik gap to ar |", "|---|---|---|---|---|---|---|---|"]
     for bs, row in by_batch.items():
         for m, f in row.items():
             def fmt(v):
                 return "-" if v is None else f"{v:.2f}"
             lines.append(f"| {bs} | {m} | {fmt(f.get('accuracy'))} | {fmt(f.get('same_as_batch_1'))} | "
                          f"{fmt(f.get('same_as_ar'))} | "
-                         f"{fmt(f.get('step_acceptance'))} | {fmt(f.get('accepted_per_verification'))} |")
+                         f"{fmt(f.get('step_acceptance'))} | {fmt(f.get('accepted_per_verification'))} | "
+                         f"{fmt(f.get('loglik_gap_vs_ar'))} |")
     lines += ["", "| goal | ratio |", "|---|---|"]
     lines += [f"| {k} | {'-' if v is None else f'{v:.2f}'} |" for k, v in result["goals"].items()]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,105 @@
+"""Step-level methods on two vLLM engines (semspec.vllm_steps): a tiny random target that is
+also its own draft, with probes that accept or reject every step."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from semspec.probes import ProbePair
+from semspec.types import Cancelled, GenerationConfig, Request
+from tests.conftest import require_vllm
+
+PROMPTS = ["What is 2+2?", "Name a colour.", "Count to three.", "Say hi."]
+
+
+def config(method: str, **kw) -> GenerationConfig:
+    return GenerationConfig(method=method, max_new_tokens=30, max_step_tokens=7, temperature=0.0, adaptive=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_vllm_dir, tmp_path_factory, tiny_cache):
+    require_vllm()
+    from semspec.vllm_steps import VLLMStepEngine
+
+    probes = ProbePair.always_accept(256, 256).save(tmp_path_factory.mktemp("probes"))
+    eng = VLLMStepEngine.load(str(tiny_vllm_dir), draft=str(tiny_vllm_dir), probes=str(probes), device="cpu",
+                              cache_dir=tiny_cache, dtype="float32", batch_size=4, kv_cache_gb=0.1)
+    yield eng
+    del eng
+    gc.collect()  # gone before the next module's engine starts
+
+
+def run_all(engine, cfg, batch_size=4):
+    done = {d.key: d for d in engine.generate_many(PROMPTS, cfg, batch_size=batch_size)}
+    assert all(d.error is None for d in done.values()), [d.error for d in done.values()]
+    return [done[i].result for i in range(len(PROMPTS))]
+
+
+def test_ar_writes_capped_steps_up_to_the_budget(engine):
+    results = run_all(engine, config("ar"))
+    for r in results:
+        assert r.counters.generated_tokens == 30 or r.finish_reason == "eos"
+        assert all(s.target_tokens <= 7 and s.decision == "target_only" for s in r.steps)
+        assert sum(s.target_tokens for s in r.steps) == r.counters.generated_tokens
+        assert r.models["engine"].startswith("vllm")
+    # continuous batching changes no token (float32, greedy)
+    assert [r.text for r in run_all(engine, config("ar"), batch_size=1)] == [r.text for r in results]
+
+
+def test_semspec_keeps_every_step_its_probes_accept_and_writes_the_targets_text(engine):
+    """The draft is the target: greedy, each drafted step is the target's own, so the text
+    is ar's whatever the probes decide; what changes is who wrote it."""
+    ar = run_all(engine, config("ar"))
+    engine.probes = ProbePair.always_accept(256, 256)
+    kept = run_all(engine, config("semspec"))
+    assert [r.text for r in kept] == [r.text for r in ar]
+    for r in kept:
+        drafted = [s for s in r.steps if s.author == "draft"]
+        assert drafted and all(s.decision == "accepted" for s in drafted)
+        assert r.counters.steps_accepted == r.counters.steps_drafted == len(drafted)
+        assert r.counters.accepted_tokens == r.counters.drafted_tokens
+        assert r.counters.draft_forward_passes > 0 and set(r.counters.phase_seconds) >= {"draft", "verify"}
+
+
+def test_semspec_rejecting_every_step_lets_the_target_write_it(engine):
+    ar = run_all(engine, config("ar"))
+    engine.probes = ProbePair.always_reject(256, 256)
+    try:
+        rejected = run_all(engine, config("semspec"))
+    finally:
+        engine.probes = ProbePair.always_accept(256, 256)
+    assert [r.text for r in rejected] == [r.text for r in ar]
+    for r in rejected:
+        assert r.counters.steps_accepted == 0 and r.counters.steps_drafted > 0
+        assert {s.decision for s in r.steps} <= {"rejected", "target_only"}
+        # the target wrote what the draft (itself) had drafted: all but each step's last token count as kept
+        for s in r.steps:
+            if s.decision == "rejected":
+                assert s.accepted_tokens == s.drafted_tokens - 1 and s.draft_text == s.text
+
+
+def test_batch_pause_and_bad_prompts(engine):
+    paused = run_all(engine, config("semspec", draft_max_batch=1))
+    assert any(s.reason == "batch" for r in paused for s in r.steps)
+    done = list(engine.generate_many(["", "Say hi."], config("semspec"), batch_size=2))
+    errors = {d.key: d.error for d in done}
+    assert errors[0] is not None and errors[1] is None
+
+
+def test_an_abort_ends_its_prompt_and_the_others_go_on(engine):
+    from semspec.testing import aborting_source
+
+    reqs = [Request(p, config("semspec"), key=i) for i, p in enumerate(PROMPTS[:3])]
+    done = list(engine.generate_many(aborting_source(reqs), batch_size=2))
+    assert done[0].key == 0 and isinstance(done[0].error, Cancelled)
+    assert {d.key for d in done[1:]} == {1, 2} and all(d.error is None for d in done[1:])
+    assert not any(s.llm.has_unfinished_requests() for s in (engine.target, engine.draft))
+
+
+def test_methods_it_does_not_serve_are_refused_by_name(engine):
+    for method in ("token_sd", "step_judge"):
+        assert method in engine.method_problem(method)
+    (done,) = engine.generate_many(["hi"], GenerationConfig(method="token_sd"), batch_size=1)
+    assert done.error is not None and "token_sd" in str(done.error)
