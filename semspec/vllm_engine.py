@@ -76,11 +76,12 @@ def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: 
     ``vllm.LLM`` peer takes the same). ``states_layer``: an engine that returns that layer's
     hidden states to the requests that ask (``semspec.vllm_states``; no speculation then)."""
     on_cpu = device == "cpu" or not torch.cuda.is_available()
-    transfer = None
+    transfer = scheduler = None
     if states_layer is not None:
         from . import vllm_states
 
         speculative_config, transfer = vllm_states.speculative_config(states_layer), vllm_states.connector_config()
+        scheduler = vllm_states.scheduler_class()
     return dict(
         model=str(model_dir), tokenizer=str(model_dir), dtype=vllm_dtype("cpu" if on_cpu else "cuda", dtype),
         seed=seed, max_num_seqs=batch_size, enable_prefix_caching=True, enforce_eager=not compile,
@@ -88,7 +89,7 @@ def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: 
         block_size=CPU_BLOCK_SIZE if on_cpu else None, speculative_config=speculative_config,
         # each request's drafted and accepted tokens, for its counters and step log
         per_request_spec_decode_metrics="detailed" if speculative_config and transfer is None else "none",
-        kv_transfer_config=transfer,
+        kv_transfer_config=transfer, **({"scheduler_cls": scheduler} if scheduler else {}),
     )
 
 

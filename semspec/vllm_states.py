@@ -33,6 +33,7 @@ import torch
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                               KVConnectorRole, SupportsHMA)
+from vllm.v1.core.sched.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -45,6 +46,10 @@ STATES_FROM = "semjobs_states_from"
 STATES = "states"
 
 
+def scheduler_class() -> str:
+    return f"{__name__}.StatesScheduler"
+
+
 def connector_config() -> dict:
     """The ``kv_transfer_config`` an engine serving states is started with."""
     return {"kv_connector": "StatesConnector", "kv_connector_module_path": __name__, "kv_role": "kv_producer"}
@@ -54,6 +59,16 @@ def speculative_config(layer: int) -> dict:
     """The ``speculative_config`` that stores ``layer``'s states in the KV cache."""
     return {"method": "extract_hidden_states", "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [layer]}}}
+
+
+class StatesScheduler(Scheduler):
+    """vLLM's scheduler, minus the "drafts" of ``extract_hidden_states``: that method proposes
+    each request's last sampled token as the next one's draft (it drafts nothing; it is
+    there to store states), which would feed every decoding request two tokens per step
+    instead of one. States are stored for every token fed either way."""
+
+    def update_draft_token_ids(self, draft_token_ids) -> None:
+        pass
 
 
 def final_norm(rows: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
