@@ -13,6 +13,8 @@ rejected step is "rolled back" by not extending the prefix).
              layer's states over the step; the probes on both models' pooled states decide
              (``meaning_decision``); kept, the verification's sampled token starts the next
              step; else the target writes the step itself.
+    step_judge  the draft writes a step; the target reads it with a judging question after it
+             and scores it 0-9 from its log-probabilities of the ten digits.
 
 Counting conventions are ``semspec.sequence``'s (the embedded engine's), so results compare.
 """
@@ -32,6 +34,11 @@ from .steps import IncrementalText, StepDetector
 from .types import ANSWER_BY, Counters, GenerationConfig, GenerationResult, StepRecord
 
 TARGET, DRAFT = "target", "draft"
+# While drafting is paused for the batch, the target writes this many tokens per request and
+# they are cut into steps afterwards: one request per step would cost a prefill of the
+# uncached tail of the prefix each (up to a KV block), and a paused method should cost what ar
+# does. The batch is looked at again after each such run.
+WRITE_AHEAD_TOKENS = 128
 
 
 @dataclass
@@ -47,12 +54,14 @@ class Call:
     phase: str
     stop_at_step_end: bool = False
     states_from: int | None = None
+    scored: tuple[int, ...] = ()  # the next token is one of these: the reply carries their log-probabilities
 
 
 @dataclass
 class Reply:
     tokens: list[int]
     states: torch.Tensor | None = None  # [positions, hidden] float32, when asked for
+    logprobs: dict[int, float] | None = None  # of the scored tokens, normalised over them
 
 
 Program = Generator[Call, Reply, None]
@@ -192,6 +201,27 @@ class StepProgram:
             self.phase = "answer"
         self.close_step("target", decision, **extra)
 
+    def write_ahead(self, **extra) -> Program:
+        """The target writes on past step ends (``WRITE_AHEAD_TOKENS`` at most); its tokens are
+        cut into steps by the step rule, the last one left open when it has not ended."""
+        reply = yield Call(TARGET, self.ids, min(self.remaining(), WRITE_AHEAD_TOKENS), "target_write")
+        tokens = self.ids[self.step_start:] + reply.tokens
+        del self.ids[self.step_start:]
+        text = IncrementalText(self.target.tokenizer)
+        for token in tokens:
+            if not self.take_token(token):
+                break
+            prev = len(text.text)
+            text.push(token)
+            end = self.detector.ended(text.text, len(self.ids) - self.step_start, prev)
+            if end is not None:
+                if end.reason == "think_end":
+                    self.phase = "answer"
+                self.close_step("target", "target_only", **extra)
+                text = IncrementalText(self.target.tokenizer)
+        if self.remaining() <= 0:
+            self.finish("length")
+
     def advance(self) -> Program:
         yield from self.write_step("target_only")
 
@@ -215,28 +245,20 @@ class StepProgram:
                                 finish_reason=self.finish_reason or "length", models=dict(self.identities))
 
 
-class SemSpecProgram(StepProgram):
-    """SemanticSpec at step level; the draft shares the target's tokenizer."""
+class DraftingProgram(StepProgram):
+    """What the methods that draft steps share; the draft shares the target's tokenizer."""
 
-    method = "semspec"
-
-    def __init__(self, prompt, config, target, think_end, identities, in_flight=lambda: 1, *, draft: ModelFacts,
-                 probes, pool_states: Callable[[str, torch.Tensor], torch.Tensor]):
-        """``pool_states(model, rows)``: the probe's features of a step from the states the
-        engine returned for it (``semspec.vllm_steps``)."""
+    def __init__(self, prompt, config, target, think_end, identities, in_flight=lambda: 1, *, draft: ModelFacts):
         super().__init__(prompt, config, target, think_end, identities, in_flight)
         if config.draft_max_batch is not None and config.draft_max_batch < 0:
             raise ValueError("draft_max_batch must be at least 0 (0: no limit)")
         self.draft = draft
-        self.probes = probes
-        self.pool_states = pool_states
-        self.coin = make_generator(config.seed + 1_000_003, "cpu")
         if config.adaptive:
             self.governor = Governor(config.draft_cost, config.verify_cost_per_token)
 
-    def draft_out_of_room(self) -> bool:
+    def draft_out_of_room(self, extra: int = 0) -> bool:
         room = len(self.ids) + self.cfg.max_step_tokens + 8
-        return room > self.draft.max_context or room > self.target.max_context
+        return room > self.draft.max_context or room + extra > self.target.max_context
 
     def advance(self) -> Program:
         cfg = self.cfg
@@ -245,13 +267,16 @@ class SemSpecProgram(StepProgram):
         elif self.phase == "answer" or self.draft_out_of_room():
             yield from self.write_step("target_only", reason="answer" if self.phase == "answer" else "room")
         elif cfg.draft_max_batch and self.in_flight() > cfg.draft_max_batch:
-            yield from self.write_step("target_only", reason="batch")
+            yield from self.write_ahead(reason="batch")
         elif self.governor is not None and not self.governor.should_speculate():
             yield from self.write_step("target_only", reason="backoff")
         else:
             yield from self.speculate_step()
 
-    def draft_step(self, tap: bool) -> Generator[Call, Reply, DraftedStep]:
+    def speculate_step(self) -> Program:
+        raise NotImplementedError
+
+    def draft_step(self, tap: bool = False) -> Generator[Call, Reply, DraftedStep]:
         """The draft writes the rest of the open step; with ``tap``, its pooled states over the
         whole step (its opening tokens too) from one more read of it (the last drafted
         token is never fed while drafting)."""
@@ -263,42 +288,23 @@ class SemSpecProgram(StepProgram):
             pooled = self.pool_states(DRAFT, reply.states)
         return DraftedStep(tokens[: max(0, self.remaining())], end, pooled)
 
-    def speculate_step(self) -> Program:
-        cfg = self.cfg
-        thrown = 0
-        attempts = cfg.draft_attempts if cfg.temperature > 0 else 1  # greedy drafts the same step again
-        for attempt in range(1, attempts + 1):
-            step = yield from self.draft_step(tap=True)
-            if not step.tokens:
-                if thrown:
-                    yield from self.write_step("rejected", drafted=thrown)
-                else:
-                    yield from self.write_step("target_only", reason="draft_stop")
-                return
-            c = self.counters
-            c.steps_drafted += 1
-            c.drafted_tokens += len(step.tokens)
-            reply = yield Call(TARGET, self.ids + step.tokens, 1, "verify", states_from=self.step_start)
-            accepted, record = meaning_decision(self.probes, self.pool_states(TARGET, reply.states), step.pooled,
-                                                cfg, self.coin)
-            if self.governor is not None and (accepted or attempt == attempts):
-                self.governor.observe_verification(accepted)
-            if accepted:
-                self.keep(step, reply.tokens, thrown, record)
-                return
-            if attempt == attempts:
-                yield from self.write_step("rejected", draft_text=self.decode(step.tokens), **record)
-                if self.steps:  # the drafted tokens went, but for the ones the target wrote alike
-                    written = self.ids[-self.steps[-1].target_tokens:]
-                    kept = _common_prefix(written, step.tokens[:-1])
-                    self.counters.accepted_tokens += kept
-                    self.steps[-1].drafted_tokens = len(step.tokens) + thrown
-                    self.steps[-1].accepted_tokens = kept
-                return
-            thrown += len(step.tokens)
+    def drafted(self, step: DraftedStep, thrown: int = 0) -> Generator[Call, Reply, bool]:
+        """Count a drafted step; False when there is none and the target wrote the step
+        itself (``thrown``: drafted tokens of earlier, rejected attempts at it)."""
+        if not step.tokens:
+            if thrown:
+                yield from self.write_step("rejected", drafted=thrown)
+            else:
+                yield from self.write_step("target_only", reason="draft_stop")
+            return False
+        self.counters.steps_drafted += 1
+        self.counters.drafted_tokens += len(step.tokens)
+        return True
 
     def keep(self, step: DraftedStep, bonus: list[int], thrown: int, record: dict) -> None:
-        """Keep a verified step; the verification's sampled token starts the next."""
+        """Keep a verified step; the target's token sampled after it starts the next."""
+        if self.governor is not None:
+            self.governor.observe_verification(True)
         c = self.counters
         c.steps_accepted += 1
         c.accepted_tokens += len(step.tokens)
@@ -311,15 +317,93 @@ class SemSpecProgram(StepProgram):
         elif bonus:
             self.take_token(bonus[0])
 
+    def reject(self, step: DraftedStep, thrown: int, record: dict) -> Program:
+        """The target writes the step instead; of the drafted tokens, those it wrote alike
+        (but for the step's last) count as kept."""
+        if self.governor is not None:
+            self.governor.observe_verification(False)
+        yield from self.write_step("rejected", draft_text=self.decode(step.tokens), **record)
+        if self.steps:
+            written = self.ids[-self.steps[-1].target_tokens:]
+            kept = _common_prefix(written, step.tokens[:-1])
+            self.counters.accepted_tokens += kept
+            self.steps[-1].drafted_tokens = len(step.tokens) + thrown
+            self.steps[-1].accepted_tokens = kept
+
     def draft_write_step(self) -> Program:
         """A step of the answer written by the draft and kept unverified ("draft_only")."""
-        step = yield from self.draft_step(tap=False)
+        step = yield from self.draft_step()
         self.ids.extend(step.tokens)
         self.close_step("draft", "draft_only", drafted=len(step.tokens), accepted=len(step.tokens))
         if step.end == "eos":
             self.finish("eos")
         elif self.remaining() <= 0 or not step.tokens:
             self.finish("length")
+
+
+class SemSpecProgram(DraftingProgram):
+    method = "semspec"
+
+    def __init__(self, prompt, config, target, think_end, identities, in_flight=lambda: 1, *, draft: ModelFacts,
+                 probes, pool_states: Callable[[str, torch.Tensor], torch.Tensor]):
+        """``pool_states(model, rows)``: the probe's features of a step from the states the
+        engine returned for it (``semspec.vllm_steps``)."""
+        super().__init__(prompt, config, target, think_end, identities, in_flight, draft=draft)
+        self.probes = probes
+        self.pool_states = pool_states
+        self.coin = make_generator(config.seed + 1_000_003, "cpu")
+
+    def speculate_step(self) -> Program:
+        cfg = self.cfg
+        thrown = 0
+        attempts = cfg.draft_attempts if cfg.temperature > 0 else 1  # greedy drafts the same step again
+        for attempt in range(1, attempts + 1):
+            step = yield from self.draft_step(tap=True)
+            if not (yield from self.drafted(step, thrown)):
+                return
+            reply = yield Call(TARGET, self.ids + step.tokens, 1, "verify", states_from=self.step_start)
+            accepted, record = meaning_decision(self.probes, self.pool_states(TARGET, reply.states), step.pooled,
+                                                cfg, self.coin)
+            if accepted:
+                self.keep(step, reply.tokens, thrown, record)
+                return
+            if attempt == attempts:
+                yield from self.reject(step, thrown, record)
+                return
+            thrown += len(step.tokens)
+
+
+class StepJudgeProgram(DraftingProgram):
+    """SpecReason-style: the target scores each drafted step 0-9, read from its log-probabilities
+    of the ten digits after a judging question (one prefill; ``semspec.sequence.judge_suffix``)."""
+
+    method = "step_judge"
+
+    def __init__(self, prompt, config, target, think_end, identities, in_flight=lambda: 1, *, draft: ModelFacts,
+                 suffix: list[int], digits: tuple[int, ...]):
+        super().__init__(prompt, config, target, think_end, identities, in_flight, draft=draft)
+        self.suffix = suffix
+        self.digits = digits
+
+    def draft_out_of_room(self, extra: int = 0) -> bool:
+        return super().draft_out_of_room(extra + len(self.suffix))
+
+    def speculate_step(self) -> Program:
+        step = yield from self.draft_step()
+        if not (yield from self.drafted(step)):
+            return
+        judged = yield Call(TARGET, self.ids + step.tokens + self.suffix, 1, "judge", scored=self.digits)
+        logprobs = torch.tensor([judged.logprobs[d] for d in self.digits])
+        score = int(logprobs.argmax())
+        expected = float((torch.softmax(logprobs, -1) * torch.arange(10)).sum())
+        accepted = score >= self.cfg.judge_threshold
+        # p_target: the expected score over the ten digits, scaled to [0, 1] (for the logs)
+        record = {"judge_score": score, "p_target": expected / 9.0, "accept_prob": 1.0 if accepted else 0.0}
+        if accepted:  # the target's token after the step (its prefix is cached by now)
+            bonus = yield Call(TARGET, self.ids + step.tokens, 1, "verify")
+            self.keep(step, bonus.tokens, 0, record)
+        else:
+            yield from self.reject(step, 0, record)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

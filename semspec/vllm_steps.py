@@ -19,6 +19,7 @@ No I/O happens here beyond model loading.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -31,15 +32,15 @@ from .engine import MEASURED_DRAFT_COST, resolve_components
 from .intake import Intake
 from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, ModelIdentity, model_directory, models_cache
 from .probes import ProbePair, resolve_probes
-from .sequence import MethodUnavailable, prompt_ids
-from .stepwise import DRAFT, TARGET, Call, ModelFacts, Reply, SemSpecProgram, StepProgram
+from .sequence import MethodUnavailable, judge_suffix, prompt_ids
+from .stepwise import DRAFT, TARGET, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
 from .steps import detect_think_end
 from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Finished,
                     GenerationConfig)
 from .vllm_engine import DEFAULT_KV_CACHE_GB, configure_process, engine_arguments, start_engine
 from .vllm_states import STATES, STATES_FROM, final_norm
 
-STEP_METHODS = {"ar": StepProgram, "semspec": SemSpecProgram}
+STEP_METHODS = {"ar": StepProgram, "semspec": SemSpecProgram, "step_judge": StepJudgeProgram}
 # The draft's share of the KV cache budget: its cache per token is a few of the target's layers.
 DRAFT_KV_SHARE = 0.25
 
@@ -56,13 +57,13 @@ class ModelShape:
 
 @dataclass
 class Served:
-    """A model in a vLLM engine that stores one layer's states: what programs and pooling need."""
+    """A model in a vLLM engine (storing the states its probe reads, when it has one): what
+    programs and pooling need."""
 
     llm: Any
     facts: ModelFacts
     shape: ModelShape
-    layer: int  # transformers' hidden_states index the probe reads
-    norm: tuple[torch.Tensor, float] | None  # the final norm's (weight, eps), when that layer is the last
+    norm: tuple[torch.Tensor, float] | None  # the final norm's (weight, eps), when the probe reads the last layer
     steps: int = 0  # engine steps taken
     in_flight: dict[str, "_Live"] = field(default_factory=dict)
 
@@ -126,6 +127,7 @@ class VLLMStepEngine:
         self.threads = threads
         self.draft_cost = draft_cost
         self.think_end_marker = detect_think_end(target.facts.tokenizer)
+        self.on_cpu = target.llm.vllm_config.device_config.device_type == "cpu"
         self._next_id = 0
 
     @classmethod
@@ -136,7 +138,8 @@ class VLLMStepEngine:
         """The target and its draft in two vLLM engines, each storing the layer its probe
         reads (defaults as ``semspec.engine.Engine.load``'s: the embedded target, its layer
         draft and their probes). ``kv_cache_gb``: the target's KV budget; the draft gets
-        ``DRAFT_KV_SHARE`` of it more. Without probes only ``ar`` runs."""
+        ``DRAFT_KV_SHARE`` of it more. Without probes semspec is refused, without a draft
+        step_judge too."""
         configure_process()
         import vllm
         from vllm import EngineArgs
@@ -147,30 +150,32 @@ class VLLMStepEngine:
         t_dir, t_sha = model_directory(target, cache)
         t_tok, t_cfg, t_eos = _model_files(t_dir)
         t_shape = _shape(str(target or DEFAULT_TARGET), t_sha, t_cfg)
-        pair = d_dir = d_shape = None
-        if draft and probes:
+        pair = None
+        if draft:
             d_dir, d_sha = model_directory(draft, cache)
             d_tok, d_cfg, d_eos = _model_files(d_dir)
+            if d_tok.get_vocab() != t_tok.get_vocab():
+                raise MethodUnavailable("the step-level methods on vLLM need a draft with the target's tokenizer")
             d_shape = _shape(str(draft), d_sha, d_cfg)
-            pair = ProbePair.load(resolve_probes(probes), t_shape, d_shape, name=str(probes))
+            if probes:
+                pair = ProbePair.load(resolve_probes(probes), t_shape, d_shape, name=str(probes))
 
         def serve(model_dir, tok, cfg, eos, shape, probe, gb) -> Served:
-            layer = probe.resolved_layer(shape.num_layers) if probe is not None else shape.num_layers
+            layer = probe.resolved_layer(shape.num_layers) if probe is not None else None
+            # logprobs after the allowed-token mask: a judge's over the ten digits alone
             args = EngineArgs(**engine_arguments(model_dir, device, dtype, batch_size, gb, compile, seed,
-                                                 states_layer=layer))
+                                                 states_layer=layer), logprobs_mode="processed_logprobs")
             llm = start_engine(args)
             norm = None
             if layer == shape.num_layers:
                 norm = (_final_norm_weight(Path(model_dir)), float(getattr(cfg, "rms_norm_eps", 1e-6)))
             facts = ModelFacts(tok, frozenset(eos), int(llm.model_config.max_model_len))
-            return Served(llm, facts, shape, layer, norm)
+            return Served(llm, facts, shape, norm)
 
         t = serve(t_dir, t_tok, t_cfg, t_eos, t_shape, pair.target if pair else None, kv_cache_gb)
         d = None
-        if pair is not None:
-            if d_tok.get_vocab() != t_tok.get_vocab():
-                raise MethodUnavailable("semspec on vLLM needs a draft with the target's tokenizer")
-            d = serve(d_dir, d_tok, d_cfg, d_eos, d_shape, pair.draft, kv_cache_gb * DRAFT_KV_SHARE)
+        if draft:
+            d = serve(d_dir, d_tok, d_cfg, d_eos, d_shape, pair.draft if pair else None, kv_cache_gb * DRAFT_KV_SHARE)
         cost = MEASURED_DRAFT_COST.get(str(draft)) if target in (None, DEFAULT_TARGET) else None
         if d is not None and cost is None:  # a decoding pass is memory-bound: the weights it reads
             cost = (d_cfg.num_hidden_layers * d_cfg.hidden_size ** 2) / (t_cfg.num_hidden_layers * t_cfg.hidden_size ** 2)
@@ -192,16 +197,20 @@ class VLLMStepEngine:
             return f"unknown method {method!r}; one of {', '.join(METHODS)}"
         if method not in STEP_METHODS:
             return f"method {method!r} does not run on vLLM at step level (it runs {', '.join(STEP_METHODS)})"
+        if method != "ar" and self.draft is None:
+            return f"method {method!r} needs a draft model: none was loaded"
         if method == "semspec" and self.probes is None:
-            return "method 'semspec' needs a draft model and probes: none were loaded"
+            return "method 'semspec' needs probes: none were loaded"
         return None
 
     def resolve(self, config: GenerationConfig) -> GenerationConfig:
         """``config`` with its unset step rule filled in as the embedded engine does (the
-        probes' calibration, else the defaults) and the draft's cost for the adaptive rule;
-        no batch pause (``draft_max_batch`` 0) unless asked for."""
+        probes' calibration, else the defaults), the draft's cost for the adaptive rule, and
+        the batch pause: on a CPU drafting pauses beside another sequence (measured slower than
+        the target alone from 8 in flight up, docs/benchmarks.md "SemanticSpec on vLLM"), on
+        a GPU never."""
         rule = {"step_delimiter": DEFAULT_STEP_DELIMITER, "max_step_tokens": DEFAULT_MAX_STEP_TOKENS,
-                "draft_max_batch": 0, "draft_cost": self.draft_cost}
+                "draft_max_batch": 1 if self.on_cpu else 0, "draft_cost": self.draft_cost}
         if self.probes is not None:
             rule.update(self.probes.step_rule())
         unset = {k: v for k, v in rule.items() if getattr(config, k) is None}
@@ -217,8 +226,23 @@ class VLLMStepEngine:
         think_end = self.think_end_marker if cfg.think_end == "auto" else (cfg.think_end or None)
         if cfg.method == "ar":
             return StepProgram(ids, cfg, t, think_end, self.identities, in_flight)
+        if cfg.method == "step_judge":
+            return StepJudgeProgram(ids, cfg, t, think_end, self.identities, in_flight, draft=self.draft.facts,
+                                    suffix=self.judge[0], digits=self.judge[1])
         return SemSpecProgram(ids, cfg, t, think_end, self.identities, in_flight, draft=self.draft.facts,
                               probes=self.probes, pool_states=self._features)
+
+    @functools.cached_property
+    def judge(self) -> tuple[list[int], tuple[int, ...]]:
+        """step_judge's question after a step (the target's chat template) and its ten digit tokens."""
+        tok = self.target.facts.tokenizer
+        digits = []
+        for d in "0123456789":
+            ids = tok(d, add_special_tokens=False)["input_ids"]
+            if len(ids) != 1:
+                raise MethodUnavailable(f"step_judge needs single-token digits; {d!r} is {ids}")
+            digits.append(ids[0])
+        return tok(judge_suffix(tok), add_special_tokens=False)["input_ids"], tuple(digits)
 
     def _features(self, model: str, rows: torch.Tensor) -> torch.Tensor:
         return (self.target if model == TARGET else self.draft).features(rows)
@@ -235,10 +259,12 @@ class VLLMStepEngine:
         served = [s for s in (self.target, self.draft) if s is not None]
         try:
             while True:
+                fresh: list[_Live] = []
                 while (req := intake.next(room=len(live) < batch_size)) is not None:
                     if isinstance(req, Abort):
                         item = live.pop(req.key, None)
                         if item is not None:
+                            fresh = [f for f in fresh if f is not item]
                             self._drop(item)
                             yield Finished(req.key, None, Cancelled(f"request {req.key!r} aborted"))
                         continue
@@ -247,10 +273,13 @@ class VLLMStepEngine:
                     except ValueError as e:  # a bad prompt (PromptError) or config
                         yield Finished(req.key, None, e)
                         continue
-                    item = _Live(req.key, program, program.program())
-                    live[req.key] = item
+                    live[req.key] = _Live(req.key, program, program.program())
+                    fresh.append(live[req.key])
+                # started once all are in: each sees how many share the batch (the pause)
+                while fresh:
+                    item = fresh.pop(0)
                     if (done := self._resume(item, None)) is not None:
-                        del live[req.key]
+                        del live[item.key]
                         yield done
                 if not live:
                     if intake.exhausted:
@@ -265,8 +294,7 @@ class VLLMStepEngine:
                         if not out.finished or out.request_id not in s.in_flight:
                             continue
                         item = s.in_flight.pop(out.request_id)
-                        states = (out.kv_transfer_params or {}).get(STATES)
-                        if (done := self._resume(item, Reply(list(out.outputs[0].token_ids), states))) is not None:
+                        if (done := self._resume(item, self._reply(out))) is not None:
                             del live[item.key]
                             yield done
         finally:  # the caller stopped early (or failed): free vLLM of what is left
@@ -292,6 +320,14 @@ class VLLMStepEngine:
         self._submit(item, call)
         return None
 
+    @staticmethod
+    def _reply(out: Any) -> Reply:
+        completion = out.outputs[0]
+        logprobs = None
+        if completion.logprobs:  # the one token's: the scored tokens' (and the sampled one's)
+            logprobs = {t: lp.logprob for t, lp in completion.logprobs[0].items()}
+        return Reply(list(completion.token_ids), (out.kv_transfer_params or {}).get(STATES), logprobs)
+
     def _served(self, model: str) -> Served:
         return self.target if model == TARGET else self.draft
 
@@ -303,13 +339,16 @@ class VLLMStepEngine:
         cfg = item.program.cfg
         stop = [cfg.step_delimiter] + ([item.program.think_end] if item.program.think_end else [])
         extra = {"kv_transfer_params": {STATES_FROM: call.states_from}} if call.states_from is not None else None
-        sampled = cfg.temperature > 0
+        sampled = cfg.temperature > 0 and not call.scored  # a judge reads its scores greedily
         params = SamplingParams(
-            temperature=cfg.temperature, top_p=cfg.top_p if sampled else 1.0,
+            temperature=cfg.temperature if sampled else 0.0, top_p=cfg.top_p if sampled else 1.0,
             seed=(cfg.seed * 1_000_003 + item.calls) % 2**63 if sampled else None,
             max_tokens=call.max_tokens, stop_token_ids=sorted(served.facts.eos),
             stop=stop if call.stop_at_step_end else None, include_stop_str_in_output=True,
             detokenize=call.stop_at_step_end, output_kind=RequestOutputKind.FINAL_ONLY, extra_args=extra,
+            # (logprob_token_ids would say it directly, but vLLM 0.32 returns nothing for it
+            # on an engine that extracts states)
+            allowed_token_ids=list(call.scored) or None, logprobs=len(call.scored) or None,
         )
         request_id = str(self._next_id)
         self._next_id += 1

@@ -15,6 +15,8 @@ PROMPTS = ["What is 2+2?", "Name a colour.", "Count to three.", "Say hi."]
 
 
 def config(method: str, **kw) -> GenerationConfig:
+    """Greedy, short capped steps, drafting at any batch size (a CPU's default pauses it)."""
+    kw = {"draft_max_batch": 0, **kw}
     return GenerationConfig(method=method, max_new_tokens=30, max_step_tokens=7, temperature=0.0, adaptive=False, **kw)
 
 
@@ -80,9 +82,20 @@ def test_semspec_rejecting_every_step_lets_the_target_write_it(engine):
                 assert s.accepted_tokens == s.drafted_tokens - 1 and s.draft_text == s.text
 
 
-def test_batch_pause_and_bad_prompts(engine):
+def test_paused_for_the_batch_the_target_writes_ahead_and_the_steps_are_cut_after(engine):
+    ar = run_all(engine, config("ar"))
     paused = run_all(engine, config("semspec", draft_max_batch=1))
-    assert any(s.reason == "batch" for r in paused for s in r.steps)
+    assert [r.text for r in paused] == [r.text for r in ar]
+    for r, a in zip(paused, ar):
+        assert [s.text for s in r.steps] == [s.text for s in a.steps]  # the same step rule
+        # paused while another prompt is in flight; the last one left drafts again
+        assert r.steps[0].reason == "batch" and r.steps[0].decision == "target_only"
+    # the last prompt in flight drafts again
+    assert run_all(engine, config("semspec", draft_max_batch=1), batch_size=1)[0].counters.steps_drafted > 0
+    assert engine.resolve(GenerationConfig(method="semspec")).draft_max_batch == 1  # a CPU's default
+
+
+def test_a_bad_prompt_fails_alone(engine):
     done = list(engine.generate_many(["", "Say hi."], config("semspec"), batch_size=2))
     errors = {d.key: d.error for d in done}
     assert errors[0] is not None and errors[1] is None
@@ -99,7 +112,17 @@ def test_an_abort_ends_its_prompt_and_the_others_go_on(engine):
 
 
 def test_methods_it_does_not_serve_are_refused_by_name(engine):
-    for method in ("token_sd", "step_judge"):
-        assert method in engine.method_problem(method)
+    assert "token_sd" in engine.method_problem("token_sd")
     (done,) = engine.generate_many(["hi"], GenerationConfig(method="token_sd"), batch_size=1)
     assert done.error is not None and "token_sd" in str(done.error)
+
+
+def test_step_judge_scores_every_drafted_step_and_keeps_those_at_the_threshold(engine):
+    ar = run_all(engine, config("ar"))
+    for threshold, decision in ((0, "accepted"), (10, "rejected")):
+        judged = run_all(engine, config("step_judge", judge_threshold=threshold))
+        assert [r.text for r in judged] == [r.text for r in ar]
+        drafted = [s for r in judged for s in r.steps if s.judge_score is not None]
+        assert drafted and all(s.decision == decision and 0 <= s.judge_score <= 9 and 0 <= s.p_target <= 1
+                               for s in drafted)
+        assert all("judge" in r.counters.phase_seconds for r in judged)
