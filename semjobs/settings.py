@@ -45,7 +45,8 @@ class Settings(BaseSettings):
     threads: int | None = Field(default=None, ge=1)
 
     # The engine that decodes (worker.engine.backend): "vllm" (semspec.vllm_engine: vLLM's
-    # engine, paged KV cache within kv_cache_gb; the methods in VLLM_METHODS), "embedded"
+    # engine, paged KV cache within kv_cache_gb, for ar and token_sd; semspec.vllm_steps, a
+    # target and a draft engine, for semspec and step_judge), "embedded"
     # (semspec.engine: semjobs' own forward pass, every method), or "auto": vLLM for the
     # methods it serves wherever it is installed, the embedded engine for the others (and
     # for token_sd with a draft vLLM cannot run, or sampled on vLLM's CPU build).

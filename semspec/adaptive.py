@@ -56,6 +56,10 @@ class Governor:
             return False
         return True
 
+    def skip(self, steps: int) -> None:
+        """``steps`` more back-off steps were written (several in one go): fewer are left."""
+        self.waiting = max(0, self.waiting - steps)
+
     def observe_step(self, target_tokens: int) -> None:
         """Any closed step: its length in target tokens."""
         if target_tokens > 0:

@@ -201,14 +201,16 @@ class StepProgram:
             self.phase = "answer"
         self.close_step("target", decision, **extra)
 
-    def write_ahead(self, **extra) -> Program:
-        """The target writes on past step ends (``WRITE_AHEAD_TOKENS`` at most); its tokens are
-        cut into steps by the step rule, the last one left open when it has not ended."""
-        reply = yield Call(TARGET, self.ids, min(self.remaining(), WRITE_AHEAD_TOKENS), "target_write")
-        tokens = self.ids[self.step_start:] + reply.tokens
+    def write_ahead(self, tokens: int = WRITE_AHEAD_TOKENS, **extra) -> Generator[Call, Reply, int]:
+        """The target writes on past step ends, ``tokens`` at most, in one request; they are
+        cut into steps by the step rule, the last one left open when it has not ended.
+        Returns how many steps it closed."""
+        reply = yield Call(TARGET, self.ids, max(1, min(self.remaining(), tokens)), "target_write")
+        closed = len(self.steps)
+        written = self.ids[self.step_start:] + reply.tokens
         del self.ids[self.step_start:]
         text = IncrementalText(self.target.tokenizer)
-        for token in tokens:
+        for token in written:
             if not self.take_token(token):
                 break
             prev = len(text.text)
@@ -221,6 +223,7 @@ class StepProgram:
                 text = IncrementalText(self.target.tokenizer)
         if self.remaining() <= 0:
             self.finish("length")
+        return len(self.steps) - closed
 
     def advance(self) -> Program:
         yield from self.write_step("target_only")
@@ -269,7 +272,10 @@ class DraftingProgram(StepProgram):
         elif cfg.draft_max_batch and self.in_flight() > cfg.draft_max_batch:
             yield from self.write_ahead(reason="batch")
         elif self.governor is not None and not self.governor.should_speculate():
-            yield from self.write_step("target_only", reason="backoff")
+            # the back-off's steps in one request, as many tokens as that many steps take
+            steps = self.governor.waiting + 1
+            closed = yield from self.write_ahead(round(steps * self.governor.step_tokens), reason="backoff")
+            self.governor.skip(closed - 1)
         else:
             yield from self.speculate_step()
 

@@ -28,12 +28,12 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .engine import MEASURED_DRAFT_COST, resolve_components
+from .engine import EMBEDDED_DRAFT, resolve_components
 from .intake import Intake
 from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, ModelIdentity, model_directory, models_cache
 from .probes import ProbePair, resolve_probes
 from .sequence import MethodUnavailable, judge_suffix, prompt_ids
-from .stepwise import DRAFT, TARGET, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
+from .stepwise import TARGET, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
 from .steps import detect_think_end
 from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Finished,
                     GenerationConfig)
@@ -41,6 +41,11 @@ from .vllm_engine import DEFAULT_KV_CACHE_GB, configure_process, engine_argument
 from .vllm_states import STATES, STATES_FROM, final_norm
 
 STEP_METHODS = {"ar": StepProgram, "semspec": SemSpecProgram, "step_judge": StepJudgeProgram}
+# A drafted token's cost in target tokens on vLLM, the adaptive rule's draft_cost, measured at
+# batch 1 for the embedded layer draft (docs/benchmarks.md, "SemanticSpec on vLLM"): 0.29, not
+# the embedded engine's 0.16, as an engine step costs the same fixed overhead whatever the model.
+# Other pairs get the ratio of the weights a pass reads, which leaves that overhead out.
+VLLM_DRAFT_COST = {EMBEDDED_DRAFT: 0.29}
 # The draft's share of the KV cache budget: its cache per token is a few of the target's layers.
 DRAFT_KV_SHARE = 0.25
 
@@ -176,10 +181,15 @@ class VLLMStepEngine:
         d = None
         if draft:
             d = serve(d_dir, d_tok, d_cfg, d_eos, d_shape, pair.draft if pair else None, kv_cache_gb * DRAFT_KV_SHARE)
-        cost = MEASURED_DRAFT_COST.get(str(draft)) if target in (None, DEFAULT_TARGET) else None
+        cost = VLLM_DRAFT_COST.get(str(draft)) if target in (None, DEFAULT_TARGET) else None
         if d is not None and cost is None:  # a decoding pass is memory-bound: the weights it reads
             cost = (d_cfg.num_hidden_layers * d_cfg.hidden_size ** 2) / (t_cfg.num_hidden_layers * t_cfg.hidden_size ** 2)
-        return cls(t, d, pair, str(t.llm.model_config.dtype).removeprefix("torch."), vllm.__version__, threads, cost)
+        engine = cls(t, d, pair, str(t.llm.model_config.dtype).removeprefix("torch."), vllm.__version__, threads, cost)
+        # a few tokens through every kind of call now: a model vLLM loads but cannot run fails
+        # the load, not every item, and the first item does not pay the first passes' set-up
+        method = "semspec" if pair else "step_judge" if d else "ar"
+        engine.generate("Hi", GenerationConfig(method=method, max_new_tokens=8, max_step_tokens=4, draft_max_batch=0))
+        return engine
 
     # ------------------------------------------------------------------ what it serves
     @property
@@ -317,7 +327,10 @@ class VLLMStepEngine:
             return Finished(item.key, item.program.result())
         except Exception as e:  # noqa: BLE001 -- a program's failure fails its item alone
             return Finished(item.key, None, e)
-        self._submit(item, call)
+        try:
+            self._submit(item, call)
+        except ValueError as e:  # vLLM refused the request (longer than its context, say)
+            return Finished(item.key, None, e)
         return None
 
     @staticmethod

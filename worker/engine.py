@@ -49,8 +49,11 @@ def resolve(path: str) -> Callable[..., Any]:
     return obj
 
 
-# What each backend of settings.engine loads, and the settings only it reads.
+# What each backend of settings.engine loads, and the settings only it reads; on vLLM the
+# step-level methods load a target and a draft engine that return the probes' states.
 FACTORIES = {"embedded": "semspec.engine:Engine.load", "vllm": "semspec.vllm_engine:VLLMEngine.load"}
+VLLM_STEPS_FACTORY = "semspec.vllm_steps:VLLMStepEngine.load"
+VLLM_STEP_METHODS = ("semspec", "step_judge")
 
 
 def backend(method: str | None = None, sampled: bool = False) -> str:
@@ -71,7 +74,8 @@ def backend(method: str | None = None, sampled: bool = False) -> str:
         # a draft vLLM cannot run (the layer draft), or sampling on its CPU build; ngram
         # stays on vLLM either way, as nothing else drafts with it
         return "embedded"
-    return "vllm" if method in VLLM_METHODS and vllm_installed() else "embedded"
+    served = method in VLLM_METHODS or method in VLLM_STEP_METHODS
+    return "vllm" if served and vllm_installed() else "embedded"
 
 
 def factory_for(method: str | None = None, draft_tokens: int | None = None,
@@ -84,6 +88,8 @@ def factory_for(method: str | None = None, draft_tokens: int | None = None,
     if name != "vllm":
         return FACTORIES[name], {}
     extra = {"kv_cache_gb": settings.kv_cache_gb, "compile": settings.vllm_compile}
+    if (method or settings.method) in VLLM_STEP_METHODS:
+        return VLLM_STEPS_FACTORY, extra
     if (method or settings.method) == "token_sd":
         from semspec.types import GenerationConfig
 

@@ -163,7 +163,7 @@ def sweep_dtype(engine: str, s: SweepSettings, batch_size: int) -> Any:
 # vLLM's engines by what they serve: ar; token_sd (vLLM speculates for every request of an
 # engine or for none); the step-level methods (semspec.vllm_steps: a target and a draft engine
 # storing the probes' states)
-VLLM_KINDS = {"token_sd": "token_sd", "semspec": "steps"}
+VLLM_KINDS = {"token_sd": "token_sd", "semspec": "steps", "step_judge": "steps"}
 
 
 def engine_instance(name: str, method: str, dtype: Any) -> tuple:
@@ -266,6 +266,8 @@ def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: torch.dt
     if drafted:
         fig["step_acceptance"] = sum(r["steps_accepted"] for r in recs) / drafted
     drafted_tokens = sum(r.get("drafted_tokens", 0) for r in recs)
+    if drafted_tokens:
+        fig["drafted_tokens"] = drafted_tokens
     if drafted_tokens and not drafted:  # token_sd (which drafts no steps): tokens kept per draft_tokens drafted (per verification,
         # where every verification drafts draft_tokens: a head does, ngram may draft fewer)
         fig["accepted_per_verification"] = sum(r["accepted_tokens"] for r in recs) / drafted_tokens * draft_tokens

@@ -37,6 +37,14 @@ def test_failures_back_off_doubling_and_a_kept_step_resumes():
     assert g.acceptance > g.break_even() and g.should_speculate() and g.backoff == FIRST_BACKOFF
 
 
+def test_back_off_steps_written_in_one_go_are_skipped_together():
+    g = Governor(draft_cost=0.16, verify_cost_per_token=0.066, step_tokens=20)
+    g.observe_verification(False)
+    assert not g.should_speculate()  # the first of FIRST_BACKOFF steps
+    g.skip(5)  # a run of target tokens that closed more steps than were left
+    assert g.waiting == 0 and g.should_speculate()
+
+
 def test_the_first_steps_move_the_estimate_as_a_mean_would():
     g = Governor(draft_cost=0.16, verify_cost_per_token=0.066)
     g.observe_verification(True)

@@ -16,8 +16,8 @@ PROMPTS = ["What is 2+2?", "Name a colour.", "Count to three.", "Say hi."]
 
 def config(method: str, **kw) -> GenerationConfig:
     """Greedy, short capped steps, drafting at any batch size (a CPU's default pauses it)."""
-    kw = {"draft_max_batch": 0, **kw}
-    return GenerationConfig(method=method, max_new_tokens=30, max_step_tokens=7, temperature=0.0, adaptive=False, **kw)
+    kw = {"draft_max_batch": 0, "adaptive": False, **kw}
+    return GenerationConfig(method=method, max_new_tokens=30, max_step_tokens=7, temperature=0.0, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +93,19 @@ def test_paused_for_the_batch_the_target_writes_ahead_and_the_steps_are_cut_afte
     # the last prompt in flight drafts again
     assert run_all(engine, config("semspec", draft_max_batch=1), batch_size=1)[0].counters.steps_drafted > 0
     assert engine.resolve(GenerationConfig(method="semspec")).draft_max_batch == 1  # a CPU's default
+
+
+def test_backing_off_the_target_writes_ahead_and_the_steps_are_the_same(engine):
+    ar = run_all(engine, config("ar"))
+    engine.probes = ProbePair.always_reject(256, 256)
+    try:
+        adaptive = run_all(engine, config("semspec", adaptive=True, draft_cost=0.16))
+    finally:
+        engine.probes = ProbePair.always_accept(256, 256)
+    assert [r.text for r in adaptive] == [r.text for r in ar]
+    for r, a in zip(adaptive, ar):
+        assert any(s.reason == "backoff" for s in r.steps)
+        assert [s.text for s in r.steps] == [s.text for s in a.steps]  # cut by the same step rule
 
 
 def test_a_bad_prompt_fails_alone(engine):

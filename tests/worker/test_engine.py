@@ -10,8 +10,8 @@ from worker import engine as engines
 
 from tests.fake_engine import InstantEngine
 
-# two doors to the instant double, one per backend (nothing here needs real decoding)
-load_as_vllm = load_as_embedded = InstantEngine.load
+# doors to the instant double, one per factory (nothing here needs real decoding)
+load_as_vllm = load_as_vllm_steps = load_as_embedded = InstantEngine.load
 
 
 @pytest.fixture
@@ -65,3 +65,20 @@ def test_auto_keeps_sampled_token_sd_off_vllms_cpu_build(monkeypatch):
     assert engines.backend("token_sd", sampled=True) == "vllm"
     monkeypatch.setattr(settings, "draft_model", "embedded:smollm2-135m-draft")
     assert engines.backend("token_sd", sampled=False) == "embedded"
+
+
+def test_the_step_level_methods_load_vllms_target_and_draft_pair_beside_ar(vllm_double, monkeypatch):
+    """semspec and step_judge run on semspec.vllm_steps (a target and a draft engine); a
+    worker keeps that pair beside its ar engine instead of swapping one for the other."""
+    monkeypatch.setattr(engines, "VLLM_STEPS_FACTORY", f"{__name__}:load_as_vllm_steps")
+    for method in ("semspec", "step_judge"):
+        factory, extra = engines.factory_for(method)
+        assert factory == engines.VLLM_STEPS_FACTORY and "speculative_tokens" not in extra
+    ar = engines.get_engine("ar")
+    steps = engines.get_engine("semspec")
+    assert engines.get_engine("step_judge") is steps and engines.get_engine("ar") is ar and steps is not ar
+    monkeypatch.setattr(settings, "engine", "auto")
+    monkeypatch.setattr("semspec.vllm_engine.vllm_installed", lambda: True)
+    assert engines.backend("semspec") == engines.backend("step_judge") == "vllm"
+    monkeypatch.setattr("semspec.vllm_engine.vllm_installed", lambda: False)
+    assert engines.backend("semspec") == "embedded"
