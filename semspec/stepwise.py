@@ -201,12 +201,15 @@ class StepProgram:
             self.phase = "answer"
         self.close_step("target", decision, **extra)
 
-    def write_ahead(self, tokens: int = WRITE_AHEAD_TOKENS, **extra) -> Generator[Call, Reply, int]:
+    def write_ahead(self, tokens: int = WRITE_AHEAD_TOKENS, max_steps: int | None = None,
+                    **extra) -> Generator[Call, Reply, int]:
         """The target writes on past step ends, ``tokens`` at most, in one request; they are
-        cut into steps by the step rule, the last one left open when it has not ended.
-        Returns how many steps it closed."""
+        cut into steps by the step rule, up to ``max_steps`` steps or the end of thinking
+        (what it wrote past them is dropped), and a step left open is finished by the target
+        as ``write_step`` would, so that what comes next starts at a step's beginning, as
+        after any step the target writes. Returns how many steps it closed."""
         reply = yield Call(TARGET, self.ids, max(1, min(self.remaining(), tokens)), "target_write")
-        closed = len(self.steps)
+        before = len(self.steps)
         written = self.ids[self.step_start:] + reply.tokens
         del self.ids[self.step_start:]
         text = IncrementalText(self.target.tokenizer)
@@ -217,13 +220,20 @@ class StepProgram:
             text.push(token)
             end = self.detector.ended(text.text, len(self.ids) - self.step_start, prev)
             if end is not None:
+                self.close_step("target", "target_only", **extra)
                 if end.reason == "think_end":
                     self.phase = "answer"
-                self.close_step("target", "target_only", **extra)
+                if end.reason == "think_end" or len(self.steps) - before == max_steps:
+                    break
                 text = IncrementalText(self.target.tokenizer)
         if self.remaining() <= 0:
             self.finish("length")
-        return len(self.steps) - closed
+        if self.done:
+            if len(self.ids) > self.step_start:
+                self.close_step("target", "target_only", **extra)
+        elif len(self.ids) > self.step_start:
+            yield from self.write_step("target_only", **extra)
+        return len(self.steps) - before
 
     def advance(self) -> Program:
         yield from self.write_step("target_only")
@@ -255,6 +265,10 @@ class DraftingProgram(StepProgram):
         super().__init__(prompt, config, target, think_end, identities, in_flight)
         if config.draft_max_batch is not None and config.draft_max_batch < 0:
             raise ValueError("draft_max_batch must be at least 0 (0: no limit)")
+        if config.draft_attempts < 1:
+            raise ValueError("draft_attempts must be at least 1")
+        if config.adaptive and (config.draft_cost < 0 or config.verify_cost_per_token < 0):
+            raise ValueError("draft_cost and verify_cost_per_token must be at least 0")
         self.draft = draft
         if config.adaptive:
             self.governor = Governor(config.draft_cost, config.verify_cost_per_token)
@@ -274,7 +288,7 @@ class DraftingProgram(StepProgram):
         elif self.governor is not None and not self.governor.should_speculate():
             # the back-off's steps in one request, as many tokens as that many steps take
             steps = self.governor.waiting + 1
-            closed = yield from self.write_ahead(round(steps * self.governor.step_tokens), reason="backoff")
+            closed = yield from self.write_ahead(round(steps * self.governor.step_tokens), steps, reason="backoff")
             self.governor.skip(closed - 1)
         else:
             yield from self.speculate_step()
@@ -292,7 +306,7 @@ class DraftingProgram(StepProgram):
         if tap and tokens:
             reply = yield Call(DRAFT, self.ids + tokens, 1, "draft", states_from=self.step_start)
             pooled = self.pool_states(DRAFT, reply.states)
-        return DraftedStep(tokens[: max(0, self.remaining())], end, pooled)
+        return DraftedStep(tokens, end, pooled)
 
     def drafted(self, step: DraftedStep, thrown: int = 0) -> Generator[Call, Reply, bool]:
         """Count a drafted step; False when there is none and the target wrote the step
@@ -328,17 +342,20 @@ class DraftingProgram(StepProgram):
         (but for the step's last) count as kept."""
         if self.governor is not None:
             self.governor.observe_verification(False)
-        yield from self.write_step("rejected", draft_text=self.decode(step.tokens), **record)
-        if self.steps:
-            written = self.ids[-self.steps[-1].target_tokens:]
-            kept = _common_prefix(written, step.tokens[:-1])
-            self.counters.accepted_tokens += kept
-            self.steps[-1].drafted_tokens = len(step.tokens) + thrown
-            self.steps[-1].accepted_tokens = kept
+        pre = len(self.ids)
+        yield from self.write_step("rejected", drafted=len(step.tokens) + thrown, draft_text=self.decode(step.tokens),
+                                   **record)
+        # (the embedded engine counts at most FOLLOW_ROWS + 1 of them: semspec.sequence)
+        kept = _common_prefix(self.ids[pre:], step.tokens[:-1])
+        self.counters.accepted_tokens += kept
+        self.steps[-1].accepted_tokens = kept
 
     def draft_write_step(self) -> Program:
         """A step of the answer written by the draft and kept unverified ("draft_only")."""
         step = yield from self.draft_step()
+        eos_at = next((i for i, t in enumerate(step.tokens) if t in self.target.eos), None)
+        if eos_at is not None:  # the target's end of sequence, in the draft's text
+            step = DraftedStep(step.tokens[:eos_at], "eos", None)
         self.ids.extend(step.tokens)
         self.close_step("draft", "draft_only", drafted=len(step.tokens), accepted=len(step.tokens))
         if step.end == "eos":

@@ -89,7 +89,10 @@ def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: 
         block_size=CPU_BLOCK_SIZE if on_cpu else None, speculative_config=speculative_config,
         # each request's drafted and accepted tokens, for its counters and step log
         per_request_spec_decode_metrics="detailed" if speculative_config and transfer is None else "none",
-        kv_transfer_config=transfer, **({"scheduler_cls": scheduler} if scheduler else {}),
+        kv_transfer_config=transfer,
+        # states engines: our scheduler drops extract_hidden_states' drafts, which vLLM's async
+        # scheduling (its default for that method on a GPU) would hand over another way
+        **({"scheduler_cls": scheduler, "async_scheduling": False} if scheduler else {}),
     )
 
 

@@ -367,9 +367,9 @@ class VLLMStepEngine:
         self._next_id += 1
         item.call, item.call_t0, item.call_step = call, time.perf_counter(), served.steps
         item.calls += 1
-        served.in_flight[request_id] = item
         served.llm.add_request(request_id, served.llm.renderer.render_cmpl([{"prompt_token_ids": call.ids}])[0],
                                params)
+        served.in_flight[request_id] = item
 
     def _drop(self, item: _Live) -> None:
         for s in (self.target, self.draft):

@@ -16,8 +16,9 @@ PROMPTS = ["What is 2+2?", "Name a colour.", "Count to three.", "Say hi."]
 
 def config(method: str, **kw) -> GenerationConfig:
     """Greedy, short capped steps, drafting at any batch size (a CPU's default pauses it)."""
-    kw = {"draft_max_batch": 0, "adaptive": False, **kw}
-    return GenerationConfig(method=method, max_new_tokens=30, max_step_tokens=7, temperature=0.0, **kw)
+    kw = {"draft_max_batch": 0, "adaptive": False, "max_new_tokens": 30, "max_step_tokens": 7, "temperature": 0.0,
+          **kw}
+    return GenerationConfig(method=method, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +81,31 @@ def test_semspec_rejecting_every_step_lets_the_target_write_it(engine):
         for s in r.steps:
             if s.decision == "rejected":
                 assert s.accepted_tokens == s.drafted_tokens - 1 and s.draft_text == s.text
+
+
+def test_a_rejected_step_counts_the_drafted_tokens_the_target_wrote_alike_after_kept_steps_too(engine):
+    """Probes keeping 70% of steps at random: rejected steps follow kept ones, which open
+    them with the target's bonus token; the draft (the target itself) drafted what the target
+    then wrote, so all but a rejected step's last drafted token count as kept."""
+    engine.probes = ProbePair.constant(0.7, 1.0, 256, 256)
+    try:
+        mixed = run_all(engine, config("semspec", ratio_floor=0.0, max_new_tokens=60))
+    finally:
+        engine.probes = ProbePair.always_accept(256, 256)
+    decisions = [s.decision for r in mixed for s in r.steps]
+    assert "accepted" in decisions and "rejected" in decisions
+    for r in mixed:
+        assert r.counters.accepted_tokens == sum(s.accepted_tokens for s in r.steps)
+        for s in r.steps:
+            if s.decision == "rejected":
+                assert s.accepted_tokens == s.drafted_tokens - 1
+
+
+def test_a_config_the_method_cannot_take_fails_its_item_alone(engine):
+    bad = Request("Say hi.", config("semspec", temperature=0.6, draft_attempts=0), key="bad")
+    done = {d.key: d for d in engine.generate_many([bad, Request("Say hi.", config("semspec"), key="ok")],
+                                                    batch_size=2)}
+    assert "draft_attempts" in str(done["bad"].error) and done["ok"].error is None
 
 
 def test_paused_for_the_batch_the_target_writes_ahead_and_the_steps_are_cut_after(engine):
