@@ -123,6 +123,7 @@ class StepProgram:
         self.identities = identities
         self.in_flight = in_flight
         self.governor: Governor | None = None
+        self.tail: dict | None = None  # the open step's record, when a write-ahead began it
         self.t0 = time.perf_counter()
         self._step_t0 = self.t0
 
@@ -152,7 +153,7 @@ class StepProgram:
                                      target_tokens=end - self.step_start, seconds=now - self._step_t0, **extra))
         if self.governor is not None:
             self.governor.observe_step(end - self.step_start)
-        self.step_start, self._step_t0 = end, now
+        self.step_start, self._step_t0, self.tail = end, now, None
 
     def take_token(self, token: int) -> bool:
         """Append a token the target sampled; False (and finish) on end of sequence."""
@@ -205,9 +206,10 @@ class StepProgram:
                     **extra) -> Generator[Call, Reply, int]:
         """The target writes on past step ends, ``tokens`` at most, in one request; they are
         cut into steps by the step rule, up to ``max_steps`` steps or the end of thinking
-        (what it wrote past them is dropped), and a step left open is finished by the target
-        as ``write_step`` would, so that what comes next starts at a step's beginning, as
-        after any step the target writes. Returns how many steps it closed."""
+        (what it wrote past them is dropped). A step it leaves open stays open (``tail``):
+        the next write-ahead goes on with it, and before the draft writes a step the target
+        finishes it (``DraftingProgram.advance``), so drafting starts at a step's beginning,
+        as after any step the target writes. Returns how many steps it closed."""
         reply = yield Call(TARGET, self.ids, max(1, min(self.remaining(), tokens)), "target_write")
         before = len(self.steps)
         written = self.ids[self.step_start:] + reply.tokens
@@ -228,11 +230,11 @@ class StepProgram:
                 text = IncrementalText(self.target.tokenizer)
         if self.remaining() <= 0:
             self.finish("length")
-        if self.done:
-            if len(self.ids) > self.step_start:
+        if len(self.ids) > self.step_start:
+            if self.done:
                 self.close_step("target", "target_only", **extra)
-        elif len(self.ids) > self.step_start:
-            yield from self.write_step("target_only", **extra)
+            else:
+                self.tail = extra
         return len(self.steps) - before
 
     def advance(self) -> Program:
@@ -279,7 +281,12 @@ class DraftingProgram(StepProgram):
 
     def advance(self) -> Program:
         cfg = self.cfg
-        if self.phase == "answer" and cfg.answer_by == "draft" and not self.draft_out_of_room():
+        drafting = not (self.phase == "answer" and cfg.answer_by != "draft") and not self.draft_out_of_room() \
+            and not (cfg.draft_max_batch and self.in_flight() > cfg.draft_max_batch)
+        if self.tail is not None and drafting and (self.governor is None or self.governor.waiting == 0):
+            # the draft would continue a step a write-ahead began: the target finishes it
+            yield from self.write_step("target_only", **self.tail)
+        elif self.phase == "answer" and cfg.answer_by == "draft" and not self.draft_out_of_room():
             yield from self.draft_write_step()
         elif self.phase == "answer" or self.draft_out_of_room():
             yield from self.write_step("target_only", reason="answer" if self.phase == "answer" else "room")
