@@ -293,9 +293,10 @@ class DraftingProgram(StepProgram):
         elif cfg.draft_max_batch and self.in_flight() > cfg.draft_max_batch:
             yield from self.write_ahead(reason="batch")
         elif self.governor is not None and not self.governor.should_speculate():
-            # the back-off's steps in one request, as many tokens as that many steps take
+            # the back-off's steps in one request, as many tokens as that many steps take (about:
+            # the steps they make count against the back-off, a step left open with it)
             steps = self.governor.waiting + 1
-            closed = yield from self.write_ahead(round(steps * self.governor.step_tokens), steps, reason="backoff")
+            closed = yield from self.write_ahead(round(steps * self.governor.step_tokens), reason="backoff")
             self.governor.skip(closed - 1)
         else:
             yield from self.speculate_step()
