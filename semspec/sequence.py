@@ -36,6 +36,7 @@ from .sampling import make_generator, probs_from_logits, sample, sample_logits, 
 from .steps import IncrementalText, StepDetector
 from .adaptive import Governor
 from .head import is_head
+from .stepwise import common_prefix, judge_decision, meaning_decision
 from .stream import HeadStream, PassRequest, PassResult, Sample, Stream
 from .types import ANSWER_BY, Counters, GenerationConfig, GenerationResult, StepRecord
 
@@ -70,14 +71,6 @@ def prompt_ids(tokenizer, messages, template_kwargs: dict | None, max_context: i
     if max_context is not None and len(ids) >= max_context:
         raise PromptError(f"prompt of {len(ids)} tokens does not fit the target's context of {max_context} tokens")
     return ids
-
-
-def _common_prefix(a: list, b: list) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Sequence:
@@ -324,7 +317,7 @@ class DraftingSequence(Sequence):
         """Make D represent exactly the target's ``T.ids[:upto]``; returns D's length."""
         if self.same_tok:
             want = self.T.ids[:upto]
-            common = min(_common_prefix(self.D.ids, want), self.D.reusable)
+            common = min(common_prefix(self.D.ids, want), self.D.reusable)
             self.D.truncate(common)
             self.D.append(want[common:])
             if self.head:  # states before what both caches hold and the open step are not read again
@@ -335,7 +328,7 @@ class DraftingSequence(Sequence):
         text = self.decode_t(self.T.ids[self.prompt_len:upto])
         common = len(self.d_text)
         if not text.startswith(self.d_text):
-            common = _common_prefix(list(self.d_text), list(text))
+            common = common_prefix(list(self.d_text), list(text))
         while self.d_marks[-1][0] > common:
             self.d_marks.pop()
         chars, dlen = self.d_marks[-1]
@@ -571,19 +564,11 @@ class SemSpecSequence(DraftingSequence):
                        ) -> Generator[PassRequest, PassResult, tuple[bool, dict]]:
         """One target pass over the drafted step (appended after ``pre`` tokens); the probes'
         acceptance decision."""
-        cfg = self.cfg
         out = yield from self.T.forward(extra=t_ids, hidden=True, keep_for=self.follow_positions(pre, t_ids),
                                         phase="verify")
         skip = max(0, self.step_start - out.start)
         pooled_t = pool(out.hidden[skip:].unsqueeze(0))[0]
-        p_t = self.probes.target.predict(pooled_t)
-        p_d = self.probes.draft.predict(step.pooled)
-        ratio = p_t / max(p_d, 1e-6)
-        accept_prob = min(1.0, ratio)
-        if p_t < cfg.tau or ratio < cfg.ratio_floor:
-            accept_prob = 0.0
-        accepted = accept_prob >= 1.0 or uniform(self.coin) < accept_prob
-        return accepted, {"p_target": p_t, "p_draft": p_d, "accept_prob": accept_prob}
+        return meaning_decision(self.probes, pooled_t, step.pooled, self.cfg, self.coin)
 
 
 JUDGE_QUESTION = (
@@ -609,6 +594,18 @@ def judge_suffix(tokenizer, question: str = JUDGE_QUESTION) -> str:
     return f"\n\n{question}\nScore: "
 
 
+def judge_prompt(tokenizer) -> tuple[list[int], list[int]]:
+    """step_judge's question after a step (``judge_suffix``) and the ten digits' token ids;
+    MethodUnavailable when a digit is not one token."""
+    digits = []
+    for d in "0123456789":
+        ids = tokenizer(d, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise MethodUnavailable(f"step_judge needs single-token digits; {d!r} is {ids}")
+        digits.append(ids[0])
+    return tokenizer(judge_suffix(tokenizer), add_special_tokens=False)["input_ids"], digits
+
+
 class StepJudgeSequence(DraftingSequence):
     """SpecReason-style: the target scores each drafted step 0-9 in one prefill pass."""
 
@@ -616,14 +613,7 @@ class StepJudgeSequence(DraftingSequence):
 
     def __init__(self, engine, messages, config, runners):
         super().__init__(engine, messages, config, runners)
-        tok = engine.target.tokenizer
-        self.suffix_ids = tok(judge_suffix(tok), add_special_tokens=False)["input_ids"]
-        digits = []
-        for d in "0123456789":
-            ids = tok(d, add_special_tokens=False)["input_ids"]
-            if len(ids) != 1:
-                raise MethodUnavailable(f"step_judge needs single-token digits; {d!r} is {ids}")
-            digits.append(ids[0])
+        self.suffix_ids, digits = judge_prompt(engine.target.tokenizer)
         self.digit_ids = torch.tensor(digits, device=engine.target.device)
 
     def draft_out_of_room(self, extra: int = 0) -> bool:
@@ -638,13 +628,8 @@ class StepJudgeSequence(DraftingSequence):
         pre = len(self.T.ids)
         yield from self.T.forward(extra=t_ids + self.suffix_ids,
                                   keep_for=self.follow_positions(pre, t_ids) + [pre + len(t_ids)], phase="judge")
-        digit_logits = self.T.next_logits[self.digit_ids]
-        score = int(digit_logits.argmax())
-        expected = float((torch.softmax(digit_logits, -1) * torch.arange(10, device=digit_logits.device)).sum())
+        accepted, record = judge_decision(self.T.next_logits[self.digit_ids], cfg.judge_threshold)
         self.T.truncate(pre + len(t_ids))  # drop the judging question, keep the step
-        accepted = score >= cfg.judge_threshold
-        # p_target: the expected score over the ten digits, scaled to [0, 1] (for the logs)
-        record = {"judge_score": score, "p_target": expected / 9.0, "accept_prob": 1.0 if accepted else 0.0}
         yield from self.settle(step, t_ids, pre, accepted, record)
 
 

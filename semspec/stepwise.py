@@ -90,6 +90,26 @@ def meaning_decision(probes, pooled_target: torch.Tensor, pooled_draft: torch.Te
     return accepted, {"p_target": p_t, "p_draft": p_d, "accept_prob": accept_prob}
 
 
+def judge_decision(digit_scores: torch.Tensor, threshold: int) -> tuple[bool, dict]:
+    """step_judge's rule from the target's scores of the ten digits (logits or log-probabilities:
+    either gives the same softmax over them): keep the step when the best digit is at least
+    ``threshold``; the step log's record, its ``p_target`` the expected digit scaled to [0, 1]."""
+    score = int(digit_scores.argmax())
+    expected = float((torch.softmax(digit_scores, -1) * torch.arange(10, device=digit_scores.device)).sum())
+    accepted = score >= threshold
+    return accepted, {"judge_score": score, "p_target": expected / 9.0, "accept_prob": 1.0 if accepted else 0.0}
+
+
+def common_prefix(a: list, b: list) -> int:
+    """How many leading items ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 @dataclass
 class DraftedStep:
     tokens: list[int]
@@ -202,11 +222,10 @@ class StepProgram:
             self.phase = "answer"
         self.close_step("target", decision, **extra)
 
-    def write_ahead(self, tokens: int = WRITE_AHEAD_TOKENS, max_steps: int | None = None,
-                    **extra) -> Generator[Call, Reply, int]:
+    def write_ahead(self, tokens: int = WRITE_AHEAD_TOKENS, **extra) -> Generator[Call, Reply, int]:
         """The target writes on past step ends, ``tokens`` at most, in one request; they are
-        cut into steps by the step rule, up to ``max_steps`` steps or the end of thinking
-        (what it wrote past them is dropped). A step it leaves open stays open (``tail``):
+        cut into steps by the step rule, up to the end of thinking (what it wrote past that is
+        dropped: the answer's steps are the answer's rule's). A step it leaves open stays open (``tail``):
         the next write-ahead goes on with it, and before the draft writes a step the target
         finishes it (``DraftingProgram.advance``), so drafting starts at a step's beginning,
         as after any step the target writes. Returns how many steps it closed."""
@@ -225,7 +244,6 @@ class StepProgram:
                 self.close_step("target", "target_only", **extra)
                 if end.reason == "think_end":
                     self.phase = "answer"
-                if end.reason == "think_end" or len(self.steps) - before == max_steps:
                     break
                 text = IncrementalText(self.target.tokenizer)
         if self.remaining() <= 0:
@@ -354,7 +372,7 @@ class DraftingProgram(StepProgram):
         yield from self.write_step("rejected", drafted=len(step.tokens) + thrown, draft_text=self.decode(step.tokens),
                                    **record)
         # (the embedded engine counts at most FOLLOW_ROWS + 1 of them: semspec.sequence)
-        kept = _common_prefix(self.ids[pre:], step.tokens[:-1])
+        kept = common_prefix(self.ids[pre:], step.tokens[:-1])
         self.counters.accepted_tokens += kept
         self.steps[-1].accepted_tokens = kept
 
@@ -424,23 +442,11 @@ class StepJudgeProgram(DraftingProgram):
         if not (yield from self.drafted(step)):
             return
         judged = yield Call(TARGET, self.ids + step.tokens + self.suffix, 1, "judge", scored=self.digits)
-        logprobs = torch.tensor([judged.logprobs[d] for d in self.digits])
-        score = int(logprobs.argmax())
-        expected = float((torch.softmax(logprobs, -1) * torch.arange(10)).sum())
-        accepted = score >= self.cfg.judge_threshold
-        # p_target: the expected score over the ten digits, scaled to [0, 1] (for the logs)
-        record = {"judge_score": score, "p_target": expected / 9.0, "accept_prob": 1.0 if accepted else 0.0}
+        accepted, record = judge_decision(torch.tensor([judged.logprobs[d] for d in self.digits]),
+                                          self.cfg.judge_threshold)
         if accepted:  # the target's token after the step (its prefix is cached by now)
             bonus = yield Call(TARGET, self.ids + step.tokens, 1, "verify")
             self.keep(step, bonus.tokens, 0, record)
         else:
             yield from self.reject(step, 0, record)
 
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

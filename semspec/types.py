@@ -13,6 +13,8 @@ METHODS = ("ar", "token_sd", "step_judge", "semspec")
 # The draft spec that names no model: vLLM's prompt-lookup drafting (token_sd on vLLM,
 # semspec.vllm_speculation).
 NGRAM_DRAFT = "ngram"
+# The methods vLLM runs at step level, on a target and a draft engine (semspec.vllm_steps).
+VLLM_STEP_METHODS = ("semspec", "step_judge")
 ANSWER_BY = ("target", "draft")
 # Step rule when neither the caller nor the loaded probes say otherwise: reasoning models
 # separate steps with a blank line.

@@ -43,8 +43,8 @@ from .vllm_speculation import speculative_config
 from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Counters, Finished,
                     GenerationConfig, GenerationResult, StepRecord)
 
-# The methods vLLM serves today; the others run on the embedded engine (semspec.engine).
-# token_sd is vLLM's own speculative decoding (semspec.vllm_speculation).
+# The methods this engine serves; semspec.vllm_steps serves the step-level ones
+# (types.VLLM_STEP_METHODS). token_sd is vLLM's own speculative decoding (semspec.vllm_speculation).
 VLLM_METHODS = ("ar", "token_sd")
 # KV cache budget when the caller sets none, in GiB: 32 sequences of SmolLM2's 8,192-token
 # context in float32 would need 11 GiB, but a batch's sequences rarely all run long; a
@@ -118,6 +118,19 @@ def _shield_llvmlite() -> None:
         ffi.lib._fntab.setdefault("__dict__", {})
 
 
+def model_files(model_dir: Path) -> tuple[Any, Any, set[int]]:
+    """(tokenizer, config, end-of-sequence ids) of a model directory vLLM loads."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig as HFGenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    try:
+        generation = HFGenerationConfig.from_pretrained(model_dir, local_files_only=True)
+    except OSError:  # the model ships none
+        generation = None
+    return tokenizer, config, eos_token_ids(config, generation, tokenizer)
+
+
 def start_engine(args: Any) -> Any:
     """vLLM's ``LLMEngine`` in this process, from ``EngineArgs``."""
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -187,22 +200,16 @@ class VLLMEngine:
         """Start vLLM on the target spec (``semspec.models``: embedded name, GGUF, directory).
         ``speculative_tokens``: an engine for token_sd, drafting that many tokens per
         verification with ``draft`` (``semspec.vllm_speculation``); without, one for ar.
-        ``probes`` are not used yet (``VLLM_METHODS``). ``batch_size``: requests decoded at
+        ``probes`` are the step-level methods' (``semspec.vllm_steps``), unused here. ``batch_size``: requests decoded at
         once. ``kv_cache_gb``: the KV cache's whole budget. ``compile``: vLLM's compiled graphs
         (slower start) instead of eager mode."""
         configure_process()
         import vllm
-        from transformers import AutoConfig, AutoTokenizer, GenerationConfig as HFGenerationConfig
         from vllm import EngineArgs
 
         threads = torch.get_num_threads()
         model_dir, sha = model_directory(target, models_cache(cache_dir))
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-        hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-        try:
-            generation_config = HFGenerationConfig.from_pretrained(model_dir, local_files_only=True)
-        except OSError:  # the model ships none
-            generation_config = None
+        tokenizer, _, eos = model_files(model_dir)
         speculation, spec_config = None, None
         if speculative_tokens:
             spec_config, draft_identity = speculative_config(draft, target, speculative_tokens, model_dir, sha,
@@ -214,7 +221,7 @@ class VLLMEngine:
         llm = start_engine(args)
         name = str(target) if target is not None else DEFAULT_TARGET
         engine = cls(llm, tokenizer, ModelIdentity(name, sha), dt, int(llm.model_config.max_model_len),
-                     eos_token_ids(hf_config, generation_config, tokenizer), vllm.__version__, model_dir, threads,
+                     eos, vllm.__version__, model_dir, threads,
                      speculation)
         # one token now: a model vLLM loads but cannot run (an attention shape its kernels
         # lack) fails the load, before any job is stored, instead of every item

@@ -32,12 +32,12 @@ from .engine import EMBEDDED_DRAFT, resolve_components
 from .intake import Intake
 from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, ModelIdentity, model_directory, models_cache
 from .probes import ProbePair, resolve_probes
-from .sequence import MethodUnavailable, judge_suffix, prompt_ids
+from .sequence import MethodUnavailable, judge_prompt, prompt_ids
 from .stepwise import TARGET, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
 from .steps import detect_think_end
 from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Finished,
                     GenerationConfig)
-from .vllm_engine import DEFAULT_KV_CACHE_GB, configure_process, engine_arguments, start_engine
+from .vllm_engine import DEFAULT_KV_CACHE_GB, configure_process, engine_arguments, model_files, start_engine
 from .vllm_states import STATES, STATES_FROM, final_norm
 
 STEP_METHODS = {"ar": StepProgram, "semspec": SemSpecProgram, "step_judge": StepJudgeProgram}
@@ -92,21 +92,6 @@ class _Live:
     calls: int = 0
 
 
-def _model_files(model_dir: Path) -> tuple[Any, Any, set[int]]:
-    """(tokenizer, config, end-of-sequence ids) of a model directory."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig as HFGenerationConfig
-
-    from .models import eos_token_ids
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    try:
-        generation = HFGenerationConfig.from_pretrained(model_dir, local_files_only=True)
-    except OSError:  # the model ships none
-        generation = None
-    return tokenizer, config, eos_token_ids(config, generation, tokenizer)
-
-
 def _final_norm_weight(model_dir: Path) -> torch.Tensor:
     from safetensors import safe_open
 
@@ -153,12 +138,12 @@ class VLLMStepEngine:
         cache = models_cache(cache_dir) or DEFAULT_CACHE_DIR
         draft, probes = resolve_components(target, draft, probes)
         t_dir, t_sha = model_directory(target, cache)
-        t_tok, t_cfg, t_eos = _model_files(t_dir)
+        t_tok, t_cfg, t_eos = model_files(t_dir)
         t_shape = _shape(str(target or DEFAULT_TARGET), t_sha, t_cfg)
         pair = None
         if draft:
             d_dir, d_sha = model_directory(draft, cache)
-            d_tok, d_cfg, d_eos = _model_files(d_dir)
+            d_tok, d_cfg, d_eos = model_files(d_dir)
             if d_tok.get_vocab() != t_tok.get_vocab():
                 raise MethodUnavailable("the step-level methods on vLLM need a draft with the target's tokenizer")
             d_shape = _shape(str(draft), d_sha, d_cfg)
@@ -244,15 +229,9 @@ class VLLMStepEngine:
 
     @functools.cached_property
     def judge(self) -> tuple[list[int], tuple[int, ...]]:
-        """step_judge's question after a step (the target's chat template) and its ten digit tokens."""
-        tok = self.target.facts.tokenizer
-        digits = []
-        for d in "0123456789":
-            ids = tok(d, add_special_tokens=False)["input_ids"]
-            if len(ids) != 1:
-                raise MethodUnavailable(f"step_judge needs single-token digits; {d!r} is {ids}")
-            digits.append(ids[0])
-        return tok(judge_suffix(tok), add_special_tokens=False)["input_ids"], tuple(digits)
+        """step_judge's question after a step and its ten digit tokens (read once)."""
+        suffix, digits = judge_prompt(self.target.facts.tokenizer)
+        return suffix, tuple(digits)
 
     def _features(self, model: str, rows: torch.Tensor) -> torch.Tensor:
         return (self.target if model == TARGET else self.draft).features(rows)

@@ -50,10 +50,10 @@ def resolve(path: str) -> Callable[..., Any]:
 
 
 # What each backend of settings.engine loads, and the settings only it reads; on vLLM the
-# step-level methods load a target and a draft engine that return the probes' states.
+# step-level methods (semspec.types.VLLM_STEP_METHODS) load a target and a draft engine that
+# return the probes' states.
 FACTORIES = {"embedded": "semspec.engine:Engine.load", "vllm": "semspec.vllm_engine:VLLMEngine.load"}
 VLLM_STEPS_FACTORY = "semspec.vllm_steps:VLLMStepEngine.load"
-VLLM_STEP_METHODS = ("semspec", "step_judge")
 
 
 def backend(method: str | None = None, sampled: bool = False) -> str:
@@ -64,7 +64,7 @@ def backend(method: str | None = None, sampled: bool = False) -> str:
     if settings.engine != "auto":
         return settings.engine
     from semspec.vllm_engine import VLLM_METHODS, vllm_installed
-    from semspec.types import NGRAM_DRAFT
+    from semspec.types import NGRAM_DRAFT, VLLM_STEP_METHODS
     from semspec.vllm_speculation import draft_problem, sampled_verification_works
 
     method = method or settings.method
@@ -87,6 +87,8 @@ def factory_for(method: str | None = None, draft_tokens: int | None = None,
     name = backend(method, sampled)
     if name != "vllm":
         return FACTORIES[name], {}
+    from semspec.types import VLLM_STEP_METHODS
+
     extra = {"kv_cache_gb": settings.kv_cache_gb, "compile": settings.vllm_compile}
     if (method or settings.method) in VLLM_STEP_METHODS:
         return VLLM_STEPS_FACTORY, extra

@@ -32,7 +32,7 @@ from semspec.engine import Engine
 from semspec.models import encode_prompt, pick_dtype
 from semspec.vllm_engine import vllm_dtype
 from semspec.scheduler import PassStats
-from semspec.types import GenerationConfig, Request
+from semspec.types import VLLM_STEP_METHODS, GenerationConfig, Request
 
 
 BATCH_METHODS = ("ar", "token_sd", "step_judge", "semspec", "hf_generate", "vllm_generate")
@@ -163,7 +163,7 @@ def sweep_dtype(engine: str, s: SweepSettings, batch_size: int) -> Any:
 # vLLM's engines by what they serve: ar; token_sd (vLLM speculates for every request of an
 # engine or for none); the step-level methods (semspec.vllm_steps: a target and a draft engine
 # storing the probes' states)
-VLLM_KINDS = {"token_sd": "token_sd", "semspec": "steps", "step_judge": "steps"}
+VLLM_KINDS = {"token_sd": "token_sd", **{m: "steps" for m in VLLM_STEP_METHODS}}
 
 
 def engine_instance(name: str, method: str, dtype: Any) -> tuple:
@@ -268,8 +268,9 @@ def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: torch.dt
     drafted_tokens = sum(r.get("drafted_tokens", 0) for r in recs)
     if drafted_tokens:
         fig["drafted_tokens"] = drafted_tokens
-    if drafted_tokens and not drafted:  # token_sd (which drafts no steps): tokens kept per draft_tokens drafted (per verification,
-        # where every verification drafts draft_tokens: a head does, ngram may draft fewer)
+    if drafted_tokens and not drafted:  # token_sd, which drafts no steps: tokens kept per draft_tokens
+        # drafted (per verification, where every verification drafts draft_tokens: a head does,
+        # ngram may draft fewer)
         fig["accepted_per_verification"] = sum(r["accepted_tokens"] for r in recs) / drafted_tokens * draft_tokens
     phases: dict[str, float] = {}
     for r in recs:
