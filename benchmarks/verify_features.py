@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from semspec.calibration.collect import _prefix_ids, _step_ids  # noqa: E402
+from semspec.calibration.collect import prefix_ids, step_ids  # noqa: E402
 from semspec.calibration.store import CalibrationStore  # noqa: E402
 from semspec.calibration.train import _fit, _predict, load_role_data, regression_metrics, split_questions  # noqa: E402
 from semspec.models import load_model  # noqa: E402
@@ -69,8 +69,8 @@ def main() -> None:
     extra = []
     for key in store.keys():  # the row order of load_role_data
         rec = store.read_prefix(key, with_features=False)
-        steps = [_step_ids(lm, text, own=False) for text in rec.texts]
-        extra.append(step_stats(lm, _prefix_ids(lm, rec.prompt, rec.prefix_text), steps))
+        steps = [step_ids(lm.tokenizer, lm.eos_token_ids, text, own=False) for text in rec.texts]
+        extra.append(step_stats(lm, prefix_ids(lm.tokenizer, rec.prompt, rec.prefix_text), steps))
     extra_t = torch.cat(extra)
     stats_s = time.perf_counter() - t0
     data = load_role_data(args.calibration_dir)["target"]

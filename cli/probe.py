@@ -80,16 +80,17 @@ def collect(ctx, target, draft, prompts_file, out_dir, samples, skip_lines, limi
         raise click.UsageError("give --out DIR (or --submit)")
     import torch
 
-    from semspec.models import load_model
+    from semjobs.settings import settings
+    from semspec.calibration.collect import load_models
 
     if threads:
         torch.set_num_threads(threads)
     click.echo(f"loading target {target} and draft {draft} ...", err=True)
-    tgt = load_model(target, device=device)
-    from semspec.head import load_draft
-
-    drf = load_draft(draft, tgt, device=device) if draft else None
-    stats = run_collect(tgt, drf, prompts, out_dir, cfg, progress=True)
+    # vLLM's engines as a worker of the deployment loads them (the same states, numbers, batch)
+    models = load_models(target, draft, cfg, device=device, dtype=settings.dtype, batch_size=settings.batch_size,
+                         kv_cache_gb=settings.kv_cache_gb, compile=settings.vllm_compile, cache_dir=settings.cache_dir)
+    click.echo(f"sampling and reading states with {models.engine}", err=True)
+    stats = run_collect(models, prompts, out_dir, cfg, progress=True)
     click.echo(json.dumps(stats, indent=1))
 
 

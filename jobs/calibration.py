@@ -74,9 +74,10 @@ def counts(calibration_id: str, url: str | None = None) -> dict[str, int]:
     return {"pending": 0, "running": 0, "done": 0, "failed": 0, **by_status, "prefixes": prefixes}
 
 
-def run_question(calibration_id: str, question_id: str, target, draft, worker: str,
+def run_question(calibration_id: str, question_id: str, models, worker: str,
                  url: str | None = None, collect: Callable | None = None) -> str:
-    """Collect one question with the loaded pair and store what it wrote. Returns "done",
+    """Collect one question with the loaded pair (``semspec.calibration.collect.CalibrationModels``)
+    and store what it wrote. Returns "done",
     "skipped" (done before, or unknown), "busy" (a worker that still beats runs it: ask
     again later) or "failed" (the attempt cap, another pair, or the collection raised)."""
     from semspec.calibration.collect import CollectConfig, collect as collect_in_process
@@ -106,13 +107,13 @@ def run_question(calibration_id: str, question_id: str, target, draft, worker: s
         if attempts > settings.max_attempts:
             return _fail(s, mine, f"gave up after {attempts - 1} deliveries that never finished "
                          f"(max_attempts={settings.max_attempts}; was the worker killed?)")
-        problem = _wrong_pair(cal, target, draft)
+        problem = _wrong_pair(cal, models)
         if problem is not None:
             return _fail(s, mine, problem)
         cfg = CollectConfig(**{**cal.config, "max_prefixes": None})
         with tempfile.TemporaryDirectory(prefix="semjobs-cal-") as scratch:
             try:
-                collect(target, draft, [(question_id, prompt)], scratch, cfg)
+                collect(models, [(question_id, prompt)], scratch, cfg)
             except Exception as e:  # noqa: BLE001  (a bad question fails alone, with its reason)
                 return _fail(s, mine, f"{type(e).__name__}: {e}")
             store = CalibrationStore(scratch)
@@ -133,6 +134,19 @@ def run_question(calibration_id: str, question_id: str, target, draft, worker: s
     return "done"
 
 
+def calibration_layers(calibration_id: str, url: str | None = None) -> tuple | None:
+    """((role, hidden_states index), ...) the calibration's probes read, which a worker's
+    engines must store; None for an unknown calibration."""
+    from semspec.calibration.collect import CollectConfig, layer_for
+
+    with session_factory(url)() as s:
+        cal = s.get(Calibration, calibration_id)
+        if cal is None:
+            return None
+        cfg = CollectConfig(**cal.config)
+    return tuple((role, layer_for(cfg, role)) for role in ("target", "draft"))
+
+
 def fail_question(calibration_id: str, question_id: str, error: str, url: str | None = None) -> str:
     """Fail a question no worker has started, with ``error`` (this worker cannot run it)."""
     Q = CalibrationQuestion
@@ -141,14 +155,14 @@ def fail_question(calibration_id: str, question_id: str, error: str, url: str | 
                      error)
 
 
-def _wrong_pair(cal: Calibration, target, draft) -> str | None:
+def _wrong_pair(cal: Calibration, models) -> str | None:
     """Refuse before the work when the loaded pair is not the calibration's."""
-    if draft is None:
+    if "draft" not in models.roles:
         return "this worker loaded no draft; a calibration samples from both models of the pair"
-    models = (cal.meta or {}).get("models") or {}
-    for role, lm in (("target", target), ("draft", draft)):
-        want = (models.get(role) or {}).get("identity")
-        have = str(getattr(lm, "identity", ""))
+    recorded = (cal.meta or {}).get("models") or {}
+    for role in ("target", "draft"):
+        want = (recorded.get(role) or {}).get("identity")
+        have = str(models.describe(role).get("identity") or "")
         if want is not None and have and identity_sha256(want) != identity_sha256(have):
             return (f"this worker's {role} is {have}, the calibration's {want}; run its questions on "
                     "workers that load the same models")

@@ -155,6 +155,13 @@ class Engine:
             unavailable["probes"] = f"the probes {probes!r} could not load: {type(e).__name__}: {e}"
         return cls(t, d, p, unavailable)
 
+    def calibration_models(self):
+        """The pair as probe calibration samples and reads it (``semspec.calibration``), with
+        transformers' forward."""
+        from .calibration.transformers_models import TransformersModels
+
+        return TransformersModels(self.target, self.draft)
+
     def method_problem(self, method: str) -> str | None:
         """Why ``method`` cannot run on this engine (a sentence naming the cause and the
         fix), or None when it can."""

@@ -31,7 +31,7 @@ import torch
 from .engine import EMBEDDED_DRAFT, resolve_components
 from .intake import Intake
 from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, ModelIdentity, model_directory, models_cache
-from .probes import ProbePair, resolve_probes
+from .probes import ProbePair, pool, resolve_probes
 from .sequence import MethodUnavailable, judge_prompt, prompt_ids
 from .stepwise import TARGET, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
 from .steps import detect_think_end
@@ -69,14 +69,15 @@ class Served:
     facts: ModelFacts
     shape: ModelShape
     norm: tuple[torch.Tensor, float] | None  # the final norm's (weight, eps), when the probe reads the last layer
+    layer: int | None = None  # the hidden_states index whose states it stores
     steps: int = 0  # engine steps taken
     in_flight: dict[str, "_Live"] = field(default_factory=dict)
 
-    def features(self, rows: torch.Tensor) -> torch.Tensor:
-        """Mean-pooled states of a step (``semspec.probes.pool``'s features)."""
+    def features(self, rows: torch.Tensor, pooling: str = "mean") -> torch.Tensor:
+        """A step's states ``[n, hidden]`` pooled as ``semspec.probes.pool`` pools them."""
         if self.norm is not None:
             rows = final_norm(rows, *self.norm)
-        return rows.float().mean(0)
+        return pool(rows[None], None, pooling)[0]
 
 
 @dataclass
@@ -102,8 +103,46 @@ def _final_norm_weight(model_dir: Path) -> torch.Tensor:
     raise ValueError(f"{model_dir} holds no model.norm.weight: its last layer's states cannot be normed")
 
 
-def _shape(name: str, sha: str, config: Any) -> ModelShape:
-    return ModelShape(ModelIdentity(name, sha), int(config.hidden_size), int(config.num_hidden_layers))
+@dataclass
+class ModelFiles:
+    """A model directory vLLM serves from, as read before an engine starts (so that a probe
+    that does not fit the model fails before minutes of loading)."""
+
+    spec: str
+    directory: Path
+    tokenizer: Any
+    config: Any
+    eos: set[int]
+    shape: ModelShape
+
+    @classmethod
+    def read(cls, spec: str, cache: Path) -> "ModelFiles":
+        directory, sha = model_directory(spec, cache)
+        tokenizer, config, eos = model_files(directory)
+        shape = ModelShape(ModelIdentity(str(spec), sha), int(config.hidden_size), int(config.num_hidden_layers))
+        return cls(str(spec), Path(directory), tokenizer, config, eos, shape)
+
+    def serve(self, layer: int | None, kv_cache_gb: float, device: str, dtype: str, batch_size: int,
+              compile: bool, seed: int) -> Served:
+        """A vLLM engine of this model, storing ``layer``'s states (a ``hidden_states`` index,
+        negative from the end) when given."""
+        from vllm import EngineArgs
+
+        if layer is not None:
+            layer = layer + self.shape.num_layers + 1 if layer < 0 else layer
+            if not 0 <= layer <= self.shape.num_layers:
+                raise ValueError(f"{self.spec} has {self.shape.num_layers} layers: no hidden_states[{layer}]")
+            if not 0 <= layer <= self.shape.num_layers:
+                raise ValueError(f"{self.spec} has {self.shape.num_layers} layers: no hidden_states[{layer}]")
+        # logprobs after the allowed-token mask: a judge's over the ten digits alone
+        args = EngineArgs(**engine_arguments(self.directory, device, dtype, batch_size, kv_cache_gb, compile, seed,
+                                             states_layer=layer), logprobs_mode="processed_logprobs")
+        llm = start_engine(args)
+        norm = None
+        if layer == self.shape.num_layers:
+            norm = (_final_norm_weight(self.directory), float(getattr(self.config, "rms_norm_eps", 1e-6)))
+        facts = ModelFacts(self.tokenizer, frozenset(self.eos), int(llm.model_config.max_model_len))
+        return Served(llm, facts, self.shape, norm, layer)
 
 
 class VLLMStepEngine:
@@ -124,52 +163,38 @@ class VLLMStepEngine:
     def load(cls, target: str | None = None, draft: str | None = None, probes: str | None = None,
              device: str = "auto", cache_dir: str | os.PathLike | None = None, dtype: str = "auto",
              batch_size: int = 32, kv_cache_gb: float = DEFAULT_KV_CACHE_GB, compile: bool = False,
-             seed: int = 0) -> "VLLMStepEngine":
+             seed: int = 0, layers: dict[str, int] | tuple | None = None) -> "VLLMStepEngine":
         """The target and its draft in two vLLM engines, each storing the layer its probe
         reads (defaults as ``semspec.engine.Engine.load``'s: the embedded target, its layer
         draft and their probes). ``kv_cache_gb``: the target's KV budget; the draft gets
         ``DRAFT_KV_SHARE`` of it more. Without probes semspec is refused, without a draft
-        step_judge too."""
+        step_judge too. ``layers`` ({"target": i, "draft": j}, transformers' ``hidden_states``
+        indices, negative from the end, or its items): the layers stored instead of the probes'
+        (which are then not loaded), for probe calibration to read the states decoding reads."""
         configure_process()
         import vllm
-        from vllm import EngineArgs
 
         threads = torch.get_num_threads()
         cache = models_cache(cache_dir) or DEFAULT_CACHE_DIR
         draft, probes = resolve_components(target, draft, probes)
-        t_dir, t_sha = model_directory(target, cache)
-        t_tok, t_cfg, t_eos = model_files(t_dir)
-        t_shape = _shape(str(target or DEFAULT_TARGET), t_sha, t_cfg)
+        t = ModelFiles.read(target or DEFAULT_TARGET, cache)
+        d = ModelFiles.read(draft, cache) if draft else None
+        if d is not None and d.tokenizer.get_vocab() != t.tokenizer.get_vocab():
+            raise MethodUnavailable("the step-level methods on vLLM need a draft with the target's tokenizer")
         pair = None
-        if draft:
-            d_dir, d_sha = model_directory(draft, cache)
-            d_tok, d_cfg, d_eos = model_files(d_dir)
-            if d_tok.get_vocab() != t_tok.get_vocab():
-                raise MethodUnavailable("the step-level methods on vLLM need a draft with the target's tokenizer")
-            d_shape = _shape(str(draft), d_sha, d_cfg)
-            if probes:
-                pair = ProbePair.load(resolve_probes(probes), t_shape, d_shape, name=str(probes))
-
-        def serve(model_dir, tok, cfg, eos, shape, probe, gb) -> Served:
-            layer = probe.resolved_layer(shape.num_layers) if probe is not None else None
-            # logprobs after the allowed-token mask: a judge's over the ten digits alone
-            args = EngineArgs(**engine_arguments(model_dir, device, dtype, batch_size, gb, compile, seed,
-                                                 states_layer=layer), logprobs_mode="processed_logprobs")
-            llm = start_engine(args)
-            norm = None
-            if layer == shape.num_layers:
-                norm = (_final_norm_weight(Path(model_dir)), float(getattr(cfg, "rms_norm_eps", 1e-6)))
-            facts = ModelFacts(tok, frozenset(eos), int(llm.model_config.max_model_len))
-            return Served(llm, facts, shape, norm)
-
-        t = serve(t_dir, t_tok, t_cfg, t_eos, t_shape, pair.target if pair else None, kv_cache_gb)
-        d = None
-        if draft:
-            d = serve(d_dir, d_tok, d_cfg, d_eos, d_shape, pair.draft if pair else None, kv_cache_gb * DRAFT_KV_SHARE)
+        if layers is None and d is not None and probes:
+            pair = ProbePair.load(resolve_probes(probes), t.shape, d.shape, name=str(probes))
+            layers = {"target": pair.target.layer, "draft": pair.draft.layer}
+        layers = dict(layers or {})
+        options = dict(device=device, dtype=dtype, batch_size=batch_size, compile=compile, seed=seed)
+        served_t = t.serve(layers.get("target"), kv_cache_gb, **options)
+        served_d = d.serve(layers.get("draft"), kv_cache_gb * DRAFT_KV_SHARE, **options) if d else None
         cost = VLLM_DRAFT_COST.get(str(draft)) if target in (None, DEFAULT_TARGET) else None
         if d is not None and cost is None:  # a decoding pass is memory-bound: the weights it reads
-            cost = (d_cfg.num_hidden_layers * d_cfg.hidden_size ** 2) / (t_cfg.num_hidden_layers * t_cfg.hidden_size ** 2)
-        engine = cls(t, d, pair, str(t.llm.model_config.dtype).removeprefix("torch."), vllm.__version__, threads, cost)
+            cost = (d.config.num_hidden_layers * d.config.hidden_size ** 2) / (
+                t.config.num_hidden_layers * t.config.hidden_size ** 2)
+        engine = cls(served_t, served_d, pair, str(served_t.llm.model_config.dtype).removeprefix("torch."),
+                     vllm.__version__, threads, cost)
         # a few tokens through every kind of call now: a model vLLM loads but cannot run fails
         # the load, not every item, and the first item does not pay the first passes' set-up
         method = "semspec" if pair else "step_judge" if d else "ar"
@@ -186,6 +211,12 @@ class VLLMStepEngine:
             ids.update(self.probes.identities())
         ids.update(dtype=self.dtype, engine=f"vllm {self.version}")
         return ids
+
+    def calibration_models(self):
+        """The pair as probe calibration samples and reads it (``semspec.calibration``)."""
+        from .calibration.vllm_models import VLLMModels
+
+        return VLLMModels(self)
 
     def method_problem(self, method: str) -> str | None:
         if method not in METHODS:
@@ -342,13 +373,17 @@ class VLLMStepEngine:
             # on an engine that extracts states)
             allowed_token_ids=list(call.scored) or None, logprobs=len(call.scored) or None,
         )
-        request_id = str(self._next_id)
-        self._next_id += 1
+        request_id = self.request_id()
         item.call, item.call_t0, item.call_step = call, time.perf_counter(), served.steps
         item.calls += 1
         served.llm.add_request(request_id, served.llm.renderer.render_cmpl([{"prompt_token_ids": call.ids}])[0],
                                params)
         served.in_flight[request_id] = item
+
+    def request_id(self) -> str:
+        """A request id no other request of these engines has (vLLM wants them unique)."""
+        self._next_id += 1
+        return str(self._next_id)
 
     def _drop(self, item: _Live) -> None:
         for s in (self.target, self.draft):

@@ -79,9 +79,11 @@ def backend(method: str | None = None, sampled: bool = False) -> str:
 
 
 def factory_for(method: str | None = None, draft_tokens: int | None = None,
-                sampled: bool = False) -> tuple[str, dict]:
+                sampled: bool = False, layers: tuple | None = None) -> tuple[str, dict]:
     """(the factory that loads ``method``'s engine, the extra arguments it takes);
-    ``draft_tokens``: the job's, which a vLLM engine for token_sd drafts for every request."""
+    ``draft_tokens``: the job's, which a vLLM engine for token_sd drafts for every request;
+    ``layers``: ((role, hidden_states index), ...) a probe calibration reads, which the
+    step-level vLLM engines then store instead of the probes' (other engines read any)."""
     if settings.engine_factory:
         return settings.engine_factory, {}
     name = backend(method, sampled)
@@ -91,6 +93,8 @@ def factory_for(method: str | None = None, draft_tokens: int | None = None,
 
     extra = {"kv_cache_gb": settings.kv_cache_gb, "compile": settings.vllm_compile}
     if (method or settings.method) in VLLM_STEP_METHODS:
+        if layers is not None:
+            extra["layers"] = layers
         return VLLM_STEPS_FACTORY, extra
     if (method or settings.method) == "token_sd":
         from semspec.types import GenerationConfig
@@ -119,20 +123,22 @@ def set_threads() -> None:
         torch.set_num_threads(settings.threads)
 
 
-def get_engine(method: str | None = None, draft_tokens: int | None = None, sampled: bool = False) -> Any:
+def get_engine(method: str | None = None, draft_tokens: int | None = None, sampled: bool = False,
+               layers: tuple | None = None) -> Any:
     """This process's engine for ``method`` (default: settings.method; ``draft_tokens``: the
     job's), loaded on first use. One per backend: a worker serving `ar` on vLLM and `semspec`
     on the embedded engine holds both; one serving `ar` and then `token_sd` on vLLM swaps its
     vLLM engine (vLLM speculates for every request of an engine, or for none), which raises
     EngineBusy while chunks decode with the one it would drop."""
-    return _get(method, draft_tokens, sampled)[0]
+    return _get(method, draft_tokens, sampled, layers=layers)[0]
 
 
 @contextmanager
-def in_use(method: str | None = None, draft_tokens: int | None = None, sampled: bool = False) -> Iterator[Any]:
+def in_use(method: str | None = None, draft_tokens: int | None = None, sampled: bool = False,
+           layers: tuple | None = None) -> Iterator[Any]:
     """``get_engine``'s engine, counted as in use until the block ends: no other request
     drops it meanwhile (they get EngineBusy)."""
-    engine, key = _get(method, draft_tokens, sampled, use=True)
+    engine, key = _get(method, draft_tokens, sampled, use=True, layers=layers)
     try:
         yield engine
     finally:
@@ -140,9 +146,10 @@ def in_use(method: str | None = None, draft_tokens: int | None = None, sampled: 
             _users[key] -= 1
 
 
-def _get(method: str | None, draft_tokens: int | None, sampled: bool, use: bool = False) -> tuple[Any, tuple]:
+def _get(method: str | None, draft_tokens: int | None, sampled: bool, use: bool = False,
+         layers: tuple | None = None) -> tuple[Any, tuple]:
     global _failure
-    factory_path, extra = factory_for(method, draft_tokens, sampled)
+    factory_path, extra = factory_for(method, draft_tokens, sampled, layers)
     key = engine_key(factory_path, extra)
     with _held:  # loaded: no wait for a load of another engine in progress
         engine = _cache.get(key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from celery.signals import worker_shutting_down
@@ -95,18 +96,37 @@ def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
     return {"done": report.done, "failed": report.failed}
 
 
+# One calibration question at a time in a process: the threads pool runs several tasks at
+# once, and a vLLM engine is stepped by one thread (chunks share theirs through the batch loop).
+_calibrating = threading.Lock()
+
+
 @app.task(name=CALIBRATE, **RETRYING)
 def calibrate(self, calibration_id: str, question_id: str) -> str:
-    """One question of a probe calibration with this worker's pair (jobs.calibration)."""
-    from jobs.calibration import fail_question, run_question
+    """One question of a probe calibration with this worker's pair (jobs.calibration), on the
+    engine the pair's semspec decodes with, storing the layers the calibration reads."""
+    from jobs.calibration import calibration_layers, fail_question, run_question
 
-    # calibration reads the embedded engine's models (the probes' method is semspec)
-    load_error = load_or_give_up(self, f"calibration {calibration_id} question {question_id}", ("semspec",))
-    if load_error is not None:
-        return fail_question(calibration_id, question_id, load_error)
-    engine = engines.get_engine("semspec")
-    outcome = run_question(calibration_id, question_id, engine.target, getattr(engine, "draft", None),
-                           worker=liveness.name() or worker_name())
+    layers = calibration_layers(calibration_id)
+    if layers is None:  # no such calibration (deleted meanwhile)
+        return "skipped"
+    request = ("semspec", None, False, layers)
+    try:
+        load_error = load_or_give_up(self, f"calibration {calibration_id} question {question_id}", request)
+        if load_error is not None:
+            return fail_question(calibration_id, question_id, load_error)
+        # held: a job's chunk asking for another engine meanwhile gets EngineBusy, not this one dropped
+        with engines.in_use(*request) as engine:
+            if not hasattr(engine, "calibration_models"):
+                return fail_question(calibration_id, question_id, f"this worker's engine ({type(engine).__name__}) "
+                                     "cannot sample for a calibration")
+            with _calibrating:
+                outcome = run_question(calibration_id, question_id, engine.calibration_models(),
+                                       worker=liveness.name() or worker_name())
+    except engines.EngineBusy as e:  # a job's chunks decode with the engine this would drop
+        log.info("calibration %s question %s: %s; trying again in %ss", calibration_id, question_id, e,
+                 ENGINE_BUSY_RETRY_S)
+        raise self.retry(countdown=ENGINE_BUSY_RETRY_S, max_retries=None)
     log.info("calibration %s question %s: %s", calibration_id, question_id, outcome)
     if outcome == "busy":  # a worker that beats runs it: look again once it could be dead
         raise self.retry(countdown=settings.worker_dead_after_s, max_retries=None)

@@ -14,6 +14,10 @@ For each prompt:
    `hidden_states[layer]` over the step's tokens after the prefix
    (`semspec.probes.step_features`, the computation the engine does when decoding).
 
+The models come as a `CalibrationModels`: on vLLM (`semspec.calibration.vllm_models`), the
+engines and stored layers decoding serves with, so the probes learn the states they will
+read; or transformers' forward (`semspec.calibration.transformers_models`), for a draft head.
+
 Everything goes to a `CalibrationStore` directory, one file pair per prefix, so an
 interrupted run resumes where it stopped (traces are kept in traces.jsonl). Per-prefix
 random seeds derive from (seed, question id, k), so a resumed run samples the same steps
@@ -27,7 +31,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Protocol
 
 import torch
 
@@ -66,152 +70,57 @@ class SampledStep:
     end: str  # "delimiter", "eos", "cap", "think_end"
 
 
+class CalibrationModels(Protocol):
+    """A target and (unless only the target's half runs) its draft, as calibration uses them.
+    Roles are "target" and "draft"; seeds are the run's per-trace / per-prefix ones."""
+
+    engine: str  # what computes samples and states ("vllm 0.32.0 float32"), recorded with them
+    roles: tuple[str, ...]  # ("target",) or ("target", "draft")
+
+    def describe(self, role: str) -> dict: ...  # identity, spec, hidden_size, num_layers
+
+    def tokenizer(self, role: str): ...
+
+    def eos(self, role: str) -> set[int]: ...
+
+    def layer(self, role: str, cfg: "CollectConfig") -> int: ...  # the hidden_states index recorded
+
+    def trace(self, prompt_ids: list[int], cfg: "CollectConfig", seed: int) -> list[str]: ...
+
+    def sample(self, role: str, prefix_ids: list[int], cfg: "CollectConfig", seed: int) -> list["SampledStep"]: ...
+
+    def features(self, role: str, prefix_ids: list[int], steps: list[list[int]],
+                 cfg: "CollectConfig") -> torch.Tensor: ...
+
+
 def _seed_for(seed: int, *parts) -> int:
     h = hashlib.sha256(json.dumps([seed, *[str(p) for p in parts]]).encode()).digest()
     return int.from_bytes(h[:8], "little") & ((1 << 62) - 1)
 
 
-@torch.inference_mode()
-def sample_steps(
-    loaded,
-    prefix_ids: Sequence[int],
-    n: int,
-    temperature: float,
-    top_p: float,
-    delimiter: str = "\n\n",
-    max_step_tokens: int = 48,
-    generator: torch.Generator | None = None,
-    target=None,
-) -> list[SampledStep]:
-    """N next steps after `prefix_ids`, sampled in one batch that shares the prefix cache.
-
-    A step ends as in the engine (`StepDetector`: the delimiter after some non-blank text,
-    the end-of-thinking marker, the token cap) or at EOS (not included in the step). A draft
-    head (`semspec.head`) samples through `semspec.calibration.head_steps`, reading the
-    states of `target` (which it needs) over the prefix, as it does in the engine."""
-    from semspec.head import is_head
-
-    if not prefix_ids:
-        raise ValueError("sample_steps needs a non-empty prefix")
-    if is_head(loaded):
-        from semspec.calibration.head_steps import HeadStepper
-
-        stepper = HeadStepper(loaded, target, prefix_ids, n)
-        first, advance = stepper.logits, stepper.advance
-    else:
-        first, advance = _cache_stepper(loaded, prefix_ids, n)
-    max_ctx = loaded.max_context
-    room = None if max_ctx is None else max_ctx - len(prefix_ids)
-    return _sample_loop(loaded, first, advance, n, temperature, top_p, delimiter, max_step_tokens, room, generator)
-
-
-def _cache_stepper(loaded, prefix_ids, n):
-    """(logits after the prefix [n, V], advance) over a transformers cache copied n times."""
-    from transformers import DynamicCache
-
-    dev = loaded.device
-    cache = DynamicCache(config=loaded.model.config)
-    # next_token_logits: a reduced-vocabulary draft samples here as it does in the engine
-    logits = loaded.next_token_logits(torch.tensor([list(prefix_ids)], device=dev), cache).repeat(n, 1)
-    if n > 1:
-        cache.batch_repeat_interleave(n)
-    tok = loaded.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(loaded.eos_token_ids), 0)
-
-    def advance(feed: dict[int, int]) -> torch.Tensor:
-        ids = [feed.get(i, pad) for i in range(n)]  # every row steps; ended ones on padding
-        return loaded.next_token_logits(torch.tensor(ids, device=dev).unsqueeze(1), cache)
-
-    return logits, advance
-
-
-def _sample_loop(loaded, logits, advance, n, temperature, top_p, delimiter, max_step_tokens, room, generator):
-    from semspec.sampling import probs_from_logits
-    from semspec.steps import StepDetector, detect_think_end
-
-    tok = loaded.tokenizer
-    detector = StepDetector(delimiter, detect_think_end(tok), max_step_tokens)
-    eos = loaded.eos_token_ids
-    toks: list[list[int]] = [[] for _ in range(n)]
-    texts = [""] * n
-    ends: list[str | None] = [None] * n
-    for step in range(max_step_tokens):
-        if room is not None and step >= room:
-            for i in range(n):
-                ends[i] = ends[i] or "length"
-            break
-        probs = probs_from_logits(logits, temperature, top_p)
-        if temperature <= 0:
-            nxt = probs.argmax(-1)
-        else:
-            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        feed = {}
-        for i in range(n):
-            t = int(nxt[i])
-            if ends[i] is None:
-                if t in eos:
-                    ends[i] = "eos"
-                else:
-                    toks[i].append(t)
-                    prev = len(texts[i])
-                    texts[i] = tok.decode(toks[i], skip_special_tokens=False)
-                    e = detector.ended(texts[i], len(toks[i]), prev)
-                    if e is not None:
-                        ends[i] = e.reason
-            if ends[i] is None:
-                feed[i] = t
-        if not feed:
-            break
-        logits = advance(feed)
-    return [SampledStep(t, s, e or "cap") for t, s, e in zip(toks, texts, ends)]
-
-
-def generate_trace(loaded, prompt: str, cfg: CollectConfig, generator: torch.Generator | None = None) -> list[str]:
-    """The target's reasoning trace for `prompt`, as a list of step texts (each keeping its
-    delimiter), one step per call of `sample_steps` with batch size 1."""
-    from semspec.models import encode_prompt
-
-    tok = loaded.tokenizer
-    ids = encode_prompt(tok, prompt)
-    steps: list[str] = []
-    used = 0
-    while used < cfg.max_trace_tokens and len(steps) < cfg.max_trace_steps:
-        (s,) = sample_steps(
-            loaded, ids, 1, cfg.trace_temperature, cfg.top_p, cfg.step_delimiter,
-            min(cfg.max_step_tokens, cfg.max_trace_tokens - used), generator,
-        )
-        if s.tokens:
-            steps.append(s.text)
-            ids = ids + s.tokens
-            used += len(s.tokens)
-        if s.end in ("eos", "length") or not s.tokens:
-            break
-    return steps
-
-
-def _step_ids(loaded, step: SampledStep | str, own: bool) -> list[int]:
+def step_ids(tokenizer, eos: set[int], step: SampledStep | str, own: bool) -> list[int]:
     """Token ids of a step for feature extraction: the sampler's own ids, or the text
     re-tokenized for the other model. An empty step (immediate EOS) is scored as EOS."""
     if own and isinstance(step, SampledStep) and step.tokens:
         return list(step.tokens)
     text = step.text if isinstance(step, SampledStep) else step
-    ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
     if not ids:
-        eos = loaded.tokenizer.eos_token_id
-        ids = [int(eos if eos is not None else next(iter(loaded.eos_token_ids)))]
+        ids = [int(tokenizer.eos_token_id if tokenizer.eos_token_id is not None else min(eos))]
     return list(ids)
 
 
-def _layer_for(cfg: CollectConfig, role: str) -> int:
+def layer_for(cfg: CollectConfig, role: str) -> int:
     return cfg.draft_layer if role == "draft" and cfg.draft_layer is not None else cfg.layer
 
 
-def _prefix_ids(lm, prompt: str, prefix_text: str) -> list[int]:
+def prefix_ids(tokenizer, prompt: str, prefix_text: str) -> list[int]:
+    """The prompt (its chat template applied) and the trace's first steps, as token ids."""
     from semspec.models import encode_prompt
 
-    ids = encode_prompt(lm.tokenizer, prompt)
+    ids = encode_prompt(tokenizer, prompt)
     if prefix_text:
-        ids = ids + lm.tokenizer(prefix_text, add_special_tokens=False)["input_ids"]
+        ids = ids + tokenizer(prefix_text, add_special_tokens=False)["input_ids"]
     return ids
 
 
@@ -221,12 +130,12 @@ def _sampling_settings(cfg: CollectConfig) -> dict:
             "seed": cfg.seed}
 
 
-def sampled_steps_for(lm, role: str, prompt: str, prefix_text: str, cfg: CollectConfig, seed: int,
-                      cache_path: Path | None = None, target=None) -> list[SampledStep]:
+def sampled_steps_for(models: CalibrationModels, role: str, prompt: str, prefix_text: str, cfg: CollectConfig,
+                      seed: int, cache_path: Path | None = None) -> list[SampledStep]:
     """One model's N sampled next steps for a prefix, memoised in `cache_path` (a JSON file
-    keyed by the model identity and the sampling settings; the sampling is seeded, so the
-    memo holds exactly what sampling again would give)."""
-    want = {"model": str(lm.identity), "settings": _sampling_settings(cfg)}
+    keyed by the model identity and the sampling settings; the sampling is seeded, so a
+    resumed run keeps what it sampled before instead of sampling again)."""
+    want = {"model": str(models.describe(role)["identity"]), "settings": _sampling_settings(cfg)}
     if cache_path is not None and cache_path.exists():
         try:
             row = json.loads(cache_path.read_text())
@@ -234,10 +143,7 @@ def sampled_steps_for(lm, role: str, prompt: str, prefix_text: str, cfg: Collect
             row = {}
         if all(row.get(k) == v for k, v in want.items()):
             return [SampledStep(list(x["tokens"]), x["text"], x["end"]) for x in row["steps"]]
-    g = torch.Generator(device=lm.device)
-    g.manual_seed(_seed_for(seed, role))
-    got = sample_steps(lm, _prefix_ids(lm, prompt, prefix_text), cfg.samples, cfg.temperature,
-                       cfg.top_p, cfg.step_delimiter, cfg.max_step_tokens, g, target=target)
+    got = models.sample(role, prefix_ids(models.tokenizer(role), prompt, prefix_text), cfg, _seed_for(seed, role))
     if cache_path is not None:
         from semspec.calibration.store import atomic_write_json
 
@@ -247,32 +153,42 @@ def sampled_steps_for(lm, role: str, prompt: str, prefix_text: str, cfg: Collect
     return got
 
 
-def collect_prefix(models: dict, prompt: str, prefix_text: str, cfg: CollectConfig, seed: int,
+def collect_prefix(models: CalibrationModels, prompt: str, prefix_text: str, cfg: CollectConfig, seed: int,
                    cache_paths: dict | None = None):
     """Sample N steps per model after `prefix_text` and score all of them with both models.
     Returns (texts, sources, features {role: [2N, H]})."""
-    from semspec.head import is_head
-    from semspec.probes import step_features
-
-    prefix_ids = {role: _prefix_ids(lm, prompt, prefix_text) for role, lm in models.items()}
     samples: list[SampledStep] = []
     sources: list[str] = []
     for role in SOURCES:
-        got = sampled_steps_for(models[role], role, prompt, prefix_text, cfg, seed,
-                                (cache_paths or {}).get(role), target=models["target"])
+        got = sampled_steps_for(models, role, prompt, prefix_text, cfg, seed, (cache_paths or {}).get(role))
         samples.extend(got)
         sources.extend([role] * len(got))
     features = {}
     for role in SOURCES:
-        lm = models[role]
-        steps = [_step_ids(lm, s, own=(src == role)) for s, src in zip(samples, sources)]
-        if is_head(lm):  # the head's own states while it reads each step, as when it drafts
-            from semspec.calibration.head_steps import head_step_features
-
-            features[role] = head_step_features(lm, models["target"], prefix_ids[role], steps, cfg.pooling)
-        else:
-            features[role] = step_features(lm, prefix_ids[role], steps, _layer_for(cfg, role), cfg.pooling)
+        tok = models.tokenizer(role)
+        steps = [step_ids(tok, models.eos(role), s, own=(src == role)) for s, src in zip(samples, sources)]
+        features[role] = models.features(role, prefix_ids(tok, prompt, prefix_text), steps, cfg)
     return [s.text for s in samples], sources, features
+
+
+def load_models(target: str, draft: str | None, cfg: CollectConfig, device: str = "auto",
+                **vllm_options) -> CalibrationModels:
+    """The pair to calibrate: on vLLM where it is installed, storing the layers ``cfg`` reads,
+    with ``vllm_options`` (``VLLMStepEngine.load``'s: a worker's settings); a draft head,
+    which vLLM drafts with only token by token, on transformers' forward."""
+    from semspec.head import resolve_head
+    from semspec.vllm_engine import vllm_installed
+
+    if vllm_installed() and (draft is None or resolve_head(draft) is None):
+        from semspec.calibration.vllm_models import VLLMModels
+
+        return VLLMModels.load(target, draft, cfg, device=device, **vllm_options)
+    from semspec.calibration.transformers_models import TransformersModels
+    from semspec.head import load_draft
+    from semspec.models import load_model
+
+    tgt = load_model(target, device=device)
+    return TransformersModels(tgt, load_draft(draft, tgt, device=device) if draft else None)
 
 
 def prefix_positions(n_steps: int, cap: int, how: str = "spread") -> list[int]:
@@ -314,39 +230,35 @@ def read_prompts(path: str | Path, skip: int = 0, limit: int | None = None) -> l
 
 
 def collect(
-    target,
-    draft,  # None: only traces and the target's samples (memoised for a later full run)
+    models: CalibrationModels,  # target only: only traces and its samples (memoised for a later full run)
     prompts: Iterable[tuple[str, str]],
     out_dir: str | Path,
     cfg: CollectConfig | None = None,
     progress: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> dict:
-    """Collect calibration data for (target, draft) — two `LoadedModel`s — into `out_dir`.
+    """Collect calibration data for the pair `models` into `out_dir`.
 
     Resumable: finished prefixes and traces are skipped. Returns counts and seconds.
-    With `draft=None` it only writes the traces and memoises the target's samples, so that
-    this half of the work can run before the draft exists; a later run with the draft
+    With the target alone it only writes the traces and memoises the target's samples, so
+    that this half of the work can run before the draft exists; a later run with the draft
     completes the prefixes from the memo."""
-    from semspec.head import is_head
-
     cfg = cfg or CollectConfig()
     if cfg.samples < 1:
         raise ValueError("samples must be at least 1")
     prompts = list(prompts)
     store = CalibrationStore(out_dir)
-    models = {"target": target, "draft": draft}
-    target_only = draft is None
+    target_only = models.roles == ("target",)
     if target_only:
         store.prefix_dir.mkdir(parents=True, exist_ok=True)
     else:
+        described = {r: models.describe(r) for r in SOURCES}
         store.init({
-            "target": target.spec or str(target.identity),
-            "draft": draft.spec or str(draft.identity),
-            "models": {r: {"identity": str(m.identity), "spec": m.spec, "hidden_size": m.hidden_size,
-                           "num_layers": m.num_layers} for r, m in models.items()},
-            # a head's probe reads its output states (what it predicts), whatever --layer says
-            "layer": {r: -1 if is_head(m) else _layer_for(cfg, r) for r, m in models.items()},
+            "target": described["target"]["spec"] or str(described["target"]["identity"]),
+            "draft": described["draft"]["spec"] or str(described["draft"]["identity"]),
+            "models": described,
+            "layer": {r: models.layer(r, cfg) for r in SOURCES},
+            "engine": models.engine,
             "pooling": cfg.pooling,
             "samples": cfg.samples,
             "temperature": cfg.temperature,
@@ -376,9 +288,10 @@ def collect(
             if cap is not None and len(done) >= cap:
                 break
             if qid not in traces:
-                g = torch.Generator(device=target.device)
-                g.manual_seed(_seed_for(cfg.seed, "trace", qid))
-                steps = generate_trace(target, prompt, cfg, g)
+                from semspec.models import encode_prompt
+
+                steps = models.trace(encode_prompt(models.tokenizer("target"), prompt), cfg,
+                                     _seed_for(cfg.seed, "trace", qid))
                 store.append_trace(qid, steps)
                 traces[qid] = steps
                 stats["traces_new"] += 1
@@ -393,7 +306,7 @@ def collect(
                 seed = _seed_for(cfg.seed, "prefix", qid, k)
                 cache = {r: store.root / "samples" / f"{r}__{key}.json" for r in SOURCES}
                 if target_only:
-                    sampled_steps_for(target, "target", prompt, prefix_text, cfg, seed, cache["target"])
+                    sampled_steps_for(models, "target", prompt, prefix_text, cfg, seed, cache["target"])
                     done.add(key)
                     stats["prefixes_new"] += 1
                     if bar is not None:

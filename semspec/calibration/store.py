@@ -47,8 +47,8 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 def with_old_defaults(meta: dict) -> dict:
     """A collect.json read with the settings of collections from before they were recorded:
-    greedy traces cut at their first steps."""
-    return {"prefixes": "first", "trace_temperature": 0.0, **meta}
+    greedy traces cut at their first steps, by transformers' forward in float32."""
+    return {"prefixes": "first", "trace_temperature": 0.0, "engine": "transformers float32", **meta}
 
 
 def prefix_key(question_id: str, k: int) -> str:
@@ -82,7 +82,7 @@ class CalibrationStore:
         if path.exists():
             old = json.loads(path.read_text())
             keys = ("target", "draft", "layer", "pooling", "samples", "step_delimiter", "prefixes",
-                    "trace_temperature")
+                    "trace_temperature", "engine")
             old, new = with_old_defaults(old), with_old_defaults(meta)
             diff = {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
             # The same spec can name new weights (a retrained embedded draft): compare content.
@@ -196,7 +196,7 @@ class CalibrationStore:
 # Settings that must agree for collections to be merged: the samples would not be comparable
 # otherwise (the seed may differ: shards are disjoint samples of the same process).
 MERGE_KEYS = ("target", "draft", "models", "layer", "pooling", "samples", "temperature", "top_p",
-              "step_delimiter", "max_step_tokens", "max_trace_tokens", "trace_temperature", "prefixes")
+              "step_delimiter", "max_step_tokens", "max_trace_tokens", "trace_temperature", "prefixes", "engine")
 
 
 def merge_stores(out: str | os.PathLike, sources: list[str | os.PathLike]) -> dict:

@@ -16,10 +16,24 @@ from semspec.calibration.store import CalibrationStore, PrefixRecord, prefix_key
 PROMPTS = [("q1", "What is 2+2?"), ("q2", "What is 3+3?")]
 
 
+class Pair:
+    """What run_question reads of the loaded models before it collects: roles and identities
+    (none recorded: the calibration's first question records them)."""
+
+    def __init__(self, roles=("target", "draft")):
+        self.roles = roles
+
+    def describe(self, role):
+        return {}
+
+
+PAIR, TARGET_ONLY = Pair(), Pair(("target",))
+
+
 def fake_collect(model_name="pair-a"):
     calls = []
 
-    def collect(target, draft, prompts, out_dir, cfg):
+    def collect(models, prompts, out_dir, cfg):
         (qid, prompt), = prompts
         calls.append(qid)
         store = CalibrationStore(out_dir)
@@ -42,7 +56,7 @@ def test_each_question_runs_once_and_exports_as_a_calibration_directory(pg_db, t
     assert cal.pending_questions(cal_id, url=pg_db) == ["q1", "q2"]
     collect, calls = fake_collect()
     for qid in ("q1", "q2", "q1"):  # the last: a redelivery
-        cal.run_question(cal_id, qid, object(), object(), "w@h:1", url=pg_db, collect=collect)
+        cal.run_question(cal_id, qid, PAIR, "w@h:1", url=pg_db, collect=collect)
     assert calls == ["q1", "q2"]
     assert cal.counts(cal_id, url=pg_db) == {"pending": 0, "running": 0, "done": 2, "failed": 0, "prefixes": 4}
     stats = cal.export(cal_id, tmp_path / "out", url=pg_db)
@@ -57,12 +71,12 @@ def test_each_question_runs_once_and_exports_as_a_calibration_directory(pg_db, t
 
 def test_another_pair_and_a_worker_without_a_draft_are_refused(pg_db):
     cal_id = cal.create(PROMPTS, CollectConfig(samples=2), "q", url=pg_db)
-    cal.run_question(cal_id, "q1", object(), object(), "w@h:1", url=pg_db, collect=fake_collect("pair-a")[0])
-    assert cal.run_question(cal_id, "q2", object(), object(), "w@h:2", url=pg_db,
+    cal.run_question(cal_id, "q1", PAIR, "w@h:1", url=pg_db, collect=fake_collect("pair-a")[0])
+    assert cal.run_question(cal_id, "q2", PAIR, "w@h:2", url=pg_db,
                             collect=fake_collect("pair-b")[0]) == "failed"
     assert cal.counts(cal_id, url=pg_db)["prefixes"] == 2  # nothing of the other pair stored
     other = cal.create(PROMPTS, CollectConfig(samples=2), "q", url=pg_db)
-    assert cal.run_question(other, "q1", object(), None, "w@h:1", url=pg_db, collect=fake_collect()[0]) == "failed"
+    assert cal.run_question(other, "q1", TARGET_ONLY, "w@h:1", url=pg_db, collect=fake_collect()[0]) == "failed"
 
 
 def test_a_question_that_keeps_killing_workers_fails_after_the_attempt_cap(pg_db, monkeypatch):
@@ -76,8 +90,8 @@ def test_a_question_that_keeps_killing_workers_fails_after_the_attempt_cap(pg_db
 
     for _ in range(2):
         with pytest.raises(KeyboardInterrupt):
-            cal.run_question(cal_id, "q1", object(), object(), "w@h:1", url=pg_db, collect=dies)
-    assert cal.run_question(cal_id, "q1", object(), object(), "w@h:1", url=pg_db, collect=dies) == "failed"
+            cal.run_question(cal_id, "q1", PAIR, "w@h:1", url=pg_db, collect=dies)
+    assert cal.run_question(cal_id, "q1", PAIR, "w@h:1", url=pg_db, collect=dies) == "failed"
     assert cal.counts(cal_id, url=pg_db)["failed"] == 1
     with pytest.raises(cal.CalibrationError, match="no calibration"):
         cal.counts("nope", url=pg_db)
@@ -92,14 +106,14 @@ def test_a_question_another_live_worker_runs_is_busy_and_a_failing_one_fails_wit
         repo.beat(s, "first@h:1")
 
     def still_running(*_a, **_k):  # the first worker holds q1 when a second delivery comes
-        assert cal.run_question(cal_id, "q1", object(), object(), "second@h:2", url=pg_db,
+        assert cal.run_question(cal_id, "q1", PAIR, "second@h:2", url=pg_db,
                                 collect=fake_collect()[0]) == "busy"
         fake_collect()[0](*_a, **_k)
 
-    assert cal.run_question(cal_id, "q1", object(), object(), "first@h:1", url=pg_db, collect=still_running) == "done"
+    assert cal.run_question(cal_id, "q1", PAIR, "first@h:1", url=pg_db, collect=still_running) == "done"
 
     def broken(*_a, **_k):
         raise RuntimeError("CUDA out of memory")
 
-    assert cal.run_question(cal_id, "q2", object(), object(), "first@h:1", url=pg_db, collect=broken) == "failed"
+    assert cal.run_question(cal_id, "q2", PAIR, "first@h:1", url=pg_db, collect=broken) == "failed"
     assert cal.counts(cal_id, url=pg_db) == {"pending": 0, "running": 0, "done": 1, "failed": 1, "prefixes": 2}

@@ -1,8 +1,9 @@
 """Probe calibration as a bulk job, for real: `semjobs probe collect --submit` puts GSM8K
 questions on the queue, a REAL Celery worker with the embedded pair loaded (SmolLM2 + the
-layer draft) collects each one into Postgres, `semjobs probe merge --calibration` writes
-them out, and what comes out equals `semjobs probe collect` run in process with the same
-settings: same prefixes, same sampled steps, the same features."""
+layer draft, on vLLM as it decodes semspec, storing the calibration's layers) collects each
+one into Postgres, `semjobs probe merge --calibration` writes them out, and what comes out
+equals `semjobs probe collect` run in process with the same settings: same prefixes, same
+sampled steps, the same features."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from safetensors.torch import load_file
 
 from semspec.assets import GSM8K_TEST
 from semspec.calibration.store import CalibrationStore
-from tests.conftest import run_cli, wait_for
+from tests.conftest import require_vllm, run_cli, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
@@ -23,9 +24,21 @@ SETTINGS = ["--prompts", str(GSM8K_TEST), "--skip-lines", "100", "--limit-prompt
             "--step-delimiter", "\n", "--seed", "3"]
 
 
+def failures(env, cal_id) -> list[str]:
+    """Why the calibration's failed questions failed."""
+    from sqlalchemy import select
+
+    from db.models import CalibrationQuestion as Q
+    from db.session import session_factory
+
+    with session_factory(env["SEMJOBS_DATABASE_URL"])() as s:
+        return list(s.scalars(select(Q.error).where(Q.calibration_id == cal_id, Q.status == "failed")))
+
+
 def test_workers_collect_what_collect_in_process_collects(service_env, workers, tmp_path):
-    env = {**service_env, "SEMJOBS_ENGINE_FACTORY": "semspec.engine:Engine.load", "SEMJOBS_DTYPE": "float32",
-           "SEMJOBS_THREADS": "1"}
+    require_vllm()
+    # the deployment's own engine (no stand-in factory): semspec's on vLLM
+    env = {**service_env, "SEMJOBS_ENGINE_FACTORY": "", "SEMJOBS_DTYPE": "float32", "SEMJOBS_THREADS": "1"}
     bad = run_cli(["probe", "collect", *SETTINGS, "--submit", "--out", str(tmp_path / "x")], env, check=False)
     assert bad.returncode == 2 and "--out cannot go with --submit" in bad.stderr
     cal_id = run_cli(["probe", "collect", *SETTINGS, "--submit"], env).stdout.strip().splitlines()[-1]
@@ -37,7 +50,7 @@ def test_workers_collect_what_collect_in_process_collects(service_env, workers, 
 
     st = wait_for(lambda: (s := status())["pending"] == s["running"] == 0 and s, 600, interval=2,
                   what="the calibration")
-    assert (st["done"], st["failed"]) == (2, 0) and st["prefixes"] >= 2
+    assert (st["done"], st["failed"]) == (2, 0) and st["prefixes"] >= 2, failures(service_env, cal_id)
 
     out = tmp_path / "from_workers"
     run_cli(["probe", "merge", str(out), "--calibration", cal_id], env)
@@ -55,3 +68,4 @@ def test_workers_collect_what_collect_in_process_collects(service_env, workers, 
         for role in a:
             torch.testing.assert_close(a[role], b[role], atol=1e-4, rtol=1e-4)
     assert got.meta()["samples"] == 2 and got.meta()["calibration"] == cal_id
+    assert got.meta()["engine"] == want.meta()["engine"] and got.meta()["engine"].startswith("vllm ")

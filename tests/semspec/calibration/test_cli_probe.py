@@ -10,8 +10,9 @@ from semspec.testing import tiny_model_dir
 
 @pytest.mark.real_model
 def test_probe_collect_label_train_end_to_end(tmp_path):
-    t = tiny_model_dir(tmp_path / "t", num_layers=2, hidden_size=64, seed=0)
-    d = tiny_model_dir(tmp_path / "d", num_layers=1, hidden_size=32, seed=1)
+    # models vLLM's CPU attention runs (64-wide heads): collect samples on vLLM where it is installed
+    t = tiny_model_dir(tmp_path / "t", num_layers=2, hidden_size=256, seed=0)
+    d = tiny_model_dir(tmp_path / "d", num_layers=1, hidden_size=256, seed=1)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(
         json.dumps({"id": f"q{i}", "prompt": f"Natalia sold {i} clips. How many clips?"}) + "\n"
@@ -43,7 +44,7 @@ def test_probe_collect_label_train_end_to_end(tmp_path):
     assert "target" in res.output and "Spearman" in res.output
     assert "acceptance rule on" in res.output and "oracle" in res.output
     pair = ProbePair.load(out)
-    assert (pair.target.hidden_size, pair.draft.hidden_size) == (64, 32)
+    assert (pair.target.hidden_size, pair.draft.hidden_size) == (256, 256)
     assert (out / "calibration.png").exists() and (out / "report.json").exists()
 
 

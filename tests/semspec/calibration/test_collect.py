@@ -3,15 +3,10 @@ import json
 import pytest
 import torch
 
-from semspec.calibration.collect import (
-    CollectConfig,
-    collect,
-    generate_trace,
-    read_prompts,
-    sample_steps,
-)
+from semspec.calibration.collect import CollectConfig, collect, read_prompts
 from semspec.calibration.store import CalibrationStore
-from semspec.models import encode_prompt, load_model
+from semspec.calibration.transformers_models import TransformersModels
+from semspec.models import load_model
 from semspec.testing import tiny_model_dir
 
 
@@ -23,50 +18,17 @@ def pair(tmp_path_factory):
     return target, draft
 
 
-def test_sample_steps_batch_matches_engine_step_rule(pair):
-    target, _ = pair
-    ids = encode_prompt(target.tokenizer, "How many clips did Natalia sell?")
-    g = torch.Generator().manual_seed(0)
-    steps = sample_steps(target, ids, 6, 0.6, 0.95, "\n\n", 12, g)
-    assert len(steps) == 6
-    for s in steps:
-        assert len(s.tokens) <= 12
-        assert s.end in ("delimiter", "eos", "cap", "think_end", "length")
-        assert s.text == target.tokenizer.decode(s.tokens, skip_special_tokens=False)
-        if s.end == "delimiter":
-            assert s.text.rstrip(" ").endswith("\n\n") or "\n\n" in s.text
-    # Greedy rows of one batch are identical and equal a batch of one.
-    greedy = sample_steps(target, ids, 3, 0.0, 1.0, "\n\n", 12)
-    single = sample_steps(target, ids, 1, 0.0, 1.0, "\n\n", 12)
-    assert greedy[0].tokens == greedy[1].tokens == greedy[2].tokens == single[0].tokens
+@pytest.fixture(scope="module")
+def models(pair):
+    return TransformersModels(*pair)
 
 
-def test_a_reduced_vocabulary_draft_samples_only_its_tokens(pair):
-    import dataclasses
-
-    _, draft = pair
-    allowed = torch.arange(0, draft.vocab_size, 3)
-    reduced = dataclasses.replace(draft, vocab_ids=allowed)
-    ids = encode_prompt(draft.tokenizer, "How many clips did Natalia sell?")
-    steps = sample_steps(reduced, ids, 4, 1.0, 1.0, "\n\n", 10, torch.Generator().manual_seed(0))
-    drawn = {t for s in steps for t in s.tokens}
-    assert drawn and drawn <= set(allowed.tolist())
-
-
-def test_generate_trace_respects_caps(pair):
-    target, _ = pair
-    cfg = CollectConfig(max_step_tokens=8, max_trace_tokens=60, max_trace_steps=3)
-    assert 1 <= len(generate_trace(target, "Weng earns $12 an hour.", cfg)) <= 3
-    cfg = CollectConfig(max_step_tokens=8, max_trace_tokens=16, max_trace_steps=10)
-    assert 1 <= len(generate_trace(target, "Weng earns $12 an hour.", cfg)) <= 2
-
-
-def test_collect_is_resumable_and_capped(pair, tmp_path):
+def test_collect_is_resumable_and_capped(pair, models, tmp_path):
     target, draft = pair
     prompts = [("q1", "How many clips did Natalia sell?"), ("q2", "Weng earns $12 an hour.")]
     cfg = CollectConfig(samples=3, max_step_tokens=6, max_trace_tokens=18, max_trace_steps=3,
                         max_prefixes=2)
-    stats = collect(target, draft, prompts, tmp_path / "cal", cfg)
+    stats = collect(models, prompts, tmp_path / "cal", cfg)
     assert stats["prefixes_new"] == 2 and stats["prefixes_total"] == 2
     store = CalibrationStore(tmp_path / "cal")
     rec = store.read_prefix(store.keys()[0])
@@ -80,7 +42,7 @@ def test_collect_is_resumable_and_capped(pair, tmp_path):
     # Raising the cap resumes: nothing done twice, same traces, more prefixes.
     first = {k: store.read_prefix(k).texts for k in store.keys()}
     cfg.max_prefixes = 4
-    stats2 = collect(target, draft, prompts, tmp_path / "cal", cfg)
+    stats2 = collect(models, prompts, tmp_path / "cal", cfg)
     assert stats2["prefixes_done_before"] == 2
     trace_ids = [json.loads(x)["question_id"] for x in (tmp_path / "cal" / "traces.jsonl").read_text().splitlines()]
     assert len(trace_ids) == len(set(trace_ids))  # no trace generated twice
@@ -89,13 +51,13 @@ def test_collect_is_resumable_and_capped(pair, tmp_path):
         assert store.read_prefix(k).texts == texts
 
     # Same run from scratch samples the same steps (seeds derive from question and k).
-    collect(target, draft, prompts, tmp_path / "cal2", cfg)
+    collect(models, prompts, tmp_path / "cal2", cfg)
     store2 = CalibrationStore(tmp_path / "cal2")
     assert {k: store2.read_prefix(k).texts for k in first} == first
 
     # Other settings in the same directory are refused.
     with pytest.raises(ValueError, match="other settings"):
-        collect(target, draft, prompts, tmp_path / "cal", CollectConfig(samples=5))
+        collect(models, prompts, tmp_path / "cal", CollectConfig(samples=5))
 
 
 def test_read_prompts(tmp_path):
@@ -109,18 +71,18 @@ def test_read_prompts(tmp_path):
     assert read_prompts(p, skip=1, limit=1) == [("x", "q1")]
 
 
-def test_target_only_run_memoises_samples_for_the_full_run(pair, tmp_path):
+def test_target_only_run_memoises_samples_for_the_full_run(pair, models, tmp_path):
     target, draft = pair
     prompts = [("q1", "How many clips did Natalia sell?")]
     cfg = CollectConfig(samples=3, max_step_tokens=6, max_trace_tokens=12, max_trace_steps=2)
-    stats = collect(target, None, prompts, tmp_path / "a", cfg)
+    stats = collect(TransformersModels(pair[0]), prompts, tmp_path / "a", cfg)
     assert stats["prefixes_new"] >= 1
     store = CalibrationStore(tmp_path / "a")
     assert store.keys() == []  # nothing complete without the draft
     memo = sorted(p.name for p in (tmp_path / "a" / "samples").glob("target__*.json"))
     assert len(memo) == stats["prefixes_new"]
-    collect(target, draft, prompts, tmp_path / "a", cfg)
-    collect(target, draft, prompts, tmp_path / "b", cfg)
+    collect(models, prompts, tmp_path / "a", cfg)
+    collect(models, prompts, tmp_path / "b", cfg)
     other = CalibrationStore(tmp_path / "b")
     assert store.keys() == other.keys()
     for k in store.keys():

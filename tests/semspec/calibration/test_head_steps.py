@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from semspec.calibration.collect import CollectConfig, collect, sample_steps
+from semspec.calibration.collect import CollectConfig, collect
+from semspec.calibration.transformers_models import TransformersModels, sample_steps
 from semspec.calibration.head_steps import head_step_features
 from semspec.calibration.store import CalibrationStore
 from semspec.head import HeadModel
@@ -71,7 +72,7 @@ def test_head_greedy_samples_are_the_engine_s_drafts(pair):
 def test_collect_runs_with_a_head(pair, tmp_path):
     target, head = pair
     cfg = CollectConfig(samples=2, max_step_tokens=5, max_trace_tokens=10, max_trace_steps=2, max_prefixes=2)
-    stats = collect(target, head, [("q1", "How many clips did Natalia sell?")], tmp_path / "cal", cfg)
+    stats = collect(TransformersModels(target, head), [("q1", "How many clips did Natalia sell?")], tmp_path / "cal", cfg)
     assert stats["prefixes_new"] >= 1
     store = CalibrationStore(tmp_path / "cal")
     rec = store.read_prefix(store.keys()[0])

@@ -1,0 +1,197 @@
+"""Probe calibration on vLLM: traces, sampled steps and pooled states from the engines that
+decode with the probes (`semspec.vllm_steps`), so the probes learn exactly the states they
+read when they judge a drafted step (one forward path for calibration and decoding).
+
+`VLLMModels(engine)` wraps a `VLLMStepEngine` loaded with the calibration's layers
+(`VLLMModels.load`, or a worker's engine) as `semspec.calibration.collect.CalibrationModels`:
+
+- a trace is one sampled request, cut into steps afterwards by the engine's step rule
+  (sampling token by token, a step's end does not change what comes next);
+- a prefix's N next steps are one request with ``n=N``, stopped at text that may end a step;
+  the step rule decides on the tokens, and a sample vLLM stopped at a delimiter before any
+  text goes on in a request of its own;
+- a step's states are the stored layer's rows over the step, read by a one-token request of
+  prefix + step whose prefix the sampling left in the prefix cache.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+
+from semspec.calibration.collect import CollectConfig, SampledStep, layer_for
+from semspec.steps import IncrementalText, StepDetector, step_spans
+
+
+class VLLMModels:
+    def __init__(self, engine: Any, roles: tuple[str, ...] = ("target", "draft")):
+        self.step_engine = engine
+        self.served = {"target": engine.target, "draft": engine.draft}
+        if "draft" in roles and engine.draft is None:
+            raise ValueError("this engine loaded no draft; a calibration samples from both models of the pair")
+        self.roles = roles
+        self.engine = f"vllm {engine.version} {engine.dtype}"
+        self.think_end = engine.think_end_marker
+
+    @classmethod
+    def load(cls, target: str | None, draft: str | None, cfg: CollectConfig, **engine_options) -> "VLLMModels":
+        """Engines of the pair storing the layers ``cfg`` reads (``draft`` None: the target's
+        half of the work alone)."""
+        from semspec.vllm_steps import VLLMStepEngine
+
+        roles = ("target",) if draft is None else ("target", "draft")
+        layers = {r: layer_for(cfg, r) for r in roles}
+        engine = VLLMStepEngine.load(target, draft or "none", None, layers=layers, **engine_options)
+        return cls(engine, roles)
+
+    # ------------------------------------------------------------------ what it is
+    def describe(self, role: str) -> dict:
+        s = self.served[role]
+        identity = s.shape.identity
+        return {"identity": str(identity), "spec": identity.name, "hidden_size": s.shape.hidden_size,
+                "num_layers": s.shape.num_layers}
+
+    def tokenizer(self, role: str):
+        return self.served[role].facts.tokenizer
+
+    def eos(self, role: str) -> set[int]:
+        return set(self.served[role].facts.eos)
+
+    def layer(self, role: str, cfg: CollectConfig) -> int:
+        """The layer ``cfg`` reads, which must be the one the engine stores."""
+        s = self.served[role]
+        want = layer_for(cfg, role)
+        resolved = want + s.shape.num_layers + 1 if want < 0 else want
+        if s.layer != resolved:
+            stored = "no layer" if s.layer is None else f"hidden_states[{s.layer}]"
+            raise ValueError(f"the {role}'s engine stores {stored}; this calibration reads hidden_states[{want}]: "
+                             "load the engines with the calibration's layers")
+        return want
+
+    # ------------------------------------------------------------------ sampling
+    def trace(self, prompt_ids: list[int], cfg: CollectConfig, seed: int) -> list[str]:
+        s = self.served["target"]
+        room = min(cfg.max_trace_tokens, s.facts.max_context - len(prompt_ids))
+        if room < 1:
+            return []
+        (out,) = self._run(s, [(prompt_ids, self._params(s, cfg.trace_temperature, cfg.top_p, seed, room))])
+        tokens = _until_eos(out.outputs[0].token_ids, s.facts.eos)
+        spans = step_spans(s.facts.tokenizer, tokens, self._detector(cfg))[:cfg.max_trace_steps]
+        return [s.facts.tokenizer.decode(tokens[a:b], skip_special_tokens=False) for a, b in spans]
+
+    def sample(self, role: str, prefix_ids: list[int], cfg: CollectConfig, seed: int) -> list[SampledStep]:
+        s = self.served[role]
+        if not prefix_ids:
+            raise ValueError("sampling a step needs a non-empty prefix")
+        limit = min(cfg.max_step_tokens, s.facts.max_context - len(prefix_ids))
+        detector = self._detector(cfg)
+        # greedy steps are all the same one (vLLM refuses n > 1 greedy)
+        n = cfg.samples if cfg.temperature > 0 else 1
+        params = self._params(s, cfg.temperature, cfg.top_p, seed, limit, n=n, stop=self._stops(cfg))
+        (out,) = self._run(s, [(prefix_ids, params)])
+        steps = [self._cut(s, detector, c.token_ids, limit, cfg) for c in out.outputs] * (cfg.samples // n)
+        # vLLM stops at any delimiter, the step rule only at one after some text: go on there
+        for attempt in itertools.count(1):
+            open_ = [i for i, st in enumerate(steps) if st.end is None]
+            if not open_:
+                break
+            requests = [(prefix_ids + steps[i].tokens,
+                         self._params(s, cfg.temperature, cfg.top_p, seed + attempt * cfg.samples + i,
+                                      limit - len(steps[i].tokens), stop=self._stops(cfg))) for i in open_]
+            for i, more in zip(open_, self._run(s, requests)):
+                steps[i] = self._cut(s, detector, steps[i].tokens + list(more.outputs[0].token_ids), limit, cfg)
+        return steps
+
+    def _detector(self, cfg: CollectConfig) -> StepDetector:
+        return StepDetector(cfg.step_delimiter, self.think_end, cfg.max_step_tokens)
+
+    def _cut(self, s: Any, detector: StepDetector, tokens, limit: int, cfg: CollectConfig) -> SampledStep:
+        """The step the step rule reads in ``tokens`` (its end None while it has not ended)."""
+        text = IncrementalText(s.facts.tokenizer)
+        kept: list[int] = []
+        end = None
+        for token in tokens:
+            if token in s.facts.eos:
+                end = "eos"
+                break
+            kept.append(int(token))
+            prev = len(text.text)
+            text.push(token)
+            ended = detector.ended(text.text, len(kept), prev)
+            if ended is not None:
+                end = ended.reason
+                break
+        if end is None and len(kept) >= limit:
+            end = "cap" if limit >= cfg.max_step_tokens else "length"
+        return SampledStep(kept, text.text, end)
+
+    # ------------------------------------------------------------------ states
+    def features(self, role: str, prefix_ids: list[int], steps: list[list[int]], cfg: CollectConfig) -> torch.Tensor:
+        """Pooled stored-layer states over each step after ``prefix_ids`` -> ``[len(steps), H]``."""
+        from semspec.vllm_states import STATES
+
+        s = self.served[role]
+        self.layer(role, cfg)
+        if any(len(step) == 0 for step in steps):
+            raise ValueError("states of an empty step")
+        params = self._params(s, 0.0, 1.0, None, 1, states_from=len(prefix_ids))
+        requests = [(list(prefix_ids) + list(step), params) for step in steps]
+        # the first alone: requests scheduled together each compute the prefix, later ones
+        # find it cached
+        outs = self._run(s, requests[:1]) + self._run(s, requests[1:])
+        return torch.stack([s.features(out.kv_transfer_params[STATES], cfg.pooling) for out in outs])
+
+    # ------------------------------------------------------------------ vLLM
+    def _stops(self, cfg: CollectConfig) -> list[str]:
+        """Text at which vLLM stops a step's request (the step rule then decides)."""
+        return [cfg.step_delimiter] + ([self.think_end] if self.think_end else [])
+
+    @staticmethod
+    def _params(s: Any, temperature: float, top_p: float, seed: int | None, max_tokens: int, n: int = 1,
+                stop: list[str] | None = None, states_from: int | None = None):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        from semspec.vllm_states import STATES_FROM
+
+        sampled = temperature > 0
+        return SamplingParams(
+            n=n, temperature=temperature if sampled else 0.0, top_p=top_p if sampled else 1.0,
+            seed=seed if sampled else None, max_tokens=max_tokens, stop_token_ids=sorted(s.facts.eos),
+            stop=stop, include_stop_str_in_output=True, detokenize=stop is not None,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            extra_args={"kv_transfer_params": {STATES_FROM: states_from}} if states_from is not None else None)
+
+    def _run(self, s: Any, requests: list[tuple[list[int], Any]]) -> list[Any]:
+        """Run ``requests`` (prompt ids, sampling parameters) on one engine to the end; their
+        outputs in order. Whatever is left when this fails is aborted."""
+        if not requests:
+            return []
+        torch.set_num_threads(self.step_engine.threads)  # as generate_many: vLLM's CPU attention plans for it
+        ids: list[str] = []
+        done: dict[str, Any] = {}
+        try:
+            for prompt, params in requests:
+                rid = self.step_engine.request_id()
+                s.llm.add_request(rid, s.llm.renderer.render_cmpl([{"prompt_token_ids": list(prompt)}])[0], params)
+                ids.append(rid)
+            while len(done) < len(ids):
+                for out in s.llm.step():
+                    if out.finished:
+                        done[out.request_id] = out
+            return [done[r] for r in ids]
+        finally:
+            left = [r for r in ids if r not in done]
+            if left:
+                s.llm.abort_request(left)
+
+
+def _until_eos(tokens, eos) -> list[int]:
+    out = []
+    for t in tokens:
+        if t in eos:
+            break
+        out.append(int(t))
+    return out
