@@ -63,6 +63,7 @@ def backend(method: str | None = None, sampled: bool = False) -> str:
     package: call it where the engine runs."""
     if settings.engine != "auto":
         return settings.engine
+    from semspec.head import resolve_head
     from semspec.vllm_engine import VLLM_METHODS, vllm_installed
     from semspec.types import NGRAM_DRAFT, VLLM_STEP_METHODS
     from semspec.vllm_speculation import draft_problem, sampled_verification_works
@@ -74,6 +75,8 @@ def backend(method: str | None = None, sampled: bool = False) -> str:
         # a draft vLLM cannot run (the layer draft), or sampling on its CPU build; ngram
         # stays on vLLM either way, as nothing else drafts with it
         return "embedded"
+    if method in VLLM_STEP_METHODS and resolve_head(settings.draft_model) is not None:
+        return "embedded"  # a draft head drafts a step from the target's states: not on vLLM
     served = method in VLLM_METHODS or method in VLLM_STEP_METHODS
     return "vllm" if served and vllm_installed() else "embedded"
 

@@ -80,5 +80,8 @@ def test_the_step_level_methods_load_vllms_target_and_draft_pair_beside_ar(vllm_
     monkeypatch.setattr(settings, "engine", "auto")
     monkeypatch.setattr("semspec.vllm_engine.vllm_installed", lambda: True)
     assert engines.backend("semspec") == engines.backend("step_judge") == "vllm"
+    monkeypatch.setattr(settings, "draft_model", "embedded:smollm2-135m-head")  # drafts from the target's states
+    assert engines.backend("semspec") == engines.backend("step_judge") == "embedded"
+    monkeypatch.setattr(settings, "draft_model", None)
     monkeypatch.setattr("semspec.vllm_engine.vllm_installed", lambda: False)
     assert engines.backend("semspec") == "embedded"
