@@ -87,10 +87,12 @@ class CalibrationModels(Protocol):
 
     def trace(self, prompt_ids: list[int], cfg: "CollectConfig", seed: int) -> list[str]: ...
 
-    def sample(self, role: str, prefix_ids: list[int], cfg: "CollectConfig", seed: int) -> list["SampledStep"]: ...
+    # several prefixes at once (a question's), so that an engine batches them
+    def sample(self, role: str, prefixes: list[tuple[list[int], int]], cfg: "CollectConfig"
+               ) -> list[list["SampledStep"]]: ...  # (prefix ids, seed) -> its N steps
 
-    def features(self, role: str, prefix_ids: list[int], steps: list[list[int]],
-                 cfg: "CollectConfig") -> torch.Tensor: ...
+    def features(self, role: str, prefixes: list[tuple[list[int], list[list[int]]]], cfg: "CollectConfig"
+                 ) -> list[torch.Tensor]: ...  # (prefix ids, steps' ids) -> pooled states [steps, H]
 
 
 def _seed_for(seed: int, *parts) -> int:
@@ -130,45 +132,65 @@ def _sampling_settings(cfg: CollectConfig) -> dict:
             "seed": cfg.seed}
 
 
-def sampled_steps_for(models: CalibrationModels, role: str, prompt: str, prefix_text: str, cfg: CollectConfig,
-                      seed: int, cache_path: Path | None = None) -> list[SampledStep]:
-    """One model's N sampled next steps for a prefix, memoised in `cache_path` (a JSON file
-    keyed by the model identity and the sampling settings; the sampling is seeded, so a
-    resumed run keeps what it sampled before instead of sampling again)."""
-    want = {"model": str(models.describe(role)["identity"]), "settings": _sampling_settings(cfg)}
-    if cache_path is not None and cache_path.exists():
-        try:
-            row = json.loads(cache_path.read_text())
-        except ValueError:
-            row = {}
-        if all(row.get(k) == v for k, v in want.items()):
-            return [SampledStep(list(x["tokens"]), x["text"], x["end"]) for x in row["steps"]]
-    got = models.sample(role, prefix_ids(models.tokenizer(role), prompt, prefix_text), cfg, _seed_for(seed, role))
-    if cache_path is not None:
-        from semspec.calibration.store import atomic_write_json
+@dataclass
+class Prefix:
+    """A prefix to sample after: the trace's first ``k`` steps, its seed and memo files."""
 
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(cache_path, {**want, "steps": [
-            {"tokens": s.tokens, "text": s.text, "end": s.end} for s in got]})
+    key: str
+    k: int
+    text: str
+    seed: int
+    memo: dict[str, Path]  # role -> the memo of its sampled steps
+
+
+def sampled_steps_for(models: CalibrationModels, role: str, prompt: str, prefixes: list[Prefix],
+                      cfg: CollectConfig) -> list[list[SampledStep]]:
+    """One model's N sampled next steps for each prefix, memoised per prefix (a JSON file keyed
+    by the model identity and the sampling settings; the sampling is seeded, so a resumed run
+    keeps what it sampled before instead of sampling again)."""
+    want = {"model": str(models.describe(role)["identity"]), "settings": _sampling_settings(cfg)}
+    got: list[list[SampledStep] | None] = []
+    for p in prefixes:
+        row = {}
+        if p.memo[role].exists():
+            try:
+                row = json.loads(p.memo[role].read_text())
+            except ValueError:
+                pass
+        ok = all(row.get(k) == v for k, v in want.items())
+        got.append([SampledStep(list(x["tokens"]), x["text"], x["end"]) for x in row["steps"]] if ok else None)
+    missing = [i for i, g in enumerate(got) if g is None]
+    tok = models.tokenizer(role)
+    fresh = models.sample(role, [(prefix_ids(tok, prompt, prefixes[i].text), _seed_for(prefixes[i].seed, role))
+                                 for i in missing], cfg) if missing else []
+    from semspec.calibration.store import atomic_write_json
+
+    for i, steps in zip(missing, fresh):
+        got[i] = steps
+        prefixes[i].memo[role].parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(prefixes[i].memo[role], {**want, "steps": [
+            {"tokens": s.tokens, "text": s.text, "end": s.end} for s in steps]})
     return got
 
 
-def collect_prefix(models: CalibrationModels, prompt: str, prefix_text: str, cfg: CollectConfig, seed: int,
-                   cache_paths: dict | None = None):
-    """Sample N steps per model after `prefix_text` and score all of them with both models.
-    Returns (texts, sources, features {role: [2N, H]})."""
-    samples: list[SampledStep] = []
-    sources: list[str] = []
+def collect_prefixes(models: CalibrationModels, prompt: str, prefixes: list[Prefix], cfg: CollectConfig):
+    """Sample N steps per model after each prefix and score all of them with both models.
+    Returns per prefix (texts, sources, features {role: [2N, H]})."""
+    samples: list[list[SampledStep]] = [[] for _ in prefixes]
+    sources: list[list[str]] = [[] for _ in prefixes]
     for role in SOURCES:
-        got = sampled_steps_for(models, role, prompt, prefix_text, cfg, seed, (cache_paths or {}).get(role))
-        samples.extend(got)
-        sources.extend([role] * len(got))
-    features = {}
+        for i, got in enumerate(sampled_steps_for(models, role, prompt, prefixes, cfg)):
+            samples[i] += got
+            sources[i] += [role] * len(got)
+    features: list[dict] = [{} for _ in prefixes]
     for role in SOURCES:
-        tok = models.tokenizer(role)
-        steps = [step_ids(tok, models.eos(role), s, own=(src == role)) for s, src in zip(samples, sources)]
-        features[role] = models.features(role, prefix_ids(tok, prompt, prefix_text), steps, cfg)
-    return [s.text for s in samples], sources, features
+        tok, eos = models.tokenizer(role), models.eos(role)
+        requests = [(prefix_ids(tok, prompt, p.text),
+                     [step_ids(tok, eos, s, own=(src == role)) for s, src in zip(samples[i], sources[i])])
+                    for i, p in enumerate(prefixes)]
+        for i, pooled in enumerate(models.features(role, requests, cfg)):
+            features[i][role] = pooled
+    return [([s.text for s in samples[i]], sources[i], features[i]) for i in range(len(prefixes))]
 
 
 def load_models(target: str, draft: str | None, cfg: CollectConfig, device: str = "auto",
@@ -296,35 +318,33 @@ def collect(
                 traces[qid] = steps
                 stats["traces_new"] += 1
             steps = traces[qid]
-            for k in prefix_positions(len(steps), cfg.max_trace_steps, cfg.prefixes):
-                if cap is not None and len(done) >= cap:
-                    break
-                key = prefix_key(qid, k)
-                if key in done:
-                    continue
-                prefix_text = "".join(steps[:k])
-                seed = _seed_for(cfg.seed, "prefix", qid, k)
-                cache = {r: store.root / "samples" / f"{r}__{key}.json" for r in SOURCES}
-                if target_only:
-                    sampled_steps_for(models, "target", prompt, prefix_text, cfg, seed, cache["target"])
-                    done.add(key)
-                    stats["prefixes_new"] += 1
-                    if bar is not None:
-                        bar.update(1)
-                    continue
-                texts, sources, feats = collect_prefix(models, prompt, prefix_text, cfg, seed, cache)
-                store.write_prefix(PrefixRecord(
-                    key=key, question_id=qid, k=k, prompt=prompt, prefix_text=prefix_text,
-                    texts=texts, sources=sources, features=feats,
-                    extra={"trace_next_step": steps[k]},
-                ))
-                done.add(key)
+            room = None if cap is None else cap - len(done)
+            pending = [Prefix(key, k, "".join(steps[:k]), _seed_for(cfg.seed, "prefix", qid, k),
+                              {r: store.root / "samples" / f"{r}__{key}.json" for r in SOURCES})
+                       for k in prefix_positions(len(steps), cfg.max_trace_steps, cfg.prefixes)
+                       if (key := prefix_key(qid, k)) not in done][:room]
+            if not pending:
+                continue
+            if target_only:
+                sampled_steps_for(models, "target", prompt, pending, cfg)
+                collected = [None] * len(pending)
+            else:
+                collected = collect_prefixes(models, prompt, pending, cfg)
+            for p, got in zip(pending, collected):
+                if got is not None:
+                    texts, sources, feats = got
+                    store.write_prefix(PrefixRecord(
+                        key=p.key, question_id=qid, k=p.k, prompt=prompt, prefix_text=p.text,
+                        texts=texts, sources=sources, features=feats,
+                        extra={"trace_next_step": steps[p.k]},
+                    ))
+                    stats["samples_new"] += len(texts)
+                    if log is not None:
+                        log(f"{p.key}: {len(texts)} samples")
+                done.add(p.key)
                 stats["prefixes_new"] += 1
-                stats["samples_new"] += len(texts)
                 if bar is not None:
                     bar.update(1)
-                if log is not None:
-                    log(f"{key}: {len(texts)} samples")
     finally:
         if bar is not None:
             bar.close()

@@ -46,12 +46,14 @@ class TransformersModels:
     def trace(self, prompt_ids: list[int], cfg: CollectConfig, seed: int) -> list[str]:
         return generate_trace(self.models["target"], prompt_ids, cfg, self._generator(seed))
 
-    def sample(self, role: str, prefix_ids: list[int], cfg: CollectConfig, seed: int) -> list[SampledStep]:
-        return sample_steps(self.models[role], prefix_ids, cfg.samples, cfg.temperature, cfg.top_p,
-                            cfg.step_delimiter, cfg.max_step_tokens, self._generator(seed),
-                            target=self.models["target"])
+    def sample(self, role: str, prefixes: list[tuple[list[int], int]], cfg: CollectConfig) -> list[list[SampledStep]]:
+        """Each prefix's N steps in a batch of its own (N copies of its cache)."""
+        return [sample_steps(self.models[role], ids, cfg.samples, cfg.temperature, cfg.top_p, cfg.step_delimiter,
+                             cfg.max_step_tokens, self._generator(seed), target=self.models["target"])
+                for ids, seed in prefixes]
 
-    def features(self, role: str, prefix_ids: list[int], steps: list[list[int]], cfg: CollectConfig) -> torch.Tensor:
+    def features(self, role: str, prefixes: list[tuple[list[int], list[list[int]]]], cfg: CollectConfig
+                 ) -> list[torch.Tensor]:
         from semspec.head import is_head
         from semspec.probes import step_features
 
@@ -59,8 +61,8 @@ class TransformersModels:
         if is_head(lm):  # the head's own states while it reads each step, as when it drafts
             from semspec.calibration.head_steps import head_step_features
 
-            return head_step_features(lm, self.models["target"], prefix_ids, steps, cfg.pooling)
-        return step_features(lm, prefix_ids, steps, layer_for(cfg, role), cfg.pooling)
+            return [head_step_features(lm, self.models["target"], ids, steps, cfg.pooling) for ids, steps in prefixes]
+        return [step_features(lm, ids, steps, layer_for(cfg, role), cfg.pooling) for ids, steps in prefixes]
 
 
 @torch.inference_mode()

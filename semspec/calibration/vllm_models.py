@@ -7,7 +7,8 @@ read when they judge a drafted step (one forward path for calibration and decodi
 
 - a trace is one sampled request, cut into steps afterwards by the engine's step rule
   (sampling token by token, a step's end does not change what comes next);
-- a prefix's N next steps are one request with ``n=N``, stopped at text that may end a step;
+- a prefix's N next steps are one request with ``n=N`` (a question's prefixes all in flight
+  together), stopped at text that may end a step;
   the step rule decides on the tokens, and a sample vLLM stopped at a delimiter before any
   text goes on in a request of its own;
 - a step's states are the stored layer's rows over the step, read by a one-token request of
@@ -81,27 +82,29 @@ class VLLMModels:
         spans = step_spans(s.facts.tokenizer, tokens, self._detector(cfg))[:cfg.max_trace_steps]
         return [s.facts.tokenizer.decode(tokens[a:b], skip_special_tokens=False) for a, b in spans]
 
-    def sample(self, role: str, prefix_ids: list[int], cfg: CollectConfig, seed: int) -> list[SampledStep]:
+    def sample(self, role: str, prefixes: list[tuple[list[int], int]], cfg: CollectConfig) -> list[list[SampledStep]]:
+        """Each prefix's N steps: one request with ``n=N`` per prefix, all in flight together."""
         s = self.served[role]
-        if not prefix_ids:
+        if any(not ids for ids, _ in prefixes):
             raise ValueError("sampling a step needs a non-empty prefix")
-        limit = min(cfg.max_step_tokens, s.facts.max_context - len(prefix_ids))
         detector = self._detector(cfg)
-        # greedy steps are all the same one (vLLM refuses n > 1 greedy)
-        n = cfg.samples if cfg.temperature > 0 else 1
-        params = self._params(s, cfg.temperature, cfg.top_p, seed, limit, n=n, stop=self._stops(cfg))
-        (out,) = self._run(s, [(prefix_ids, params)])
-        steps = [self._cut(s, detector, c.token_ids, limit, cfg) for c in out.outputs] * (cfg.samples // n)
+        n = cfg.samples if cfg.temperature > 0 else 1  # greedy steps are all one (vLLM refuses n > 1 greedy)
+        limits = [min(cfg.max_step_tokens, s.facts.max_context - len(ids)) for ids, _ in prefixes]
+        outs = self._run(s, [(ids, self._params(s, cfg.temperature, cfg.top_p, seed, limit, n=n, stop=self._stops(cfg)))
+                             for (ids, seed), limit in zip(prefixes, limits)])
+        steps = [[self._cut(s, detector, c.token_ids, limit, cfg) for c in out.outputs] * (cfg.samples // n)
+                 for out, limit in zip(outs, limits)]
         # vLLM stops at any delimiter, the step rule only at one after some text: go on there
         for attempt in itertools.count(1):
-            open_ = [i for i, st in enumerate(steps) if st.end is None]
+            open_ = [(p, i) for p, row in enumerate(steps) for i, st in enumerate(row) if st.end is None]
             if not open_:
                 break
-            requests = [(prefix_ids + steps[i].tokens,
-                         self._params(s, cfg.temperature, cfg.top_p, seed + attempt * cfg.samples + i,
-                                      limit - len(steps[i].tokens), stop=self._stops(cfg))) for i in open_]
-            for i, more in zip(open_, self._run(s, requests)):
-                steps[i] = self._cut(s, detector, steps[i].tokens + list(more.outputs[0].token_ids), limit, cfg)
+            requests = [(prefixes[p][0] + steps[p][i].tokens,
+                         self._params(s, cfg.temperature, cfg.top_p, prefixes[p][1] + attempt * cfg.samples + i,
+                                      limits[p] - len(steps[p][i].tokens), stop=self._stops(cfg)))
+                        for p, i in open_]
+            for (p, i), more in zip(open_, self._run(s, requests)):
+                steps[p][i] = self._cut(s, detector, steps[p][i].tokens + list(more.outputs[0].token_ids), limits[p], cfg)
         return steps
 
     def _detector(self, cfg: CollectConfig) -> StepDetector:
@@ -128,20 +131,24 @@ class VLLMModels:
         return SampledStep(kept, text.text, end)
 
     # ------------------------------------------------------------------ states
-    def features(self, role: str, prefix_ids: list[int], steps: list[list[int]], cfg: CollectConfig) -> torch.Tensor:
-        """Pooled stored-layer states over each step after ``prefix_ids`` -> ``[len(steps), H]``."""
+    def features(self, role: str, prefixes: list[tuple[list[int], list[list[int]]]], cfg: CollectConfig
+                 ) -> list[torch.Tensor]:
+        """Pooled stored-layer states over each step after its prefix -> ``[steps, H]`` per prefix."""
         from semspec.vllm_states import STATES
 
         s = self.served[role]
         self.layer(role, cfg)
-        if any(len(step) == 0 for step in steps):
-            raise ValueError("states of an empty step")
-        params = self._params(s, 0.0, 1.0, None, 1, states_from=len(prefix_ids))
-        requests = [(list(prefix_ids) + list(step), params) for step in steps]
-        # the first alone: requests scheduled together each compute the prefix, later ones
-        # find it cached
-        outs = self._run(s, requests[:1]) + self._run(s, requests[1:])
-        return torch.stack([s.features(out.kv_transfer_params[STATES], cfg.pooling) for out in outs])
+        if any(not steps or any(len(step) == 0 for step in steps) for _, steps in prefixes):
+            raise ValueError("states of no step, or of an empty one")
+        requests = [[(list(ids) + list(step), self._params(s, 0.0, 1.0, None, 1, states_from=len(ids)))
+                     for step in steps] for ids, steps in prefixes]
+        # each prefix's first step alone first: requests scheduled together each compute their
+        # prefix, later ones find it cached
+        firsts = self._run(s, [r[0] for r in requests])
+        rest = iter(self._run(s, [x for r in requests for x in r[1:]]))
+        return [torch.stack([s.features(o.kv_transfer_params[STATES], cfg.pooling)
+                             for o in [first, *(next(rest) for _ in r[1:])]])
+                for first, r in zip(firsts, requests)]
 
     # ------------------------------------------------------------------ vLLM
     def _stops(self, cfg: CollectConfig) -> list[str]:

@@ -45,13 +45,16 @@ def test_pooled_states_are_transformers_at_the_stored_layers(both):
     prefix = prefix_ids(on_vllm.tokenizer("target"), PROMPT, "Step one.\n")
     steps = [[40, 41, 42], [50], [60, 61, 62, 63, 64, 65, 66]]
     for role in ("target", "draft"):
-        got = on_vllm.features(role, prefix, steps, CFG)
-        want = reference.features(role, prefix, steps, CFG)
+        (got,) = on_vllm.features(role, [(prefix, steps)], CFG)
+        (want,) = reference.features(role, [(prefix, steps)], CFG)
         assert got.shape == (3, 256)
         torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
-    # the same through the prefix cache a second time
-    torch.testing.assert_close(on_vllm.features("target", prefix, steps, CFG),
-                               step_features(reference.models["target"], prefix, steps, 1), atol=2e-3, rtol=2e-3)
+    # the same through the prefix cache a second time, beside another prefix
+    other = prefix_ids(on_vllm.tokenizer("target"), "Weng earns $12 an hour.", "")
+    again, beside = on_vllm.features("target", [(prefix, steps), (other, steps[:1])], CFG)
+    torch.testing.assert_close(again, step_features(reference.models["target"], prefix, steps, 1), atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(beside, step_features(reference.models["target"], other, steps[:1], 1),
+                               atol=2e-3, rtol=2e-3)
 
 
 def test_greedy_samples_and_trace_are_transformers(both):
@@ -59,8 +62,8 @@ def test_greedy_samples_and_trace_are_transformers(both):
     greedy = CollectConfig(**{**CFG.__dict__, "temperature": 0.0, "trace_temperature": 0.0})
     prompt = prefix_ids(on_vllm.tokenizer("target"), PROMPT, "")
     for role in ("target", "draft"):
-        got = on_vllm.sample(role, prompt, greedy, seed=1)
-        want = reference.sample(role, prompt, greedy, seed=1)
+        (got,) = on_vllm.sample(role, [(prompt, 1)], greedy)
+        (want,) = reference.sample(role, [(prompt, 1)], greedy)
         assert [s.tokens for s in got] == [want[0].tokens] * 3
         assert [s.end for s in got] == [want[0].end] * 3
     assert on_vllm.trace(prompt, greedy, seed=1) == reference.trace(prompt, greedy, seed=1)
@@ -70,7 +73,9 @@ def test_sampled_steps_follow_the_engine_step_rule(both):
     on_vllm, _ = both
     tok = on_vllm.tokenizer("target")
     sampled = CollectConfig(**{**CFG.__dict__, "samples": 6, "temperature": 1.0, "top_p": 1.0})
-    steps = on_vllm.sample("draft", prefix_ids(tok, PROMPT, ""), sampled, seed=5)
+    steps, other = on_vllm.sample("draft", [(prefix_ids(tok, PROMPT, ""), 5), (prefix_ids(tok, "Say hi.", ""), 6)],
+                                  sampled)
+    assert len(other) == 6
     assert len(steps) == 6 and len({tuple(s.tokens) for s in steps}) > 1
     for s in steps:
         assert s.end in ("delimiter", "eos", "cap", "think_end", "length")
