@@ -30,7 +30,7 @@ from db import repo
 from db.models import Calibration, CalibrationPrefix, CalibrationQuestion, utcnow
 from db.session import session_factory
 from semjobs.settings import settings
-from semspec.calibration.store import MERGE_KEYS
+from semspec.calibration.store import MERGE_KEYS, with_old_defaults
 from semspec.models import identity_sha256
 
 # collect.json keys that every question's run must agree on: what merging needs, and the
@@ -159,6 +159,10 @@ def _wrong_pair(cal: Calibration, models) -> str | None:
     """Refuse before the work when the loaded pair is not the calibration's."""
     if "draft" not in models.roles:
         return "this worker loaded no draft; a calibration samples from both models of the pair"
+    engine = with_old_defaults(cal.meta)["engine"] if cal.meta else None
+    if engine is not None and models.engine != engine:
+        return (f"this worker samples with {models.engine}, the calibration's questions so far with {engine}; "
+                "run them on workers with the same engine, dtype and vLLM version")
     recorded = (cal.meta or {}).get("models") or {}
     for role in ("target", "draft"):
         want = (recorded.get(role) or {}).get("identity")
@@ -176,7 +180,8 @@ def _check_pair(s: Session, cal: Calibration, meta: dict) -> str | None:
                   .values(meta=meta))
         s.flush()
         s.refresh(cal)
-    diff = {k: (cal.meta.get(k), meta.get(k)) for k in SAME_META if cal.meta.get(k) != meta.get(k)}
+    old, new = with_old_defaults(cal.meta), with_old_defaults(meta)
+    diff = {k: (old.get(k), new.get(k)) for k in SAME_META if old.get(k) != new.get(k)}
     if diff:
         return (f"this worker's pair or settings differ from the calibration's: {diff}; run the "
                 "calibration's questions on workers that load the same models")

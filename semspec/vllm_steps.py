@@ -129,9 +129,10 @@ class ModelFiles:
         from vllm import EngineArgs
 
         if layer is not None:
-            layer = layer + self.shape.num_layers + 1 if layer < 0 else layer
-            if not 0 <= layer <= self.shape.num_layers:
+            index = layer + self.shape.num_layers + 1 if layer < 0 else layer
+            if not 0 <= index <= self.shape.num_layers:
                 raise ValueError(f"{self.spec} has {self.shape.num_layers} layers: no hidden_states[{layer}]")
+            layer = index
             if not 0 <= layer <= self.shape.num_layers:
                 raise ValueError(f"{self.spec} has {self.shape.num_layers} layers: no hidden_states[{layer}]")
         # logprobs after the allowed-token mask: a judge's over the ten digits alone
@@ -216,7 +217,7 @@ class VLLMStepEngine:
         """The pair as probe calibration samples and reads it (``semspec.calibration``)."""
         from .calibration.vllm_models import VLLMModels
 
-        return VLLMModels(self)
+        return VLLMModels(self, ("target",) if self.draft is None else ("target", "draft"))
 
     def method_problem(self, method: str) -> str | None:
         if method not in METHODS:

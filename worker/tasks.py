@@ -127,6 +127,8 @@ def calibrate(self, calibration_id: str, question_id: str) -> str:
         log.info("calibration %s question %s: %s; trying again in %ss", calibration_id, question_id, e,
                  ENGINE_BUSY_RETRY_S)
         raise self.retry(countdown=ENGINE_BUSY_RETRY_S, max_retries=None)
+    except EngineLoadError as e:  # reloaded after another chunk swapped it out, and failed
+        return fail_question(calibration_id, question_id, str(e))
     log.info("calibration %s question %s: %s", calibration_id, question_id, outcome)
     if outcome == "busy":  # a worker that beats runs it: look again once it could be dead
         raise self.retry(countdown=settings.worker_dead_after_s, max_retries=None)

@@ -148,7 +148,8 @@ def sampled_steps_for(models: CalibrationModels, role: str, prompt: str, prefixe
     """One model's N sampled next steps for each prefix, memoised per prefix (a JSON file keyed
     by the model identity and the sampling settings; the sampling is seeded, so a resumed run
     keeps what it sampled before instead of sampling again)."""
-    want = {"model": str(models.describe(role)["identity"]), "settings": _sampling_settings(cfg)}
+    want = {"model": str(models.describe(role)["identity"]), "settings": _sampling_settings(cfg),
+            "engine": models.engine}
     got: list[list[SampledStep] | None] = []
     for p in prefixes:
         row = {}

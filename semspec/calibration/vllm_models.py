@@ -90,6 +90,9 @@ class VLLMModels:
         detector = self._detector(cfg)
         n = cfg.samples if cfg.temperature > 0 else 1  # greedy steps are all one (vLLM refuses n > 1 greedy)
         limits = [min(cfg.max_step_tokens, s.facts.max_context - len(ids)) for ids, _ in prefixes]
+        if min(limits) < 1:
+            raise ValueError(f"a prefix of {max(len(ids) for ids, _ in prefixes)} tokens leaves no room for a step "
+                             f"in the {role}'s context of {s.facts.max_context}")
         outs = self._run(s, [(ids, self._params(s, cfg.temperature, cfg.top_p, seed, limit, n=n, stop=self._stops(cfg)))
                              for (ids, seed), limit in zip(prefixes, limits)])
         steps = [[self._cut(s, detector, c.token_ids, limit, cfg) for c in out.outputs] * (cfg.samples // n)
@@ -185,6 +188,8 @@ class VLLMModels:
                 s.llm.add_request(rid, s.llm.renderer.render_cmpl([{"prompt_token_ids": list(prompt)}])[0], params)
                 ids.append(rid)
             while len(done) < len(ids):
+                if not s.llm.has_unfinished_requests():
+                    raise RuntimeError(f"vLLM finished {len(ids) - len(done)} requests without their outputs")
                 for out in s.llm.step():
                     if out.finished:
                         done[out.request_id] = out

@@ -20,6 +20,8 @@ class Pair:
     """What run_question reads of the loaded models before it collects: roles and identities
     (none recorded: the calibration's first question records them)."""
 
+    engine = "transformers float32"  # what a collection that records none ran on
+
     def __init__(self, roles=("target", "draft")):
         self.roles = roles
 
@@ -77,6 +79,19 @@ def test_another_pair_and_a_worker_without_a_draft_are_refused(pg_db):
     assert cal.counts(cal_id, url=pg_db)["prefixes"] == 2  # nothing of the other pair stored
     other = cal.create(PROMPTS, CollectConfig(samples=2), "q", url=pg_db)
     assert cal.run_question(other, "q1", TARGET_ONLY, "w@h:1", url=pg_db, collect=fake_collect()[0]) == "failed"
+
+
+
+def test_a_worker_sampling_on_another_engine_is_refused_before_the_work(pg_db):
+    """Samples and states of one calibration come from one engine (vLLM and transformers, or
+    float32 and bfloat16, differ in what the probes read)."""
+    cal_id = cal.create(PROMPTS, CollectConfig(samples=2), "q", url=pg_db)
+    cal.run_question(cal_id, "q1", PAIR, "w@h:1", url=pg_db, collect=fake_collect()[0])
+    on_vllm = Pair()
+    on_vllm.engine = "vllm 0.32.0 bfloat16"
+    collect, calls = fake_collect()
+    assert cal.run_question(cal_id, "q2", on_vllm, "w@h:2", url=pg_db, collect=collect) == "failed"
+    assert calls == [] and cal.counts(cal_id, url=pg_db)["failed"] == 1
 
 
 def test_a_question_that_keeps_killing_workers_fails_after_the_attempt_cap(pg_db, monkeypatch):
