@@ -1,21 +1,11 @@
 """Calibration's sampling with transformers' forward (semspec.calibration.transformers_models):
 the engine's step rule, one batch of N sharing the prefix, a reduced vocabulary, trace caps."""
 
-import pytest
 import torch
 
 from semspec.calibration.collect import CollectConfig
 from semspec.calibration.transformers_models import generate_trace, sample_steps
-from semspec.models import encode_prompt, load_model
-from semspec.testing import tiny_model_dir
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    target = load_model(tiny_model_dir(root / "t", num_layers=2, hidden_size=64, seed=0), device="cpu")
-    draft = load_model(tiny_model_dir(root / "d", num_layers=1, hidden_size=32, seed=1), device="cpu")
-    return target, draft
+from semspec.models import encode_prompt
 
 
 def test_sample_steps_batch_matches_engine_step_rule(pair):
