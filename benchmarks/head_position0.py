@@ -58,7 +58,7 @@ def main() -> None:
 
     from semspec.head import EMBEDDED_HEAD_DIR, HEAD_WEIGHTS, HeadModel
     from semspec.models import model_directory
-    from semspec.sequence import prompt_ids
+    from semspec.prompts import prompt_ids
 
     torch.set_num_threads(1)
     model_dir, _ = model_directory(None)

@@ -17,83 +17,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from pathlib import Path
 from typing import Iterable, Iterator
 
 from .head import load_draft
 from .models import DEFAULT_TARGET, LoadedModel, load_model, models_cache, pick_dtype
-from .probes import ProbePair, embedded_probes_available, resolve_probes
+from .probes import ProbePair, resolve_probes
+from .components import MEASURED_DRAFT_COST, METHOD_NEEDS, resolve_components, same_tokenizer
 from .scheduler import DEFAULT_MAX_PREFILL_TOKENS, PassStats, Runners, Scheduler
-from .sequence import METHOD_CLASSES, MethodUnavailable, PromptError, Sequence
+from .prompts import MethodUnavailable, PromptError
+from .sequence import METHOD_CLASSES, Sequence
 from .steps import detect_think_end
 from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Finished, GenerationConfig,
                     GenerationResult, Request, as_requests)
 
 __all__ = ["Engine", "Finished", "MethodUnavailable", "PromptError", "Request"]
-
-
-EMBEDDED_DRAFT = "embedded:smollm2-135m-draft"
-EMBEDDED_HEAD = "embedded:smollm2-135m-head"
-# the probes calibrated for each embedded draft on the embedded target
-EMBEDDED_PROBES_FOR = {EMBEDDED_DRAFT: "smollm2-135m", EMBEDDED_HEAD: "smollm2-135m-head"}
-# One pass of each embedded draft in passes of the embedded target, measured at batch 1 on a
-# CPU (docs/benchmarks.md, "Adaptive speculation"): the adaptive rule's draft_cost for them.
-# Other pairs get the ratio of the weights a pass reads (a decoding pass is memory-bound):
-# 0.14 and 0.066 for these two, so it errs on the cheap side by the passes' fixed overhead.
-MEASURED_DRAFT_COST = {EMBEDDED_DRAFT: 0.16, EMBEDDED_HEAD: 0.08}
-
-
-def default_probes(draft: str | None, target: str | None) -> str | None:
-    """The shipped probes for an embedded draft on the embedded target, when they are there."""
-    name = EMBEDDED_PROBES_FOR.get(str(draft))
-    if name is None or target not in (None, DEFAULT_TARGET) or not embedded_probes_available(name):
-        return None
-    return f"embedded:{name}"
-
-
-def embedded_draft_available() -> bool:
-    """Whether the embedded draft's trained artifact is shipped in this install."""
-    try:
-        from semspec.draft import artifact, embedded
-    except ImportError:
-        return False
-    art = Path(embedded.ARTIFACT_DIR)
-    return (art / artifact.WEIGHTS_FILE).is_file() and (art / artifact.META_FILE).is_file()
-
-
-def default_draft() -> str | None:
-    """The embedded target's default draft: the layer draft when shipped, else none. The
-    draft head ships with probes of its own too (``embedded:smollm2-135m-head``) but is not
-    the default: semspec with it is faster at the default floors only by keeping less
-    target-like steps, and at equal target log-likelihood about as fast as with the layer
-    draft (docs/benchmarks.md, "The draft head in semspec")."""
-    return EMBEDDED_DRAFT if embedded_draft_available() else None
-
-
-def _same_tokenizer(a, b) -> bool:
-    if a is b:
-        return True
-    if len(a) != len(b):
-        return False
-    return a.get_vocab() == b.get_vocab()
-
-
-# What each method needs beyond the target.
-METHOD_NEEDS = {"ar": (), "token_sd": ("draft",), "step_judge": ("draft",), "semspec": ("draft", "probes")}
-
-
-def resolve_components(target: str | None, draft: str | None, probes: str | None) -> tuple[str | None, str | None]:
-    """The (draft, probes) specs ``Engine.load`` loads for these specs: the embedded target's
-    default draft and the probes shipped for it filled in, "none" and "" read as none."""
-    if draft is None and target in (None, DEFAULT_TARGET):
-        draft = default_draft()
-    if draft in (None, "", "none"):
-        if probes not in (None, "", "none"):
-            raise ValueError("probes were given without a draft model")
-        return None, None
-    if probes is None:
-        probes = default_probes(draft, target)
-    return draft, (None if probes in (None, "", "none") else probes)
 
 
 class Engine:
@@ -105,7 +42,7 @@ class Engine:
         self.draft = draft
         self.probes = probes
         self.unavailable = dict(unavailable or {})
-        self.same_tokenizer = draft is not None and _same_tokenizer(target.tokenizer, draft.tokenizer)
+        self.same_tokenizer = draft is not None and same_tokenizer(target.tokenizer, draft.tokenizer)
         if probes is not None:
             if draft is None:
                 raise ValueError("probes were given without a draft model")

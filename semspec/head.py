@@ -33,7 +33,28 @@ from torch import nn
 
 from .draft.artifact import check_fingerprint, files_sha256, target_checksums, target_signature
 from .models import EMBEDDED_PREFIX, LoadedModel, ModelIdentity, derived_sha256
-from .runner import project_qkv
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def project_qkv(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv: int,
+                head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decoder layer's rotated queries and keys, and its values, for packed rows ``x`` [T, H]
+    (``cos``/``sin`` [T, 1, d]): [T, heads, d] each. The head's training forward and the
+    embedded runner's."""
+    attn = layer.self_attn
+    h = layer.input_layernorm(x)
+    n_tok = h.shape[0]
+    q = attn.q_proj(h).view(n_tok, n_heads, head_dim)
+    k = attn.k_proj(h).view(n_tok, n_kv, head_dim)
+    v = attn.v_proj(h).view(n_tok, n_kv, head_dim)
+    if getattr(attn, "q_norm", None) is not None:  # Qwen3
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
 
 HEAD_FORMAT = "semspec-head/1"
 HEAD_WEIGHTS = "head.safetensors"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .engine import METHOD_NEEDS, resolve_components
+from .components import METHOD_NEEDS, resolve_components
 from .head import head_sha256, resolve_head
 from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, models_cache, spec_sha256
 from .probes import Probe, ProbePair, read_metadata, resolve_probes

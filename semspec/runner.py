@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .models import LoadedModel
+from .head import project_qkv
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -62,26 +63,6 @@ class PassOut:
     row_start: list[int]
     hidden: list[torch.Tensor | None]  # per feed: [n, H] float32 tapped states, or None
     states: list[torch.Tensor | None]  # per feed: [n, H] float32 final-norm states, or None
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
-def project_qkv(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv: int,
-                head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A decoder layer's rotated queries and keys, and its values, for packed rows ``x`` [T, H]
-    (``cos``/``sin`` [T, 1, d]): [T, heads, d] each. Also the draft head's training forward."""
-    attn = layer.self_attn
-    h = layer.input_layernorm(x)
-    n_tok = h.shape[0]
-    q = attn.q_proj(h).view(n_tok, n_heads, head_dim)
-    k = attn.k_proj(h).view(n_tok, n_kv, head_dim)
-    v = attn.v_proj(h).view(n_tok, n_kv, head_dim)
-    if getattr(attn, "q_norm", None) is not None:  # Qwen3
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
 
 def _split(rows: torch.Tensor | None, feeds: list[Feed], which: list[int]) -> list[torch.Tensor | None]:

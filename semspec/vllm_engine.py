@@ -37,7 +37,7 @@ import torch
 from .answers import final_answer, split_reasoning
 from .intake import Intake
 from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, ModelIdentity, cpu_has_fast_bf16, eos_token_ids, model_directory, models_cache
-from .sequence import prompt_ids
+from .prompts import prompt_ids
 from .steps import StepDetector, detect_think_end, step_spans
 from .vllm_speculation import speculative_config
 from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Counters, Finished,

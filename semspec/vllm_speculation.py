@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .engine import EMBEDDED_HEAD
+from .components import EMBEDDED_HEAD
 from .head import HEAD_META, head_sha256, resolve_head
 from .models import DEFAULT_TARGET, ModelIdentity, derived_sha256, library_tag
 from .types import NGRAM_DRAFT

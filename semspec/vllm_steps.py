@@ -28,11 +28,11 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .engine import EMBEDDED_DRAFT, resolve_components
+from .components import EMBEDDED_DRAFT, resolve_components
 from .intake import Intake
 from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, ModelIdentity, model_directory, models_cache
 from .probes import ProbePair, pool, resolve_probes
-from .sequence import MethodUnavailable, judge_prompt, prompt_ids
+from .prompts import MethodUnavailable, judge_prompt, prompt_ids
 from .stepwise import TARGET, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
 from .steps import detect_think_end
 from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Finished,

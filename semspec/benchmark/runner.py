@@ -258,9 +258,9 @@ class HFGenerate:
     without, plain decoding (``hf_generate``, a reference for the engine's ``ar`` overhead)."""
 
     def __init__(self, target, draft=None):
-        from semspec.engine import _same_tokenizer
+        from semspec.components import same_tokenizer
 
-        if draft is not None and not _same_tokenizer(target.tokenizer, draft.tokenizer):
+        if draft is not None and not same_tokenizer(target.tokenizer, draft.tokenizer):
             raise ValueError("hf_assisted is run with same-tokenizer drafts only")
         self.target, self.draft = target, draft
         self._assistant_cfg = copy.deepcopy(draft.model.generation_config) if draft is not None else None
@@ -455,8 +455,9 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
 
 def with_draft(engine, spec: str):
     """An engine on ``engine``'s target with the draft ``spec`` and that draft's default
-    probes (``semspec.engine.default_probes``), or none."""
-    from semspec.engine import Engine, default_probes
+    probes (``semspec.components.default_probes``), or none."""
+    from semspec.components import default_probes
+    from semspec.engine import Engine
     from semspec.head import load_draft
     from semspec.probes import ProbePair, resolve_probes
 
@@ -473,7 +474,8 @@ def load_engine(target: str | None = None, draft: str | None = None, probes: str
     ``draft="first:K"`` — the target's first K layers (no training; a stand-in draft), and
     ``probes="accept" | "reject" | "const:P_T,P_D"`` — constant probes. ``dtype`` None: the
     device's default (float32 on a CPU)."""
-    from semspec.engine import Engine, default_draft, default_probes
+    from semspec.components import default_draft, default_probes
+    from semspec.engine import Engine
     from semspec.head import load_draft
     from semspec.models import DEFAULT_TARGET, load_model, models_cache, truncated_copy
     from semspec.probes import ProbePair, resolve_probes

@@ -92,7 +92,7 @@ def test_decisions_are_reproducible_and_costs_are_checked(tiny_target, tiny_draf
 def test_the_draft_cost_is_the_drafts_own_unless_the_job_sets_it(tiny_target, tiny_draft):
     import dataclasses
 
-    from semspec.engine import EMBEDDED_HEAD, MEASURED_DRAFT_COST
+    from semspec.components import EMBEDDED_HEAD, MEASURED_DRAFT_COST
     from semspec.models import DEFAULT_TARGET
     from tests.semspec.test_head import _head_model
 

@@ -5,7 +5,8 @@ import os
 import pytest
 import torch
 
-from semspec.engine import Engine, MethodUnavailable, PromptError
+from semspec.engine import Engine
+from semspec.prompts import MethodUnavailable, PromptError
 from semspec.models import load_model
 from semspec.probes import ProbePair
 from semspec.types import GenerationConfig

@@ -232,7 +232,7 @@ def test_chunked_prefills_keep_the_states_a_head_reads(trained_head, tiny_target
 def test_the_shipped_head_drafts_for_smollm2(smollm2):
     """The committed artifact loads onto the embedded target (and is checked against it),
     and greedy token_sd with it writes the target's own text while keeping some drafts."""
-    from semspec.engine import EMBEDDED_HEAD
+    from semspec.components import EMBEDDED_HEAD
     from semspec.head import EMBEDDED_HEAD_DIR, resolve_head
 
     assert resolve_head(EMBEDDED_HEAD) == EMBEDDED_HEAD_DIR

@@ -54,7 +54,7 @@ def test_real_target_methods(pair):
 
 
 def test_embedded_defaults_load_and_decode():
-    from semspec.engine import embedded_draft_available
+    from semspec.components import embedded_draft_available
     from semspec.probes import embedded_probes_available
 
     if not embedded_draft_available():

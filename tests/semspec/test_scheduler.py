@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from semspec.engine import Engine, PromptError, Request
+from semspec.engine import Engine, Request
+from semspec.prompts import PromptError
 from semspec.models import encode_prompt
 from semspec.probes import ProbePair
 from semspec.testing import aborting_source

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from semspec.engine import EMBEDDED_HEAD
+from semspec.components import EMBEDDED_HEAD
 from semspec.types import NGRAM_DRAFT, GenerationConfig
 from semspec.vllm_engine import VLLMEngine
 from semspec.vllm_speculation import draft_problem

@@ -29,7 +29,8 @@ GREEDY = dict(max_new_tokens=96, temperature=0.0, adaptive=False, draft_max_batc
 @pytest.fixture(scope="module")
 def engines():
     require_vllm()
-    from semspec.engine import Engine, embedded_draft_available
+    from semspec.components import embedded_draft_available
+    from semspec.engine import Engine
     from semspec.vllm_steps import VLLMStepEngine
 
     if not embedded_draft_available():
