@@ -8,7 +8,7 @@ first item started), read from its database. Engine start-up is left out of both
 processes load before any item starts; the workers load on their first chunk, so a warm-up
 job of 64 eight-token items goes first and the measured job is submitted once it is done.
 
-    python benchmarks/service_vs_run.py --items 256 --engine vllm --out docs/benchmarks/service_vs_run.json
+    python benchmarks/service_vs_run.py --items 256 --out docs/benchmarks/service_vs_run.json
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--items", type=int, default=256)
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--engine", default="vllm")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
@@ -62,7 +61,7 @@ def main() -> None:
     common = ["--max-new-tokens", str(a.max_new_tokens)]
     with tempfile.TemporaryDirectory() as tmp, scratch_database() as url, scratch_queue() as queue:
         path = write_prompts(Path(tmp) / "in.jsonl", a.items)
-        env = env_for(url, queue, SEMJOBS_ENGINE=a.engine)
+        env = env_for(url, queue)
         del env["SEMJOBS_ENGINE_FACTORY"]  # the real engine
 
         run_db = f"sqlite:///{tmp}/run.sqlite"
@@ -96,7 +95,7 @@ def main() -> None:
             worker.wait(timeout=60)
         service_items, service_rate = items_per_s(url, job_id)
         write_json({
-            "items": a.items, "max_new_tokens": a.max_new_tokens, "engine": a.engine,
+            "items": a.items, "max_new_tokens": a.max_new_tokens, "engine": "vllm",
             "run_items_per_s": round(run_rate, 3), "service_items_per_s": round(service_rate, 3),
             "service_over_run": round(service_rate / run_rate, 3),
             "items_done": {"run": run_items, "service": service_items},

@@ -33,13 +33,6 @@ def generation_options(f):
     return f
 
 
-def engine_option(f):
-    return click.option("--engine", type=click.Choice(["auto", "vllm", "embedded"]), default=None,
-                        help="What decodes: vllm, embedded (semjobs' own forward pass, every method), or "
-                        "auto: vLLM for the methods it serves when installed, else embedded "
-                        "(default: SEMJOBS_ENGINE, auto).")(f)
-
-
 def db_option(f):
     return click.option("--db", "db_url", default=None,
                         help="Database URL (default: SEMJOBS_DATABASE_URL when set, else the "
@@ -332,9 +325,8 @@ def retry(job, include_pending, db_url) -> None:
 @click.option("--processes", type=click.IntRange(min=1), default=None,
               help="Engine processes (default: SEMJOBS_PROCESSES, else one per core on a CPU, at "
               "least 8 items each, one on a GPU).")
-@engine_option
 def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, name, samples, db_url,
-        steps, resume, batch_size, processes, engine) -> None:
+        steps, resume, batch_size, processes) -> None:
     """Embedded mode: no servers; process FILE on this machine into a SQLite file, then
     export. Same tables, same per-item code as the workers; on a CPU one engine process per
     core.
@@ -355,8 +347,6 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
         settings.batch_size = batch_size
     if processes is not None:
         settings.processes = processes
-    if engine is not None:
-        settings.engine = engine
     config = _config(method, max_new_tokens, temperature, top_p, seed, samples)
     validation = validate(file, samples)
     # A refused run leaves the database as it was: one without a schema (a new SQLite file

@@ -5,7 +5,6 @@ import sys
 
 import click
 
-from cli.jobs import engine_option
 
 
 @click.command()
@@ -28,9 +27,8 @@ from cli.jobs import engine_option
 @click.option("--processes", type=click.IntRange(min=1), default=None,
               help="Worker processes, each a Celery node with its own engine (default: "
               "SEMJOBS_PROCESSES, else one per core on a CPU, one on a GPU).")
-@engine_option
 def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, threads,
-           batch_size, processes, engine) -> None:
+           batch_size, processes) -> None:
     """Start a Celery worker (late acks, prefetch 1, task events on).
 
     One process (on a GPU) uses the "threads" pool: one thread per chunk the process holds,
@@ -54,8 +52,6 @@ def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, t
         settings.batch_size = batch_size
     if processes is not None:
         settings.processes = processes
-    if engine is not None:
-        settings.engine = engine
     if concurrency == 1 and pool in ("auto", "threads"):
         n, settings.threads = plan()
         if n > 1:
@@ -84,7 +80,7 @@ def _supervise(n, threads, queues, hostname, loglevel, max_tasks_per_child) -> i
 
     name, _, host = (hostname or f"semjobs-{os.getpid()}@%h").partition("@")
     common = [sys.executable, "-m", "cli", "worker", "--processes", "1", "--threads", str(threads),
-              "--batch-size", str(settings.batch_size), "--engine", settings.engine, "-l", loglevel]
+              "--batch-size", str(settings.batch_size), "-l", loglevel]
     for q in queues:
         common += ["-Q", q]
     if max_tasks_per_child:

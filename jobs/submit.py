@@ -145,7 +145,7 @@ def manifest_for(path: Path, validation: Validation, queue: str, samples: int) -
             "probes": settings.probes_dir or "embedded",
             "device": settings.device,
         },
-        "engine": settings.engine_factory or settings.engine,
+        "engine": settings.engine_factory or "vllm",
         "queue": queue,
         "semjobs_version": __version__,
     }

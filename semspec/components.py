@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .head import resolve_head
 from .models import DEFAULT_TARGET
 from .probes import embedded_probes_available
 
@@ -72,3 +73,12 @@ def resolve_components(target: str | None, draft: str | None, probes: str | None
     if probes is None:
         probes = default_probes(draft, target)
     return draft, (None if probes in (None, "", "none") else probes)
+
+
+def step_draft_problem(method: str, draft: str | None) -> str | None:
+    """Why ``draft`` cannot draft ``method``'s steps: a draft head drafts tokens from the
+    target's states inside vLLM's speculation (token_sd), never a whole step of its own."""
+    if method in ("semspec", "step_judge") and draft and resolve_head(draft) is not None:
+        return (f"method {method!r} drafts whole steps with a draft model (e.g. {EMBEDDED_DRAFT}); {draft!r} "
+                "is a draft head, which drafts tokens for token_sd (SEMJOBS_DRAFT_MODEL)")
+    return None

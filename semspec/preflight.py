@@ -4,7 +4,7 @@
 whose probes were calibrated for other models, or whose draft is missing, would otherwise
 fail every item on every worker. No weights are loaded: probe metadata is read and the
 models' identities are hashed from their sources (``semspec.models.spec_sha256``, memoised).
-The engine checks the same again when it loads (``Engine.method_problem``).
+The engines check the same again when they load (``method_problem`` of each).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .components import METHOD_NEEDS, resolve_components
+from .components import METHOD_NEEDS, resolve_components, step_draft_problem
 from .head import head_sha256, resolve_head
 from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, models_cache, spec_sha256
 from .probes import Probe, ProbePair, read_metadata, resolve_probes
@@ -26,9 +26,16 @@ def method_problem(method: str, target: str | None, draft: str | None, probes: s
     needs = METHOD_NEEDS.get(method, ())
     if not needs:
         return None
+    if method == "token_sd":  # vLLM speculates with a head or ngram, its own default head
+        from .vllm_speculation import draft_problem
+
+        return draft_problem(draft, target)
     draft, probes = resolve_components(target, draft, probes)
     if draft is None:
         return f"method {method!r} needs a draft model; none is configured (SEMJOBS_DRAFT_MODEL)"
+    problem = step_draft_problem(method, draft)
+    if problem is not None:
+        return problem
     if "probes" not in needs:
         return None
     if probes is None:

@@ -240,8 +240,8 @@ class VLLMEngine:
         if method not in METHODS:
             return f"unknown method {method!r}; one of {', '.join(METHODS)}"
         if method not in VLLM_METHODS:
-            return (f"method {method!r} does not run on the vLLM engine yet (it runs "
-                    f"{', '.join(VLLM_METHODS)}); use --engine embedded (SEMJOBS_ENGINE=embedded)")
+            return (f"method {method!r} runs on the step-level engines (semspec.vllm_steps), not on this "
+                    f"one (it runs {', '.join(VLLM_METHODS)})")
         if (method == "token_sd") != (self.speculation is not None):
             return (f"this vLLM engine was started {'with' if self.speculation else 'without'} speculation; "
                     f"{method} needs one started {'without' if self.speculation else 'with'}")

@@ -6,7 +6,8 @@ config (``VLLMEngine.load``).
   default draft of the embedded target, since it is the one embedded draft vLLM can run;
 - ``ngram``: vLLM's prompt lookup (drafts by matching the sequence's last tokens earlier in
   it; no model);
-- anything else (the embedded layer draft) vLLM cannot run: ``draft_problem`` says so.
+- anything else (the embedded layer draft, which drafts steps for semspec) vLLM does not
+  speculate with: ``draft_problem`` says so.
 """
 
 from __future__ import annotations
@@ -58,10 +59,10 @@ def draft_problem(draft: str | None, target: str | None = None) -> str | None:
         if kind in HEAD_MODEL_TYPES:
             return None
         return (f"token_sd on vLLM runs heads on {', '.join(HEAD_MODEL_TYPES)} targets ({spec!r} was trained "
-                f"on a {kind} one); use --engine embedded for it")
-    return (f"token_sd on vLLM drafts with a draft head (e.g. {EMBEDDED_HEAD}) or {NGRAM_DRAFT!r}; "
+                f"on a {kind} one)")
+    return (f"token_sd drafts with a draft head (e.g. {EMBEDDED_HEAD}) or {NGRAM_DRAFT!r}; "
             f"{'no draft is configured' if spec is None else repr(spec) + ' is neither'} "
-            "(SEMJOBS_DRAFT_MODEL; or use --engine embedded)")
+            "(SEMJOBS_DRAFT_MODEL; a draft model drafts whole steps: semspec, step_judge)")
 
 
 def speculative_config(draft: str | None, target: str | None, tokens: int, target_dir: Path, target_sha: str,

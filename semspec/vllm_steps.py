@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .components import EMBEDDED_DRAFT, resolve_components
+from .components import EMBEDDED_DRAFT, resolve_components, step_draft_problem
 from .intake import Intake
 from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, ModelIdentity, model_directory, models_cache
 from .probes import ProbePair, pool, resolve_probes
@@ -166,8 +166,8 @@ class VLLMStepEngine:
              batch_size: int = 32, kv_cache_gb: float = DEFAULT_KV_CACHE_GB, compile: bool = False,
              seed: int = 0, layers: dict[str, int] | tuple | None = None) -> "VLLMStepEngine":
         """The target and its draft in two vLLM engines, each storing the layer its probe
-        reads (defaults as ``semspec.engine.Engine.load``'s: the embedded target, its layer
-        draft and their probes). ``kv_cache_gb``: the target's KV budget; the draft gets
+        reads (defaults: the embedded target, its layer draft and their probes,
+        ``semspec.components.resolve_components``). ``kv_cache_gb``: the target's KV budget; the draft gets
         ``DRAFT_KV_SHARE`` of it more. Without probes semspec is refused, without a draft
         step_judge too. ``layers`` ({"target": i, "draft": j}, transformers' ``hidden_states``
         indices, negative from the end, or its items): the layers stored instead of the probes'
@@ -178,6 +178,9 @@ class VLLMStepEngine:
         threads = torch.get_num_threads()
         cache = models_cache(cache_dir) or DEFAULT_CACHE_DIR
         draft, probes = resolve_components(target, draft, probes)
+        problem = step_draft_problem("semspec", draft)
+        if problem is not None:
+            raise MethodUnavailable(problem)
         t = ModelFiles.read(target or DEFAULT_TARGET, cache)
         d = ModelFiles.read(draft, cache) if draft else None
         if d is not None and d.tokenizer.get_vocab() != t.tokenizer.get_vocab():

@@ -1,7 +1,8 @@
 """The worker's one door to the decoding engine, and the per-process model cache.
 
-`get_engine(method)` loads the engine that serves `method` (`backend`: vLLM or the embedded
-engine, by `settings.engine`; or `settings.engine_factory`) on first use in *this* process
+`get_engine(method)` loads the engine that serves `method` (vLLM's: `semspec.vllm_engine` for
+`ar` and `token_sd`, `semspec.vllm_steps` for the step-level methods; or
+`settings.engine_factory`) on first use in *this* process
 and keeps it: a Celery prefork child loads it in the child (never in the parent,
 which must not touch CUDA), `--pool solo` and `semjobs run` load it in their only process.
 The per-item code hands items to the engine through this process's batch loop
@@ -49,68 +50,41 @@ def resolve(path: str) -> Callable[..., Any]:
     return obj
 
 
-# What each backend of settings.engine loads, and the settings only it reads; on vLLM the
-# step-level methods (semspec.types.VLLM_STEP_METHODS) load a target and a draft engine that
-# return the probes' states.
-FACTORIES = {"embedded": "semspec.engine:Engine.load", "vllm": "semspec.vllm_engine:VLLMEngine.load"}
+# ar and token_sd run on one vLLM engine (with vLLM's speculation for token_sd); the step-level
+# methods (semspec.types.VLLM_STEP_METHODS) on a target and a draft engine that return the
+# probes' states.
+VLLM_FACTORY = "semspec.vllm_engine:VLLMEngine.load"
 VLLM_STEPS_FACTORY = "semspec.vllm_steps:VLLMStepEngine.load"
 
 
-def backend(method: str | None = None, sampled: bool = False) -> str:
-    """The engine that decodes ``method`` (default: settings.method; ``sampled``: for a job
-    that samples) in this process: settings.engine, where "auto" is vLLM for the methods it
-    serves when it is installed, the embedded engine for the rest. Imports the engine
-    package: call it where the engine runs."""
-    if settings.engine != "auto":
-        return settings.engine
-    from semspec.head import resolve_head
-    from semspec.vllm_engine import VLLM_METHODS, vllm_installed
-    from semspec.types import NGRAM_DRAFT, VLLM_STEP_METHODS
-    from semspec.vllm_speculation import draft_problem, sampled_verification_works
-
-    method = method or settings.method
-    if method == "token_sd" and settings.draft_model != NGRAM_DRAFT and (
-            draft_problem(settings.draft_model, settings.target_model) is not None
-            or (sampled and not sampled_verification_works(settings.device))):
-        # a draft vLLM cannot run (the layer draft), or sampling on its CPU build; ngram
-        # stays on vLLM either way, as nothing else drafts with it
-        return "embedded"
-    if method in VLLM_STEP_METHODS and resolve_head(settings.draft_model) is not None:
-        return "embedded"  # a draft head drafts a step from the target's states: not on vLLM
-    served = method in VLLM_METHODS or method in VLLM_STEP_METHODS
-    return "vllm" if served and vllm_installed() else "embedded"
-
-
 def factory_for(method: str | None = None, draft_tokens: int | None = None,
-                sampled: bool = False, layers: tuple | None = None) -> tuple[str, dict]:
+                layers: tuple | None = None) -> tuple[str, dict]:
     """(the factory that loads ``method``'s engine, the extra arguments it takes);
     ``draft_tokens``: the job's, which a vLLM engine for token_sd drafts for every request;
     ``layers``: ((role, hidden_states index), ...) a probe calibration reads, which the
-    step-level vLLM engines then store instead of the probes' (other engines read any)."""
+    step-level engines then store instead of the probes' (other engines read any)."""
     if settings.engine_factory:
         return settings.engine_factory, {}
-    name = backend(method, sampled)
-    if name != "vllm":
-        return FACTORIES[name], {}
     from semspec.types import VLLM_STEP_METHODS
 
+    method = method or settings.method
     extra = {"kv_cache_gb": settings.kv_cache_gb, "compile": settings.vllm_compile}
-    if (method or settings.method) in VLLM_STEP_METHODS:
+    if method in VLLM_STEP_METHODS:
         if layers is not None:
             extra["layers"] = layers
         return VLLM_STEPS_FACTORY, extra
-    if (method or settings.method) == "token_sd":
+    if method == "token_sd":
         from semspec.types import GenerationConfig
 
         extra["speculative_tokens"] = draft_tokens or GenerationConfig.draft_tokens
-    return FACTORIES[name], extra
+    return VLLM_FACTORY, extra
 
 
 def engine_key(factory: str, extra: dict) -> tuple:
     """(which engine with which extra arguments, the settings it was loaded for): an engine
-    of another backend for the same settings stays loaded beside it; those for other
-    settings, or of the same backend with other extra arguments (vLLM with and without
-    speculation), are dropped when it loads."""
+    of another factory for the same settings stays loaded beside it (ar's beside the step
+    methods' pair); those for other settings, or of the same factory with other extra
+    arguments (with and without speculation), are dropped when it loads."""
     loaded_for = (settings.target_model, settings.draft_model, settings.probes_dir, settings.device,
                   settings.dtype, settings.batch_size, os.getpid())
     return (factory, tuple(sorted(extra.items()))), loaded_for
@@ -126,22 +100,21 @@ def set_threads() -> None:
         torch.set_num_threads(settings.threads)
 
 
-def get_engine(method: str | None = None, draft_tokens: int | None = None, sampled: bool = False,
-               layers: tuple | None = None) -> Any:
+def get_engine(method: str | None = None, draft_tokens: int | None = None, layers: tuple | None = None) -> Any:
     """This process's engine for ``method`` (default: settings.method; ``draft_tokens``: the
-    job's), loaded on first use. One per backend: a worker serving `ar` on vLLM and `semspec`
-    on the embedded engine holds both; one serving `ar` and then `token_sd` on vLLM swaps its
-    vLLM engine (vLLM speculates for every request of an engine, or for none), which raises
-    EngineBusy while chunks decode with the one it would drop."""
-    return _get(method, draft_tokens, sampled, layers=layers)[0]
+    job's), loaded on first use. One per factory: a worker serving `ar` and `semspec` holds
+    both; one serving `ar` and then `token_sd` swaps its engine (vLLM speculates for every
+    request of an engine, or for none), which raises EngineBusy while chunks decode with the
+    one it would drop."""
+    return _get(method, draft_tokens, layers=layers)[0]
 
 
 @contextmanager
-def in_use(method: str | None = None, draft_tokens: int | None = None, sampled: bool = False,
+def in_use(method: str | None = None, draft_tokens: int | None = None,
            layers: tuple | None = None) -> Iterator[Any]:
     """``get_engine``'s engine, counted as in use until the block ends: no other request
     drops it meanwhile (they get EngineBusy)."""
-    engine, key = _get(method, draft_tokens, sampled, use=True, layers=layers)
+    engine, key = _get(method, draft_tokens, use=True, layers=layers)
     try:
         yield engine
     finally:
@@ -149,10 +122,10 @@ def in_use(method: str | None = None, draft_tokens: int | None = None, sampled: 
             _users[key] -= 1
 
 
-def _get(method: str | None, draft_tokens: int | None, sampled: bool, use: bool = False,
+def _get(method: str | None, draft_tokens: int | None, use: bool = False,
          layers: tuple | None = None) -> tuple[Any, tuple]:
     global _failure
-    factory_path, extra = factory_for(method, draft_tokens, sampled, layers)
+    factory_path, extra = factory_for(method, draft_tokens, layers)
     key = engine_key(factory_path, extra)
     with _held:  # loaded: no wait for a load of another engine in progress
         engine = _cache.get(key)
@@ -165,7 +138,7 @@ def _get(method: str | None, draft_tokens: int | None, sampled: bool, use: bool 
         if engine is None:
             if _failure is not None and _failure[0] == key and time.monotonic() - _failure[1] < settings.engine_retry_s:
                 raise EngineLoadError(_failure[2])
-            # drop engines loaded for other settings, or of this backend for others, first:
+            # drop engines loaded for other settings, or of this factory for others, first:
             # their memory, and vLLM's per-process state, which freeing one after the next
             # started would tear down (so never one a chunk still decodes with)
             with _held:

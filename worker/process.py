@@ -106,16 +106,16 @@ def run_items(
     return report
 
 
-def engine_request(config: dict | None) -> tuple[str | None, int | None, bool]:
+def engine_request(config: dict | None) -> tuple[str | None, int | None]:
     """What a job's config asks of the engine (``worker.engine.get_engine``'s arguments): its
-    method, the tokens it drafts per verification, and whether it samples."""
+    method and the tokens it drafts per verification."""
     if config is None:
-        return None, None, False
-    return config.get("method"), config.get("draft_tokens"), (config.get("temperature") or 0) > 0
+        return None, None
+    return config.get("method"), config.get("draft_tokens")
 
 
-def job_engine_request(job_id: str, url: str | None = None) -> tuple[str | None, int | None, bool]:
-    """``engine_request`` of job ``job_id`` ((None, None, False) when there is no such job)."""
+def job_engine_request(job_id: str, url: str | None = None) -> tuple[str | None, int | None]:
+    """``engine_request`` of job ``job_id`` ((None, None) when there is no such job)."""
     with session_factory(url, role="worker")() as session:
         return engine_request(_job_config(session, job_id))
 

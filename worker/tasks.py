@@ -110,7 +110,7 @@ def calibrate(self, calibration_id: str, question_id: str) -> str:
     layers = calibration_layers(calibration_id)
     if layers is None:  # no such calibration (deleted meanwhile)
         return "skipped"
-    request = ("semspec", None, False, layers)
+    request = ("semspec", None, layers)
     try:
         load_error = load_or_give_up(self, f"calibration {calibration_id} question {question_id}", request)
         if load_error is not None:

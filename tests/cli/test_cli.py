@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import main
-from tests.conftest import ROOT
+from tests.conftest import ROOT, require_vllm
 
 
 def invoke(*args):
@@ -241,12 +241,13 @@ def test_a_method_whose_probes_do_not_fit_is_refused_up_front_and_ar_still_runs(
     from semspec.testing import tiny_model_dir
     from worker import engine as engines
 
-    target = tiny_model_dir(tmp_path / "target", num_layers=2, seed=0)
-    draft = tiny_model_dir(tmp_path / "draft", num_layers=1, seed=1)
-    ProbePair(Probe(64, layer=-1, model_sha256="0" * 64), Probe(64, layer=1, role="draft")).save(tmp_path / "p")
-    # the embedded engine: vLLM's CPU attention has no kernel for the tiny models' 16-wide heads
+    require_vllm()
+    # 64-wide heads, which vLLM's CPU attention runs
+    target = tiny_model_dir(tmp_path / "target", num_layers=2, hidden_size=256, seed=0)
+    draft = tiny_model_dir(tmp_path / "draft", num_layers=1, hidden_size=256, seed=1)
+    ProbePair(Probe(256, layer=-1, model_sha256="0" * 64), Probe(256, layer=1, role="draft")).save(tmp_path / "p")
     for key, value in {"target_model": str(target), "draft_model": str(draft), "probes_dir": str(tmp_path / "p"),
-                       "cache_dir": tmp_path / "cache", "processes": 1, "device": "cpu", "engine": "embedded"}.items():
+                       "cache_dir": tmp_path / "cache", "processes": 1, "device": "cpu", "kv_cache_gb": 0.25}.items():
         monkeypatch.setattr(settings, key, value)
     engines._cache.clear()
     src = ROOT / "examples" / "prompts.jsonl"

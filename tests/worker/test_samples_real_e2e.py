@@ -1,5 +1,5 @@
 """Samples with the REAL engine through REAL Celery workers: 8 GSM8K questions x `--n 4`
-with the embedded SmolLM2 target -> 32 samples in Postgres, each with its answer checked
+with the embedded SmolLM2 target on vLLM -> 32 samples in Postgres, each with its answer checked
 against the question's reference; the filtered and the Batch-shape exports."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from semspec.assets import GSM8K_TEST
-from tests.conftest import run_cli
+from tests.conftest import require_vllm, run_cli
 from tests.worker.test_celery_e2e import read_jsonl, submit, wait_completed
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
@@ -26,7 +26,8 @@ def test_n_samples_of_gsm8k_with_smollm2_through_celery(service_env, workers, pg
             out.write(json.dumps({"id": f"gsm8k-{i}", "prompt": q["question"], "answer": q["answer"]}) + "\n")
     job_id = submit(service_env, src, "--method", "ar", "--n", str(SAMPLES), "--temperature", "0.6",
                     "--max-new-tokens", "96")
-    workers.start("real", env={"SEMJOBS_ENGINE_FACTORY": "semspec.engine:Engine.load", "SEMJOBS_THREADS": "1",
+    require_vllm()
+    workers.start("real", env={"SEMJOBS_ENGINE_FACTORY": "", "SEMJOBS_KV_CACHE_GB": "0.5", "SEMJOBS_THREADS": "1",
                                "SEMJOBS_CHUNK_SIZE": str(SAMPLES)})
     wait_completed(pg_db, job_id, workers, timeout=900)
 

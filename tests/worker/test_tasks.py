@@ -14,7 +14,7 @@ def test_a_chunk_whose_engine_is_busy_is_handed_back_whole(monkeypatch):
     def busy(*_args, **_kwargs):
         raise engines.EngineBusy("busy")
 
-    monkeypatch.setattr(tasks, "job_engine_request", lambda job_id: ("token_sd", 4, False))
+    monkeypatch.setattr(tasks, "job_engine_request", lambda job_id: ("token_sd", 4))
     monkeypatch.setattr(tasks, "load_or_give_up", busy)
     monkeypatch.setattr(tasks, "requeue", lambda queue, job_id, seqs: sent.append((queue, job_id, seqs)))
     monkeypatch.setattr(tasks, "ENGINE_BUSY_RETRY_S", 0)

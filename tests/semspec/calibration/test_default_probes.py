@@ -41,7 +41,8 @@ def test_default_probes_fit_the_embedded_models(pair):
     assert probes.target.hidden_size == target.hidden_size
 
 
-@pytest.mark.parametrize("pair", sorted(PAIRS))
+# the head's probes are read by no engine now (a head drafts no steps: semspec.components)
+@pytest.mark.parametrize("pair", ["smollm2-135m"])
 def test_the_shipped_probes_name_the_embedded_models_by_their_sources(pair, monkeypatch):
     """Identities come from the GGUF and the committed artifacts, so they hold whatever
     transformers release writes the converted and materialised directories."""
