@@ -1,6 +1,5 @@
-"""`semjobs run` end to end with the REAL engine and the real embedded SmolLM2 target, on
-SQLite, in a subprocess: a few GSM8K questions, a small max-new-tokens. Skipped only when the
-engine package is not importable."""
+"""`semjobs run` end to end with the REAL engine (vLLM) and the real embedded SmolLM2 target,
+on SQLite, in a subprocess: a few GSM8K questions, a small max-new-tokens."""
 
 from __future__ import annotations
 
@@ -13,22 +12,14 @@ from sqlalchemy import create_engine, func, select, pool
 
 from db.models import Item, ItemStats, Job, Output, StepLog
 from semspec.assets import GSM8K_TEST
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, require_vllm, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 GSM8K = Path(os.environ.get("SEMJOBS_GSM8K", GSM8K_TEST))
 
-try:
-    import semspec.engine  # noqa: F401
-
-    ENGINE_ERROR = None
-except Exception as e:  # noqa: BLE001
-    ENGINE_ERROR = f"semspec.engine not importable: {type(e).__name__}: {e}"
-
-
-@pytest.mark.skipif(ENGINE_ERROR is not None, reason=ENGINE_ERROR or "")
 def test_semjobs_run_with_real_smollm2(tmp_path):
+    require_vllm()
     if not GSM8K.exists():
         pytest.skip(f"{GSM8K} not found (set SEMJOBS_GSM8K)")
     src = tmp_path / "gsm8k3.jsonl"
@@ -43,7 +34,7 @@ def test_semjobs_run_with_real_smollm2(tmp_path):
     out_path = tmp_path / "out.jsonl"
     env = dict(os.environ)
     for key in [k for k in env if k.startswith("SEMJOBS_") and k not in ("SEMJOBS_CACHE_DIR",)]:
-        del env[key]  # the real defaults: embedded engine, embedded models
+        del env[key]  # the real defaults: vLLM, the embedded models
     env["PYTHONPATH"] = str(ROOT)
     proc = run_cli(["run", str(src), "-o", str(out_path), "--db", f"sqlite:///{db}",
                     "--method", "ar", "--max-new-tokens", "12"], env, timeout=900)
@@ -57,7 +48,7 @@ def test_semjobs_run_with_real_smollm2(tmp_path):
         assert line["usage"]["prompt_tokens"] > 0
         assert line["finish_reason"] in ("eos", "length")
         assert line["stats"]["target_forward_passes"] > 0
-        assert line["models"]["target"]
+        assert line["models"]["target"] and line["models"]["engine"].startswith("vllm ")
         assert line["meta"]["answer"]  # extra input fields travel to the export
     assert not (tmp_path / "out.errors.jsonl").exists()
 
