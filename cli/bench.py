@@ -81,11 +81,13 @@ def _unescape(value: str | None) -> str | None:
                    "--taus, --ratio-floors and --attempts (default: the engine's, on).")
 @click.option("--target", default=None, help="Target model spec (default: the embedded SmolLM2).")
 @click.option("--draft", default=None,
-              help="Draft model spec (default: the embedded draft when shipped); 'first:K' = the target's first K layers.")
+              help="Draft spec (default: the embedded draft for step_judge and semspec, the embedded head for "
+                   "token_sd): a draft model drafts steps (step_judge, semspec, hf_assisted), a draft head or "
+                   "'ngram' tokens (token_sd); the methods a draft cannot serve are skipped.")
 @click.option("--compare-drafts", default=None,
               help="Further draft specs run beside --draft on the same prompts, e.g. embedded:smollm2-135m-head: "
                    "token_sd, step_judge and semspec once more per draft (with its shipped probes, if any), "
-                   "labelled METHOD@draft=NAME.")
+                   "labelled METHOD@draft=NAME, each draft on vLLM engines of its own.")
 @click.option("--probes", default=None,
               help="Probe dir or embedded:<name> (default: the embedded probes when shipped); accept, reject, const:P_T,P_D.")
 @click.option("--step-delimiter", default=None,
@@ -94,7 +96,7 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--max-step-tokens", default=None, type=int, help="Per-step token cap (default: the engine's).")
 @click.option("--draft-tokens", default=None, type=int, help="token_sd: tokens drafted per verification.")
 @click.option("--draft-stop-prob", default=None, type=float,
-              help="token_sd: stop drafting after a token the draft gave less than this (default 0: never).")
+              help="Refused above 0: vLLM's token_sd drafts --draft-tokens every verification (no stop rule).")
 @click.option("--judge-threshold", default=None, type=int, help="step_judge: accept at this 0-9 score or above.")
 @click.option("--threads", default=None, type=int, help="torch threads (default: torch's choice).")
 @click.option("--device", default="auto", show_default=True)
@@ -104,37 +106,39 @@ def _unescape(value: str | None) -> str | None:
 @click.option("-q", "--quiet", is_flag=True, help="No per-run progress lines.")
 @click.option("--batch-size", "batch_sizes", default=None,
               help="Throughput by batch size instead, e.g. 1,4,8,16,32: every method of --methods "
-                   "but hf_assisted (list hf_generate for the peer) over all prompts at each size "
-                   "(results.json by_batch_size).")
+                   "but hf_assisted (list hf_generate and vllm_generate for the peers: transformers' and "
+                   "plain vLLM's generate) over all prompts at each size (results.json by_batch_size).")
 @click.option("--draft-max-batch", type=click.IntRange(min=0), default=None,
               help="With --batch-size: semspec/step_judge draft only while at most this many sequences are "
                    "in flight (0: always; default: the engine's, 1 on a CPU).")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
-              help="With --batch-size: the models' number type (auto: the fastest for each size).")
-@click.option("--engine", "engines", default="embedded", show_default=True,
-              help="With --batch-size: the engine(s) that decode, comma-separated: embedded, vllm (each "
-                   "runs the methods it serves; list vllm_generate in --methods for plain vLLM beside it). "
-                   "Without --batch-size: vllm measures at batch size 1.")
+              help="The models' number type (auto: vLLM's choice for the device; with --batch-size "
+                   "hf_generate's is the fastest for each size).")
 @click.option("--kv-cache-gb", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="vLLM's KV cache budget in GiB (default: SEMJOBS_KV_CACHE_GB).")
+              help="vLLM's KV cache budget in GiB, per engine (default: SEMJOBS_KV_CACHE_GB).")
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
-          ratio_floors, adaptive, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens, draft_stop_prob, judge_threshold, threads, device,
-          cache_dir, no_warmup, no_loglik, quiet, batch_sizes, draft_max_batch, dtype, engines, kv_cache_gb) -> None:
+          ratio_floors, adaptive, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens,
+          draft_stop_prob, judge_threshold, threads, device, cache_dir, no_warmup, no_loglik, quiet, batch_sizes,
+          draft_max_batch, dtype, kv_cache_gb) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
 
+    The methods decode on vLLM; hf_assisted and hf_generate are transformers' generate.
     Ctrl-C or SIGTERM during the runs stops them and still writes the report, over the
     prompts that every method finished.
 
     Examples: semjobs bench --limit 10 --out out/bench;
     semjobs bench --batch-size 1,8,32 --methods ar,semspec,hf_generate --temperature 0 --limit 32
     --threads 1 --out out/batch;
-    semjobs bench --batch-size 32 --engine vllm,embedded --methods ar,vllm_generate --dtype bfloat16
+    semjobs bench --batch-size 32 --methods ar,vllm_generate --dtype bfloat16
     --temperature 0 --offset 100 --limit 64 --threads 1 --out out/vllm"""
     import torch
 
     from semspec.benchmark.report import write_report
-    from semspec.benchmark.runner import BenchSettings, load_engine, load_prompts
+    from semspec.benchmark.runner import BenchSettings, load_prompts
 
+    if draft_stop_prob:
+        raise click.UsageError("--draft-stop-prob: vLLM's token_sd drafts --draft-tokens every verification; "
+                               "it has no rule to stop drafting early")
     if threads:
         torch.set_num_threads(threads)
     settings = BenchSettings(
@@ -155,17 +159,11 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
         if not quiet:
             click.echo(f"[{time.perf_counter() - t0:7.1f}s] {msg}", err=True)
 
-    engine_names = tuple(e.strip() for e in engines.split(",") if e.strip())
-    if not engine_names or set(engine_names) - {"embedded", "vllm"}:
-        raise click.UsageError(f"--engine: embedded and/or vllm, not {engines!r}")
-    if not batch_sizes and "vllm" in engine_names:
-        # the per-prompt comparison (loglik, hf_assisted, probes) reads the embedded engine's
-        # passes: on vLLM the methods it serves are measured by the sweep, one at a time
-        say("--engine vllm: measuring the methods vLLM serves at batch size 1 (--batch-size for more)")
-        batch_sizes = "1"
     if batch_sizes:
         return _sweep(settings, _ints(batch_sizes), dtype, device, target, draft, probes, cache_dir, out_dir, say,
-                      draft_max_batch, engine_names, kv_cache_gb)
+                      draft_max_batch, kv_cache_gb)
+    from semjobs.settings import settings as service_settings
+    from semspec.benchmark.engines import load_engines
     from semspec.benchmark.runner import plan_runs, run_bench
 
     try:
@@ -173,10 +171,12 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
                   ratio_floors=settings.ratio_floors, adaptive=settings.adaptive,
                   compare_drafts=settings.compare_drafts)
         prompt_list = load_prompts(prompts, limit, offset)
+        # refused before anything loads: a draft vLLM cannot load, probes that do not parse
+        engines = load_engines(settings, target, draft, probes, device=device, cache_dir=cache_dir, dtype=dtype,
+                               kv_cache_gb=kv_cache_gb or service_settings.kv_cache_gb)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
-    engine = load_engine(target, draft, probes, device=device, cache_dir=cache_dir)
-    say("models: " + ", ".join(f"{k}={v}" for k, v in engine.identities.items()))
+    say("models: " + ", ".join(f"{k}={v}" for k, v in engines.identities.items()))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     raw = out / "runs.jsonl"
@@ -187,10 +187,10 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _stop)
-    br = run_bench(engine, settings, prompt_list, progress=say, raw_log=raw)
+    br = run_bench(engines, settings, prompt_list, progress=say, raw_log=raw)
     command = "semjobs bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 \
         and sys.argv[1] == "bench" else None
-    res = write_report(br, out, engine=engine, command=command)
+    res = write_report(br, out, engine=engines, command=command)
     for label, why in br.skipped.items():
         click.echo(f"skipped {label}: {why}", err=True)
     click.echo(f"{'method':<20} {'speed-up':>9} {'agree':>6} {'acc':>5} {'tok/s':>6}")
@@ -206,45 +206,50 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
 
 
 def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_dir, out_dir, say,
-           draft_max_batch=None, engines=("embedded",), kv_cache_gb=None) -> None:
+           draft_max_batch=None, kv_cache_gb=None) -> None:
     import json
 
     import torch
 
     from semjobs.settings import settings as service_settings
-    from semspec.benchmark.runner import load_engine, load_prompts
+    from semspec.benchmark.engines import draft_refusal
+    from semspec.benchmark.runner import load_prompts
     from semspec.benchmark.throughput import BATCH_METHODS, SweepSettings, markdown, run_sweep
 
     methods = [m for m in settings.methods if m in BATCH_METHODS]
     sweep = SweepSettings(batch_sizes=tuple(batch_sizes), methods=tuple(methods),
                           temperature=settings.temperature, top_p=settings.top_p,
                           max_new_tokens=settings.max_new_tokens, seed=settings.seed, dtype=dtype, device=device,
-                          draft_max_batch=draft_max_batch, engines=tuple(engines),
+                          draft_max_batch=draft_max_batch,
                           **({"draft_tokens": settings.draft_tokens} if settings.draft_tokens else {}))
     try:
         prompt_list = load_prompts(settings.prompts, settings.limit, settings.offset)
+        if draft_refusal(draft):
+            raise ValueError(draft_refusal(draft))
     except ValueError as e:
         raise click.UsageError(str(e)) from e
 
-    def load(engine, dt, kind):
-        say(f"loading the {engine} engine in {str(dt).removeprefix('torch.')}"
+    def load(dt, kind):
+        say(f"loading {'transformers' if kind == 'transformers' else 'vLLM'} in {str(dt).removeprefix('torch.')}"
             + (f", drafting {sweep.draft_tokens} tokens per verification" if kind == "token_sd" else "")
             + (", target and draft at step level" if kind == "steps" else ""))
-        if engine == "vllm":
-            from semspec.vllm_engine import VLLMEngine
-            from semspec.vllm_steps import VLLMStepEngine
+        if kind == "transformers":
+            from semspec.models import load_model, models_cache
 
-            t0 = time.perf_counter()
-            common = dict(device=device, cache_dir=cache_dir, dtype=str(dt), batch_size=max(batch_sizes),
-                          seed=settings.seed, kv_cache_gb=kv_cache_gb or service_settings.kv_cache_gb)
-            if kind == "steps":
-                loaded = VLLMStepEngine.load(target, draft=draft, probes=probes, **common)
-            else:
-                loaded = VLLMEngine.load(target, draft=draft, **common,
-                                         speculative_tokens=sweep.draft_tokens if kind == "token_sd" else None)
-            say(f"vLLM started in {time.perf_counter() - t0:.1f}s")
-            return loaded
-        return load_engine(target, draft, probes, device=device, cache_dir=cache_dir, dtype=dt)
+            return load_model(target, device=device, cache_dir=models_cache(cache_dir), dtype=dt)
+        from semspec.vllm_engine import VLLMEngine
+        from semspec.vllm_steps import VLLMStepEngine
+
+        t0 = time.perf_counter()
+        common = dict(device=device, cache_dir=cache_dir, dtype=str(dt), batch_size=max(batch_sizes),
+                      seed=settings.seed, kv_cache_gb=kv_cache_gb or service_settings.kv_cache_gb)
+        if kind == "steps":
+            loaded = VLLMStepEngine.load(target, draft=draft, probes=probes, **common)
+        else:
+            loaded = VLLMEngine.load(target, draft=draft, **common,
+                                     speculative_tokens=sweep.draft_tokens if kind == "token_sd" else None)
+        say(f"vLLM started in {time.perf_counter() - t0:.1f}s")
+        return loaded
 
     scorer = []  # the target in float32, loaded once the runs are done
 

@@ -58,15 +58,8 @@ def environment(engine=None) -> dict[str, Any]:
         "versions": {p: _version(p) for p in ("torch", "transformers", "numpy", "tokenizers", "semjobs")},
         "git_commit": git_commit(),
     }
-    if engine is not None:
-        env["device"] = str(engine.target.device)
-        env["dtype"] = str(engine.target.dtype)
-        env["models"] = dict(engine.identities)
-        env["model_specs"] = {"target": engine.target.spec}
-        if engine.draft is not None:
-            env["model_specs"]["draft"] = engine.draft.spec
-        if torch.cuda.is_available() and engine.target.device.type == "cuda":
-            env["gpu"] = torch.cuda.get_device_name(engine.target.device)
+    if engine is not None:  # a semspec.benchmark.engines.BenchEngines
+        env.update(engine.describe())
     return env
 
 

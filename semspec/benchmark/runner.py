@@ -9,8 +9,10 @@ Timing: wall-clock around the whole call (prompt encoding, decoding and detokeni
 after one short untimed warm-up call per method. Quality passes (the target's log-likelihood
 of every output) run after all timed runs and are not timed.
 
-``hf_assisted`` is transformers' ``generate(assistant_model=draft)`` with the same target, draft
-(a reduced-vocabulary draft runs its reduced LM head there too), sampling settings, EOS tokens
+The engine methods decode on vLLM (``semspec.benchmark.engines``: ar, step_judge and semspec on
+one step engine, token_sd on a speculating one). ``hf_assisted`` is transformers'
+``generate(assistant_model=draft)`` with the same target, the step engine's draft (a
+reduced-vocabulary draft runs its reduced LM head there too), sampling settings, EOS tokens
 and token limit; its forward passes are counted with forward
 hooks, and the assistant's generation settings are restored before every call (transformers
 otherwise carries its adaptive number of assistant tokens over from call to call).
@@ -26,20 +28,21 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from semspec.answers import final_answer, reference_from
 from semspec.assets import GSM8K_TEST
-from semspec.head import is_head
 from semspec.models import encode_prompt
 from semspec.types import SAMPLING_TEMPERATURE, SAMPLING_TOP_P, GenerationConfig
+
+if TYPE_CHECKING:
+    from .engines import BenchEngines
 
 DEFAULT_PROMPTS = str(GSM8K_TEST)  # GSM8K test split shipped with the engine (semspec/assets/gsm8k)
 ALL_METHODS = ("ar", "token_sd", "hf_assisted", "step_judge", "semspec", "hf_generate")
 DEFAULT_METHODS = ALL_METHODS[:5]  # hf_generate (transformers' plain generate, no draft) is opt-in
-DRAFT_METHODS = ("token_sd", "hf_assisted", "step_judge", "semspec")
 AR2_SEED_OFFSET = 100_003  # the second ar run's seeds: seed + prompt index + this
 
 
@@ -221,11 +224,7 @@ def run_engine(engine, run: MethodRun, prompt: dict, cfg: GenerationConfig) -> d
     res = engine.generate(prompt["prompt"], cfg)
     wall = time.perf_counter() - t0
     counters = asdict(res.counters)
-    think_end = None
-    if cfg.think_end == "auto":
-        from semspec.steps import detect_think_end
-
-        think_end = detect_think_end(engine.target.tokenizer)
+    think_end = engine.think_end_marker if cfg.think_end == "auto" else (cfg.think_end or None)
     return run_record(run, prompt, text=res.text, wall=wall, finish=res.finish_reason, counters=counters,
                       steps=_steps_compact(res.steps), draft_seconds=counters["phase_seconds"].get("draft", 0.0),
                       think_end=think_end)
@@ -285,7 +284,7 @@ class HFGenerate:
             t0 = time.perf_counter()
             ids = torch.tensor([encode_prompt(tok, prompt["prompt"])], device=tgt.device)
             torch.manual_seed(cfg.seed)
-            # the assistant runs its reduced LM head, as it does in the engine
+            # a reduced-vocabulary assistant runs its reduced LM head (its own ids only)
             with torch.inference_mode(), self.draft.reduced_head() if self.draft is not None else nullcontext():
                 out = tgt.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
             new = out[0, ids.shape[1]:].tolist()
@@ -350,10 +349,11 @@ class BenchRun:
     git_commit: str | None = None  # the code's commit when the run started
 
 
-def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None,
+def run_bench(engines: "BenchEngines", settings: BenchSettings, prompts: list[dict] | None = None,
               progress: Callable[[str], None] | None = None, raw_log: str | os.PathLike | None = None) -> BenchRun:
-    """Run the plan on ``prompts`` (default: ``settings.prompts`` sliced by limit/offset).
-    ``raw_log``: append each run's record as a JSON line as soon as it is done.
+    """Run the plan on ``prompts`` (default: ``settings.prompts`` sliced by limit/offset) with
+    ``engines`` (``load_engines``'s for these settings); a run they cannot serve is skipped
+    with the reason. ``raw_log``: append each run's record as a JSON line as soon as it is done.
     A ``KeyboardInterrupt`` during the timed runs stops them; the result then holds the
     prompts that every method finished (``interrupted`` is set)."""
     say = progress or (lambda _m: None)
@@ -361,9 +361,6 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
     plan = plan_runs(settings.methods, settings.taus, settings.temperature, attempts=settings.attempts,
                      ratio_floors=settings.ratio_floors, adaptive=settings.adaptive,
                      compare_drafts=settings.compare_drafts)
-    engines = {None: engine}
-    for spec in settings.compare_drafts:
-        engines[spec] = with_draft(engine, spec)
     from .report import git_commit
 
     br = BenchRun(settings, prompts, plan, started_at=time.time(), git_commit=git_commit())
@@ -373,29 +370,20 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
     hf: dict[str, HFGenerate] = {}
     active: list[MethodRun] = []
     for run in plan:
-        eng = engines[run.draft]
-        if run.method in DRAFT_METHODS and eng.draft is None:
-            br.skipped[run.label] = "no draft model loaded"
-            continue
-        if run.method in ("token_sd", "hf_assisted") and not eng.same_tokenizer:
-            br.skipped[run.label] = "needs a draft with the target's tokenizer"
-            continue
-        if run.method == "hf_assisted" and is_head(eng.draft):
-            br.skipped[run.label] = "a draft head runs only in semjobs' engine (it reads the target's states)"
-            continue
-        if run.method == "semspec" and eng.probes is None:
-            br.skipped[run.label] = "no probes loaded"
+        problem = engines.problem(run)
+        if problem is not None:
+            br.skipped[run.label] = problem
             continue
         if run.method == "hf_assisted":
-            hf["hf_assisted"] = HFGenerate(engine.target, engine.draft)
+            hf["hf_assisted"] = HFGenerate(engines.target, engines.assistant)
         elif run.method == "hf_generate":
-            hf["hf_generate"] = HFGenerate(engine.target)
+            hf["hf_generate"] = HFGenerate(engines.target)
         active.append(run)
 
     def one(run: MethodRun, prompt: dict, cfg: GenerationConfig) -> dict:
         if run.method in hf:
             return hf[run.method](run, prompt, cfg)
-        return run_engine(engines[run.draft], run, prompt, cfg)
+        return run_engine(engines.serving[(run.draft, run.method)], run, prompt, cfg)
 
     if settings.warmup:
         for run in active:
@@ -446,65 +434,7 @@ def run_bench(engine, settings: BenchSettings, prompts: list[dict] | None = None
         for label, recs in br.runs.items():
             for prompt, rec in zip(prompts, recs):
                 if rec is not None:
-                    rec["target_mean_loglik"] = target_mean_loglik(engine.target, prompt["prompt"], rec["text"])
+                    rec["target_mean_loglik"] = target_mean_loglik(engines.target, prompt["prompt"], rec["text"])
     return br
 
 
-# --------------------------------------------------------------------------- loading
-
-
-def with_draft(engine, spec: str):
-    """An engine on ``engine``'s target with the draft ``spec`` and that draft's default
-    probes (``semspec.components.default_probes``), or none."""
-    from semspec.components import default_probes
-    from semspec.engine import Engine
-    from semspec.head import load_draft
-    from semspec.probes import ProbePair, resolve_probes
-
-    t = engine.target
-    d = load_draft(spec, t, device=t.device, dtype=t.dtype)
-    probes = default_probes(spec, t.spec)
-    return Engine(t, d, ProbePair.load(resolve_probes(probes), t, d) if probes else None)
-
-
-def load_engine(target: str | None = None, draft: str | None = None, probes: str | None = None,
-                device: str = "auto", cache_dir: str | os.PathLike | None = None, dtype: torch.dtype | None = None):
-    """Like ``Engine.load`` (same defaults: the embedded target, and with it the embedded
-    draft and probes when shipped), plus two bench conveniences:
-    ``draft="first:K"`` — the target's first K layers (no training; a stand-in draft), and
-    ``probes="accept" | "reject" | "const:P_T,P_D"`` — constant probes. ``dtype`` None: the
-    device's default (float32 on a CPU)."""
-    from semspec.components import default_draft, default_probes
-    from semspec.engine import Engine
-    from semspec.head import load_draft
-    from semspec.models import DEFAULT_TARGET, load_model, models_cache, truncated_copy
-    from semspec.probes import ProbePair, resolve_probes
-
-    model_cache = models_cache(cache_dir)
-    t = load_model(target, device=device, cache_dir=model_cache, dtype=dtype)
-    embedded_target = target in (None, DEFAULT_TARGET)
-    if draft is None and embedded_target:
-        draft = default_draft()
-    d = None
-    if draft and draft != "none":
-        if draft.startswith("first:"):
-            d = truncated_copy(t, int(draft.split(":", 1)[1]))
-        else:
-            d = load_draft(draft, t, device=device, cache_dir=model_cache, dtype=dtype)
-    if probes is None and d is not None:
-        probes = default_probes(draft, target)
-    p = None
-    if probes and probes != "none":
-        if d is None:
-            raise ValueError("probes were given without a draft model")
-        th, dh = t.hidden_size, d.hidden_size
-        if probes == "accept":
-            p = ProbePair.always_accept(th, dh)
-        elif probes == "reject":
-            p = ProbePair.always_reject(th, dh)
-        elif probes.startswith("const:"):
-            a, b = (float(x) for x in probes[len("const:"):].split(","))
-            p = ProbePair.constant(a, b, th, dh)
-        else:
-            p = ProbePair.load(resolve_probes(probes), t, d)
-    return Engine(t, d, p)

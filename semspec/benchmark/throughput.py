@@ -1,21 +1,20 @@
 """Throughput by batch size (``semjobs bench --batch-size 1,4,8,16,32``).
 
-Every method decodes the same prompts through ``generate_many`` at each batch size, on each
-engine asked for (``--engine embedded,vllm``; a method is labelled ``method@engine`` when
-there are several), one after the other in one process, so their ratios are comparable. The
-embedded engine runs in the number type ``pick_dtype`` chooses for the size, vLLM in
-``vllm_dtype``'s, unless one is forced. Two peers: ``hf_generate``, transformers' own
-``generate`` on left-padded static batches of the same size and number type, each row's
-output cut at its own EOS (a static batch still runs until its longest row ends; continuous
-batching does not wait); and ``vllm_generate``, plain ``vllm.LLM.generate`` over the same
-prompt ids, with the same engine arguments and at most the batch size in flight: what
-semjobs on vLLM costs beyond vLLM itself.
+Every method decodes the same prompts through ``generate_many`` at each batch size on vLLM
+(``ar`` on a ``VLLMEngine``, ``token_sd`` on one speculating, ``step_judge`` and ``semspec`` on
+a ``VLLMStepEngine``), one engine after the other in one process, so their ratios are
+comparable; vLLM runs in ``vllm_dtype``'s number type unless one is forced. Two peers:
+``hf_generate``, transformers' own ``generate`` on left-padded static batches of the same
+size, in the number type ``pick_dtype`` chooses for the size, each row's output cut at its
+own EOS (a static batch still runs until its longest row ends; continuous batching does not
+wait); and ``vllm_generate``, plain ``vllm.LLM.generate`` over the same prompt ids, with ar's
+engine arguments and at most the batch size in flight: what semjobs on vLLM costs beyond
+vLLM itself.
 
 Figures per (batch size, method): generated tokens/s and items/s over the wall time of
 the whole set, accuracy against the references, and, when greedy, the share of outputs
-identical to the same method's batch-1 outputs (``same_as_batch_1``); for the engine's
-methods also the passes each model ran (count, seconds, rows and tokens fed, by phase),
-which say where the time went.
+identical to the same method's batch-1 outputs (``same_as_batch_1``); for the drafting
+methods also what was drafted and kept.
 """
 
 from __future__ import annotations
@@ -28,16 +27,17 @@ from typing import Any, Callable
 import torch
 
 from semspec.answers import final_answer, is_correct
-from semspec.engine import Engine
 from semspec.models import encode_prompt, pick_dtype
+from semspec.types import METHODS, GenerationConfig, Request
 from semspec.vllm_engine import vllm_dtype
-from semspec.scheduler import PassStats
-from semspec.types import VLLM_STEP_METHODS, GenerationConfig, Request
-
 
 BATCH_METHODS = ("ar", "token_sd", "step_judge", "semspec", "hf_generate", "vllm_generate")
-# The peers, each beside the engine whose models it runs.
-PEERS = {"hf_generate": "embedded", "vllm_generate": "vllm"}
+# What loads to run each method: vLLM's engines by what they serve (ar; token_sd, as vLLM
+# speculates for every request of an engine or for none; the step-level methods,
+# semspec.vllm_steps: a target and a draft engine storing the probes' states), the plain vLLM
+# peer beside ar's engine (it reads its arguments), and transformers' target for its peer.
+KINDS = {"ar": "ar", "vllm_generate": "ar", "token_sd": "token_sd", "step_judge": "steps", "semspec": "steps",
+         "hf_generate": "transformers"}
 
 
 @dataclass
@@ -51,7 +51,6 @@ class SweepSettings:
     dtype: str = "auto"  # "auto": pick_dtype per batch size; else forced for every size
     device: str = "auto"
     draft_max_batch: int | None = None  # None: the engine's (GenerationConfig.draft_max_batch)
-    engines: tuple[str, ...] = ("embedded",)
     draft_tokens: int = GenerationConfig.draft_tokens  # token_sd
 
 
@@ -61,15 +60,11 @@ def _config(method: str, s: SweepSettings, i: int) -> GenerationConfig:
                             draft_max_batch=s.draft_max_batch, draft_tokens=s.draft_tokens)
 
 
-def engine_run(engine, method: str, prompts: list[dict], s: SweepSettings,
-               batch_size: int) -> tuple[list[dict], dict[str, dict]]:
-    """Every prompt through ``generate_many``: one record per prompt, in input order, and
-    the passes each model ran."""
+def engine_run(engine, method: str, prompts: list[dict], s: SweepSettings, batch_size: int) -> list[dict]:
+    """Every prompt through ``generate_many``: one record per prompt, in input order."""
     reqs = [Request(p["prompt"], _config(method, s, i), key=i) for i, p in enumerate(prompts)]
     out: list[dict | None] = [None] * len(prompts)
-    stats = PassStats()
-    counted = {"stats": stats} if isinstance(engine, Engine) else {}  # vLLM counts no passes of ours
-    for done in engine.generate_many(reqs, batch_size=batch_size, **counted):
+    for done in engine.generate_many(reqs, batch_size=batch_size):
         if done.error is not None:
             raise RuntimeError(f"{method} failed on prompt {done.key}: {done.error}") from done.error
         r = done.result
@@ -78,7 +73,7 @@ def engine_run(engine, method: str, prompts: list[dict], s: SweepSettings,
                          "steps_drafted": c.steps_drafted, "steps_accepted": c.steps_accepted,
                          "drafted_tokens": c.drafted_tokens, "accepted_tokens": c.accepted_tokens,
                          "phase_seconds": dict(c.phase_seconds)}
-    return out, ({"target": stats.target, "draft": stats.draft} if counted else None)
+    return out
 
 
 def vllm_generate_run(engine, prompts: list[dict], s: SweepSettings, batch_size: int,
@@ -153,107 +148,97 @@ def hf_generate_run(target, prompts: list[dict], s: SweepSettings, batch_size: i
     return out
 
 
-def sweep_dtype(engine: str, s: SweepSettings, batch_size: int) -> Any:
-    """The number type ``engine`` runs ``batch_size`` sequences in (``s.dtype`` when forced)."""
-    if engine == "vllm":
-        return vllm_dtype(s.device, s.dtype)
-    return pick_dtype(s.device, batch_size, s.dtype)
+def sweep_dtype(kind: str, s: SweepSettings, batch_size: int) -> Any:
+    """The number type a ``kind`` of ``KINDS`` runs ``batch_size`` sequences in (``s.dtype``
+    when forced)."""
+    if kind == "transformers":
+        return pick_dtype(s.device, batch_size, s.dtype)
+    return vllm_dtype(s.device, s.dtype)
 
 
-# vLLM's engines by what they serve: ar; token_sd (vLLM speculates for every request of an
-# engine or for none); the step-level methods (semspec.vllm_steps: a target and a draft engine
-# storing the probes' states)
-VLLM_KINDS = {"token_sd": "token_sd", **{m: "steps" for m in VLLM_STEP_METHODS}}
-
-
-def engine_instance(name: str, method: str, dtype: Any) -> tuple:
-    """Which loaded engine runs ``method``: the embedded engine runs every method in one;
-    vLLM one per kind (``VLLM_KINDS``)."""
-    return name, dtype, VLLM_KINDS.get(method) if name == "vllm" else None
-
-
-def run_sweep(load: Callable[[str, Any, str | None], Any], prompts: list[dict], s: SweepSettings,
+def run_sweep(load: Callable[[Any, str], Any], prompts: list[dict], s: SweepSettings,
               progress: Callable[[str], None] = lambda _m: None,
               loglik: Callable[[str, str], float | None] | None = None) -> dict[str, Any]:
-    """``load(engine, dtype, kind)`` gives that engine ("embedded", "vllm") in that number type
-    (vLLM's with ``max(s.batch_sizes)`` slots; ``kind``: which of vLLM's, ``VLLM_KINDS``). The
-    runs are grouped by the engine they need and each engine is loaded once and dropped before
-    the next loads. ``loglik(prompt, text)``: the target's mean log-likelihood per token of an
-    output, reported per run with its gap to ``ar``'s on the same engine and batch size."""
-    runs: dict[tuple, list[tuple[int, str, str]]] = {}  # engine instance -> (batch size, engine, method)
+    """``load(dtype, kind)`` gives what runs a ``kind`` of ``KINDS`` in that number type (a
+    vLLM engine with ``max(s.batch_sizes)`` slots, or transformers' target). The runs are
+    grouped by what they need and each is loaded once and dropped before the next loads.
+    ``loglik(prompt, text)``: the target's mean log-likelihood per token of an output,
+    reported per run with its gap to ``ar``'s at the same batch size."""
+    runs: dict[tuple, list[tuple[int, str]]] = {}  # (dtype, kind) -> (batch size, method)
     for bs in s.batch_sizes:
-        for name in s.engines:
-            for method in s.methods:
-                if PEERS.get(method) in (None, name):
-                    runs.setdefault(engine_instance(name, method, sweep_dtype(name, s, bs)), []).append((bs, name, method))
+        for method in s.methods:
+            kind = KINDS[method]
+            runs.setdefault((sweep_dtype(kind, s, bs), kind), []).append((bs, method))
     by_batch: dict[str, dict[str, dict]] = {str(bs): {} for bs in s.batch_sizes}
     outputs: dict[tuple[int, str], list[str]] = {}
-    for (name, dtype, kind), todo in runs.items():
+    for (dtype, kind), todo in runs.items():
         try:
-            engine = load(name, dtype, kind)
-        except ValueError as e:  # a draft vLLM cannot speculate with: the other runs go on
-            if not kind:
+            engine = load(dtype, kind)
+        except ValueError as e:  # a draft vLLM cannot draft with: the other runs go on
+            if kind in ("ar", "transformers"):
                 raise
-            progress(f"skipped {kind} on {name}: {e}")
+            progress(f"skipped {kind}: {e}")
             continue
-        for bs, name, method in todo:
-            if PEERS.get(method) is None and engine.method_problem(method):
+        for bs, method in todo:
+            problem = engine.method_problem(method) if method in METHODS else None
+            if problem:
+                progress(f"skipped {method}: {problem}")
                 continue
-            label = method if PEERS.get(method) or len(s.engines) == 1 else f"{method}@{name}"
-            passes = None
-            if method == "vllm_generate":  # times its generate call alone, not its start
-                recs, wall = vllm_generate_run(engine, prompts, s, bs, s.device)
-            else:
-                t0 = time.perf_counter()
-                if method == "hf_generate":
-                    recs = hf_generate_run(engine.target, prompts, s, bs)
-                else:
-                    recs, passes = engine_run(engine, method, prompts, s, bs)
-                wall = time.perf_counter() - t0
-            outputs[(bs, label)] = [r["text"] for r in recs]
-            fig = by_batch[str(bs)][label] = _figures(recs, prompts, wall, dtype, passes, s.draft_tokens)
-            fig["engine"] = name
-            progress(f"batch {bs:>3} {label:<16} {fig['tokens_per_s']:7.1f} tok/s "
+            recs, wall = _timed_run(engine, method, prompts, s, bs)
+            outputs[(bs, method)] = [r["text"] for r in recs]
+            fig = by_batch[str(bs)][method] = _figures(recs, prompts, wall, dtype, s.draft_tokens)
+            fig["engine"] = "transformers" if kind == "transformers" else "vllm"
+            progress(f"batch {bs:>3} {method:<16} {fig['tokens_per_s']:7.1f} tok/s "
                      f"{fig['items_per_s']:.3f} items/s ({wall:.1f}s, {fig['dtype']})")
         del engine
         gc.collect()
     # the table reads in the order the methods were asked for
     order = {m: i for i, m in enumerate(s.methods)}
     for bs in by_batch:
-        by_batch[bs] = dict(sorted(by_batch[bs].items(), key=lambda kv: order.get(kv[0].split("@")[0], 0)))
+        by_batch[bs] = dict(sorted(by_batch[bs].items(), key=lambda kv: order[kv[0]]))
     if s.temperature <= 0 and s.batch_sizes[0] == 1:
         for bs in s.batch_sizes:
-            for label in by_batch[str(bs)]:
-                ref, got = outputs[(1, label)], outputs[(bs, label)]
-                by_batch[str(bs)][label]["same_as_batch_1"] = sum(a == b for a, b in zip(ref, got)) / len(ref)
+            for method in by_batch[str(bs)]:
+                ref, got = outputs[(1, method)], outputs[(bs, method)]
+                by_batch[str(bs)][method]["same_as_batch_1"] = sum(a == b for a, b in zip(ref, got)) / len(ref)
     if loglik is not None:
         _add_loglik(by_batch, outputs, prompts, loglik)
-    if s.temperature <= 0:  # lossless: token_sd's greedy text is ar's on the same engine
+    if s.temperature <= 0:  # lossless: token_sd's greedy text is ar's
         for bs in s.batch_sizes:
-            for label, fig in by_batch[str(bs)].items():
-                ar = label.replace("token_sd", "ar", 1)
-                if label.startswith("token_sd") and (bs, ar) in outputs:
-                    same = [a == b for a, b in zip(outputs[(bs, ar)], outputs[(bs, label)])]
-                    fig["same_as_ar"] = sum(same) / len(same)
+            fig = by_batch[str(bs)].get("token_sd")
+            if fig is not None and (bs, "ar") in outputs:
+                same = [a == b for a, b in zip(outputs[(bs, "ar")], outputs[(bs, "token_sd")])]
+                fig["same_as_ar"] = sum(same) / len(same)
     return {"by_batch_size": by_batch, "goals": goals(by_batch)}
+
+
+def _timed_run(engine, method: str, prompts: list[dict], s: SweepSettings, batch_size: int) -> tuple[list[dict], float]:
+    """(one record per prompt, seconds) of ``method`` at ``batch_size``."""
+    if method == "vllm_generate":  # times its generate call alone, not its start
+        return vllm_generate_run(engine, prompts, s, batch_size, s.device)
+    t0 = time.perf_counter()
+    if method == "hf_generate":
+        recs = hf_generate_run(engine, prompts, s, batch_size)
+    else:
+        recs = engine_run(engine, method, prompts, s, batch_size)
+    return recs, time.perf_counter() - t0
 
 
 def _add_loglik(by_batch: dict[str, dict[str, dict]], outputs: dict[tuple[int, str], list[str]],
                 prompts: list[dict], loglik: Callable[[str, str], float | None]) -> None:
     """Each run's mean target log-likelihood per token, and ``loglik_gap_vs_ar``: ar's (same
-    engine, same batch size) minus it: how much less target-like the method's text reads."""
+    batch size) minus it: how much less target-like the method's text reads."""
     for (bs, label), texts in outputs.items():
         values = [v for p, t in zip(prompts, texts) if (v := loglik(p["prompt"], t)) is not None]
         by_batch[str(bs)][label]["target_mean_loglik"] = sum(values) / len(values) if values else None
     for row in by_batch.values():
         for label, fig in row.items():
-            ar = row.get("ar" + (label[label.index("@"):] if "@" in label else ""), {}).get("target_mean_loglik")
+            ar = row.get("ar", {}).get("target_mean_loglik")
             mine = fig.get("target_mean_loglik")
             fig["loglik_gap_vs_ar"] = ar - mine if ar is not None and mine is not None else None
 
 
-def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: torch.dtype,
-             passes: dict[str, dict] | None, draft_tokens: int) -> dict[str, Any]:
+def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: Any, draft_tokens: int) -> dict[str, Any]:
     gen = sum(r["generated_tokens"] for r in recs)
     refs = [(r, p["reference"]) for r, p in zip(recs, prompts) if p.get("reference") is not None]
     fig: dict[str, Any] = {
@@ -278,39 +263,29 @@ def _figures(recs: list[dict], prompts: list[dict], wall: float, dtype: torch.dt
             phases[phase] = phases.get(phase, 0.0) + sec
     if phases:  # summed over items: at batch 1 where the wall time went, in a batch overlapping
         fig["phase_seconds"] = phases
-    if passes is not None:
-        fig["passes"] = passes
-        fig["seconds_per_pass"] = {role: p["seconds"] / p["passes"] for role, p in passes.items() if p}
     return fig
 
 
 def goals(by_batch: dict[str, dict[str, dict]]) -> dict[str, float | None]:
-    """The issue's ratios, where both sides ran: ar vs hf_generate at 32, ar at 16 vs 1,
-    semspec at 8 vs 1, semspec vs ar at each size."""
+    """The issues' ratios, where both sides ran: ar vs hf_generate and vs plain vLLM at 32, ar
+    at 16 vs 1, semspec at 8 vs 1, semspec and token_sd vs ar at each size."""
     def tps(bs: int, m: str) -> float | None:
         return by_batch.get(str(bs), {}).get(m, {}).get("tokens_per_s")
 
     def ratio(a, b):
         return a / b if a is not None and b else None
 
-    def tps_on(bs: int, m: str, engine: str) -> float | None:  # labelled m@engine, or m with one engine
-        row = by_batch.get(str(bs), {})
-        found = row.get(f"{m}@{engine}") or row.get(m) or {}
-        return found.get("tokens_per_s") if found.get("engine") == engine else None
-
-    ar_vllm = tps_on(32, "ar", "vllm")
     out = {
         "ar_b32_over_hf_generate_b32": ratio(tps(32, "ar"), tps(32, "hf_generate")),
-        # issue #33: semjobs on vLLM against plain vLLM, and against the embedded engine
-        "ar_vllm_b32_over_vllm_generate_b32": ratio(ar_vllm, tps(32, "vllm_generate")),
-        "ar_vllm_b32_over_ar_embedded_b32": ratio(ar_vllm, tps_on(32, "ar", "embedded")),
+        # issue #33: semjobs on vLLM against plain vLLM
+        "ar_vllm_b32_over_vllm_generate_b32": ratio(tps(32, "ar"), tps(32, "vllm_generate")),
         "ar_b16_over_ar_b1": ratio(tps(16, "ar"), tps(1, "ar")),
         "semspec_b8_over_semspec_b1": ratio(tps(8, "semspec"), tps(1, "semspec")),
     }
     for bs in by_batch:
         out[f"semspec_over_ar_b{bs}"] = ratio(tps(int(bs), "semspec"), tps(int(bs), "ar"))
         # issue #33: token_sd on vLLM's speculative decoding against ar on vLLM
-        out[f"token_sd_vllm_over_ar_vllm_b{bs}"] = ratio(tps_on(int(bs), "token_sd", "vllm"), tps_on(int(bs), "ar", "vllm"))
+        out[f"token_sd_vllm_over_ar_vllm_b{bs}"] = ratio(tps(int(bs), "token_sd"), tps(int(bs), "ar"))
     return out
 
 

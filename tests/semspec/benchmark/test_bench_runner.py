@@ -1,20 +1,26 @@
-"""The bench end to end on tiny random models: interleaved runs, reports, plots, the CLI."""
+"""The bench end to end on a tiny random model on vLLM (its own draft): interleaved runs,
+reports, plots, the CLI. One set of engines for the module: each vLLM start costs seconds."""
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import json
 
 import pytest
 
+from semspec.benchmark.engines import BenchEngines
 from semspec.benchmark.report import pareto_front, write_report
 from semspec.benchmark.runner import BenchSettings, load_prompts, run_bench
-from semspec.engine import Engine
 from semspec.probes import ProbePair
+from tests.conftest import require_vllm
 
 QUESTIONS = [
     ("Natalia sold 48 clips in April and half as many in May. How many clips in total?", "72"),
     ("What is 7 times 6?", "42"),
 ]
+ALL = ("ar", "token_sd", "hf_assisted", "step_judge", "semspec", "hf_generate")
+HIDDEN = 256  # the tiny vLLM model's, target and draft alike
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +36,33 @@ def settings(prompts_file, **kw):
     return BenchSettings(**base)
 
 
+@pytest.fixture(scope="module")
+def engines(tiny_vllm_dir, tiny_cache, prompts_file):
+    """Every method planned, the model its own draft, probes rejecting every step, and ngram
+    as a second draft: a step engine (target and draft) and ngram's token_sd engine start;
+    the model directory drafts no tokens for token_sd."""
+    require_vllm()
+    from semspec.benchmark.engines import load_engines
+
+    model = str(tiny_vllm_dir)
+    loaded = load_engines(settings(prompts_file, methods=ALL, compare_drafts=("ngram",)), model, draft=model,
+                          probes="reject", device="cpu", cache_dir=tiny_cache, dtype="float32", kv_cache_gb=0.1)
+    yield loaded
+    del loaded
+    gc.collect()  # gone before the next module's engines start
+
+
+@pytest.fixture
+def probes(engines):
+    """Set the step engine's probes for one test (its states are the last layer's, which
+    constant probes read); rejecting every step again afterwards."""
+    def use(pair: ProbePair) -> None:
+        engines.steps.probes = pair
+
+    yield use
+    engines.steps.probes = ProbePair.always_reject(HIDDEN, HIDDEN)
+
+
 def test_load_prompts(prompts_file):
     ps = load_prompts(prompts_file, limit=1, offset=1)
     assert ps == [{"id": "1", "line": 1, "prompt": QUESTIONS[1][0], "reference": "42"}]
@@ -37,59 +70,76 @@ def test_load_prompts(prompts_file):
         load_prompts(prompts_file, offset=5)
 
 
+def test_pareto_front():
+    assert pareto_front([(0.9, 1.0), (0.8, 2.0), (0.7, 1.5), (1.0, 0.5)]) == [(0.8, 2.0), (0.9, 1.0), (1.0, 0.5)]
+
+
 @pytest.fixture(scope="module")
-def greedy_reject_run(tiny_target, tiny_draft, prompts_file):
-    engine = Engine(tiny_target, tiny_draft, ProbePair.always_reject(64, 64))
-    methods = ("ar", "token_sd", "hf_assisted", "step_judge", "semspec", "hf_generate")
-    return run_bench(engine, settings(prompts_file, methods=methods))
+def greedy_reject_run(engines, prompts_file):
+    return run_bench(engines, settings(prompts_file, methods=ALL, compare_drafts=("ngram",)))
 
 
 def test_greedy_lossless_methods_reproduce_ar(greedy_reject_run):
     br = greedy_reject_run
-    assert "ar_2" not in br.runs and not br.skipped and not br.errors
+    assert "ar_2" not in br.runs and not br.errors
+    # a draft model drafts steps, not tokens on vLLM; ngram drafts no steps
+    assert set(br.skipped) == {"token_sd", "step_judge@draft=ngram", "semspec@draft=ngram"}
+    assert "draft head" in br.skipped["token_sd"] and "'ngram'" in br.skipped["token_sd"]
     ar = [r["text"] for r in br.runs["ar"]]
-    # greedy token_sd and transformers' assisted decoding are exact; semspec rejecting every
-    # step is the target alone
-    for label in ("token_sd", "hf_assisted", "hf_generate", "semspec"):
+    # greedy from the same float32 weights: token_sd (vLLM's speculation), transformers'
+    # generate with and without its assistant, and the steps the draft (the target itself)
+    # writes, rejected or judged, are all ar's text
+    for label in ("token_sd@draft=ngram", "hf_assisted", "hf_generate", "semspec", "step_judge"):
         assert [r["text"] for r in br.runs[label]] == ar, label
     from semspec.benchmark.metrics import method_figures
 
-    assert method_figures(br.runs["token_sd"], br.runs["ar"], br.prompts)["identical_to_ar"] == 1.0
+    assert method_figures(br.runs["token_sd@draft=ngram"], br.runs["ar"], br.prompts)["identical_to_ar"] == 1.0
     sem = br.runs["semspec"][0]
-    assert sem["steps_drafted"] > 0 and sem["steps_accepted"] == 0
+    assert sem["steps_drafted"] > 0 and sem["steps_accepted"] == 0 and sem["draft_seconds"] > 0
     hf = br.runs["hf_assisted"][0]
     assert hf["target_forward_passes"] > 0 and hf["draft_forward_passes"] > 0
     assert all(r.get("target_mean_loglik") is not None for r in br.runs["ar"])
 
 
-def test_hf_assisted_runs_the_drafts_reduced_head_and_stays_exact(tiny_target, tiny_draft, prompts_file):
-    import dataclasses
+def test_report_records_the_engines_and_the_skipped_runs(greedy_reject_run, engines, tmp_path):
+    res = write_report(greedy_reject_run, tmp_path, engine=engines, command="semjobs bench --test")
+    assert res["methods"]["token_sd"]["skipped"] == greedy_reject_run.skipped["token_sd"]
+    env = res["environment"]
+    assert env["models"]["engine"].startswith("vllm ") and env["models"]["draft=ngram"].startswith("ngram@")
+    assert env["device"] == "cpu" and env["dtype"] == "float32" and set(env["model_specs"]) == {"target", "draft"}
+    # the step rule is recorded as run: this test's token cap, the default delimiter
+    assert (res["settings"]["step_delimiter"], res["settings"]["max_step_tokens"]) == ("\n\n", 8)
 
+
+def test_hf_assisted_runs_the_drafts_reduced_head_and_stays_exact(engines, prompts_file):
     import torch
 
-    reduced = dataclasses.replace(tiny_draft, vocab_ids=torch.arange(0, tiny_draft.vocab_size, 3))
-    head = tiny_draft.model.get_output_embeddings()
+    draft = engines.assistant
+    reduced = dataclasses.replace(draft, vocab_ids=torch.arange(0, draft.vocab_size, 3))
+    head = draft.model.get_output_embeddings()
     seen = []
-    hook = tiny_draft.model.register_forward_hook(
+    hook = draft.model.register_forward_hook(
         lambda mod, args, out: seen.append(int(torch.isfinite(out.logits[0, -1]).sum())))
+    only_hf = BenchEngines(serving={(None, "ar"): engines.steps}, target=engines.target, assistant=reduced)
     try:
-        br = run_bench(Engine(tiny_target, reduced), settings(prompts_file, methods=("ar", "hf_assisted")))
+        br = run_bench(only_hf, settings(prompts_file, methods=("ar", "hf_assisted"), loglik=False))
     finally:
         hook.remove()
     assert [r["text"] for r in br.runs["hf_assisted"]] == [r["text"] for r in br.runs["ar"]]
     assert seen and set(seen) == {len(reduced.vocab_ids)}  # every assistant pass: reduced rows only
-    assert tiny_draft.model.get_output_embeddings() is head
+    assert draft.model.get_output_embeddings() is head
 
 
-def test_report_files_and_required_keys(tiny_target, tiny_draft, prompts_file, tmp_path):
-    engine = Engine(tiny_target, tiny_draft, ProbePair.constant(0.7, 0.9, 64, 64))
-    br = run_bench(engine, settings(prompts_file, temperature=0.8, taus=(0.0, 0.9), loglik=False))
-    res = write_report(br, tmp_path, engine=engine, command="semjobs bench --test")
+def test_report_files_and_required_keys(engines, probes, prompts_file, tmp_path):
+    probes(ProbePair.constant(0.7, 0.9, HIDDEN, HIDDEN))
+    br = run_bench(engines, settings(prompts_file, temperature=0.8, taus=(0.0, 0.9), loglik=False,
+                                     methods=("ar", "hf_assisted", "step_judge", "semspec")))
+    res = write_report(br, tmp_path, engine=engines, command="semjobs bench --test")
     for name in ("results.json", "results.md", "pareto.png", "step_acceptance.png"):
         assert (tmp_path / name).stat().st_size > 0, name
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["ar_self_agreement"] is not None
-    assert set(doc["methods"]) == {"ar", "ar_2", "token_sd", "hf_assisted", "step_judge", "semspec", "semspec@tau=0.9"}
+    assert set(doc["methods"]) == {"ar", "ar_2", "hf_assisted", "step_judge", "semspec", "semspec@tau=0.9"}
     for label, m in doc["methods"].items():
         assert m["prompts_run"] == 2, label
         assert "speedup_vs_ar" in m and "answer_agreement_vs_ar" in m
@@ -101,51 +151,22 @@ def test_report_files_and_required_keys(tiny_target, tiny_draft, prompts_file, t
     assert "| semspec@tau=0.9 |" in md and "ar_self_agreement" in md
 
 
-def test_methods_without_their_models_are_skipped(tiny_target, prompts_file, tmp_path):
-    engine = Engine(tiny_target)
-    br = run_bench(engine, settings(prompts_file, limit=1, methods=("ar", "token_sd", "semspec"), max_step_tokens=None))
-    assert set(br.runs) == {"ar"} and set(br.skipped) == {"token_sd", "semspec"}
-    res = write_report(br, tmp_path, engine)
-    assert res["methods"]["semspec"]["skipped"] == "no draft model loaded"
+def test_runs_without_an_engine_are_skipped_with_the_reason(engines, prompts_file, tmp_path):
+    target_only = BenchEngines(serving={(None, "ar"): engines.steps},
+                               unavailable={(None, "semspec"): "method 'semspec' needs probes: none were loaded"})
+    br = run_bench(target_only, settings(prompts_file, limit=1, loglik=False,
+                                         methods=("ar", "step_judge", "semspec", "hf_generate")))
+    assert set(br.runs) == {"ar"} and set(br.skipped) == {"step_judge", "semspec", "hf_generate"}
+    res = write_report(br, tmp_path, target_only)
+    assert res["methods"]["semspec"]["skipped"] == "method 'semspec' needs probes: none were loaded"
+    assert res["methods"]["hf_generate"]["skipped"] == "the transformers target was not loaded"
     assert res["goal"]["evaluated"] is False
-    # the step rule is recorded as run: the engine's default here, no probes to take it from
-    assert (res["settings"]["step_delimiter"], res["settings"]["max_step_tokens"]) == ("\n\n", 64)
 
 
-def test_pareto_front():
-    assert pareto_front([(0.9, 1.0), (0.8, 2.0), (0.7, 1.5), (1.0, 0.5)]) == [(0.8, 2.0), (0.9, 1.0), (1.0, 0.5)]
-
-
-def test_cli_bench(tiny_dirs, prompts_file, tmp_path):
-    from click.testing import CliRunner
-
-    from cli.main import main
-
-    out = tmp_path / "out"
-    r = CliRunner().invoke(main, [
-        "bench", "--prompts", str(prompts_file), "--limit", "1", "--methods", "ar,semspec,step_judge",
-        "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--probes", "accept",
-        "--max-new-tokens", "12", "--temperature", "0", "--out", str(out), "--cache-dir", str(tmp_path / "c"),
-        "--threads", "1", "--no-loglik", "-q", "--step-delimiter", "\\n", "--max-step-tokens", "6",
-        "--attempts", "1,2",
-    ])
-    assert r.exit_code == 0, r.output
-    doc = json.loads((out / "results.json").read_text())
-    assert doc["methods"]["semspec"]["step_acceptance_rate"] == 1.0
-    assert doc["settings"]["step_delimiter"] == "\n" and doc["settings"]["max_step_tokens"] == 6
-    assert doc["methods"]["semspec@attempts=2"]["draft_attempts"] == 2
-    assert (out / "runs.jsonl").read_text().count("\n") == 4
-    assert "semspec" in r.output
-    bad = CliRunner().invoke(main, ["bench", "--prompts", str(prompts_file), "--methods", "beam", "--out", str(out)])
-    assert bad.exit_code != 0 and "unknown method" in bad.output
-    bad = CliRunner().invoke(main, ["bench", "--prompts", str(prompts_file), "--attempts", "1,x", "--out", str(out)])
-    assert bad.exit_code != 0 and "comma-separated ints" in bad.output
-
-
-def test_interrupted_run_keeps_the_finished_prompts(tiny_target, tiny_draft, prompts_file, tmp_path, monkeypatch):
+def test_interrupted_run_keeps_the_finished_prompts(engines, probes, prompts_file, tmp_path, monkeypatch):
     from semspec.benchmark import runner
 
-    engine = Engine(tiny_target, tiny_draft, ProbePair.always_accept(64, 64))
+    probes(ProbePair.always_accept(HIDDEN, HIDDEN))
     calls = {"n": 0}
     real = runner.run_engine
 
@@ -156,26 +177,63 @@ def test_interrupted_run_keeps_the_finished_prompts(tiny_target, tiny_draft, pro
         return real(*a, **kw)
 
     monkeypatch.setattr(runner, "run_engine", flaky)
-    br = run_bench(engine, settings(prompts_file, methods=("ar", "semspec"), loglik=False))
+    br = run_bench(engines, settings(prompts_file, methods=("ar", "semspec"), loglik=False))
     assert br.interrupted and len(br.prompts) == 1 and all(len(v) == 1 for v in br.runs.values())
     res = write_report(br, tmp_path)
     assert res["interrupted"] and res["methods"]["semspec"]["prompts_run"] == 1
     assert "Stopped early" in (tmp_path / "results.md").read_text()
 
 
-def test_a_compared_draft_runs_beside_the_main_one(tiny_target, tiny_draft, prompts_file, tmp_path):
-    """--compare-drafts: a draft head saved on disk runs token_sd on the same prompts in the
-    same run, labelled by its name, and stays exact (greedy)."""
-    from semspec.head import HeadModel, save_head, target_fingerprint
+def test_cli_bench(engines, probes, prompts_file, tmp_path, monkeypatch):
+    """The CLI on the module's engines (load_engines is the fixture's own loader), with
+    probes accepting every step as --probes accept would load them."""
+    from click.testing import CliRunner
 
-    save_head(HeadModel(tiny_target.model), None, {"target": target_fingerprint(tiny_target.model)},
-              tmp_path / "myhead")
-    engine = Engine(tiny_target, tiny_draft)
-    br = run_bench(engine, settings(prompts_file, methods=("ar", "token_sd", "hf_assisted", "semspec"), loglik=False,
-                                    compare_drafts=(str(tmp_path / "myhead"),)))
-    assert {"token_sd", "token_sd@draft=myhead"} <= set(br.runs)
-    assert "semspec@draft=myhead" in br.skipped and "semspec" in br.skipped  # no probes for either
-    assert "hf_assisted@draft=myhead" not in br.runs
-    for a, b in zip(br.runs["ar"], br.runs["token_sd@draft=myhead"]):
-        assert a["text"] == b["text"]
-    assert all(r["drafted_tokens"] > 0 for r in br.runs["token_sd@draft=myhead"])
+    from cli.main import main
+    from semspec.benchmark import engines as bench_engines
+
+    probes(ProbePair.always_accept(HIDDEN, HIDDEN))
+    monkeypatch.setattr(bench_engines, "load_engines", lambda *a, **kw: engines)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, [
+        "bench", "--prompts", str(prompts_file), "--limit", "1", "--methods", "ar,semspec,step_judge",
+        "--probes", "accept", "--max-new-tokens", "12", "--temperature", "0", "--out", str(out),
+        "--threads", "1", "--no-loglik", "-q", "--step-delimiter", "\\n", "--max-step-tokens", "6",
+        "--attempts", "1,2",
+    ])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["methods"]["semspec"]["step_acceptance_rate"] == 1.0
+    assert doc["settings"]["step_delimiter"] == "\n" and doc["settings"]["max_step_tokens"] == 6
+    assert doc["methods"]["semspec@attempts=2"]["draft_attempts"] == 2
+    assert (out / "runs.jsonl").read_text().count("\n") == 4
+    assert "semspec" in r.output
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--methods", "beam"], "unknown method"),
+    (["--attempts", "1,x"], "comma-separated ints"),
+    (["--draft", "first:2"], "built in memory"),
+    (["--compare-drafts", "first:1"], "built in memory"),
+    (["--draft-stop-prob", "0.3"], "--draft-stop-prob"),
+    (["--engine", "vllm"], "No such option"),
+])
+def test_cli_refuses_what_vllm_cannot_serve_before_loading(prompts_file, tmp_path, args, error):
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    r = CliRunner().invoke(main, ["bench", "--prompts", str(prompts_file), "--out", str(tmp_path), *args])
+    assert r.exit_code == 2 and error in r.output, r.output
+
+
+def test_forced_probes_are_saved_for_the_step_engine(tiny_vllm_dir, tiny_cache, tmp_path):
+    from semspec.benchmark.engines import _probe_spec
+
+    model = str(tiny_vllm_dir)
+    saved = _probe_spec("const:0.7,0.2", model, model, tiny_cache, str(tmp_path))
+    pair = ProbePair.load(saved)
+    assert (pair.target.constant, pair.draft.constant) == (0.7, 0.2)
+    assert _probe_spec("embedded:x", model, model, tiny_cache, str(tmp_path)) == "embedded:x"
+    with pytest.raises(ValueError, match="const:P_T,P_D"):
+        _probe_spec("const:0.7", model, model, tiny_cache, str(tmp_path))
