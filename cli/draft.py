@@ -153,14 +153,13 @@ def _train_head(cfg, out_dir, target_spec, cache_dir, data_only, log) -> None:
     import torch
     from tqdm import tqdm
 
-    from semspec.draft.head_build import build_head
+    from semspec.draft.head_build import build_head, trace_engine
 
     if data_only:
         from semspec.draft.head_data import build_traces
-        from semspec.engine import Engine
 
         torch.set_num_threads(cfg.threads)
-        engine = Engine.load(target_spec, draft="none", probes="none", batch_size=cfg.gen_batch_size)
+        engine = trace_engine(target_spec, cfg)
         log(f"{len(build_traces(engine, cfg, cache_dir or None, log))} traces")
         return
     bar = tqdm(total=cfg.last_step, desc="training the head", unit="step", disable=None)

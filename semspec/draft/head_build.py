@@ -1,5 +1,6 @@
 """Build a draft head artifact end to end: traces -> target states -> training -> held-out
 evaluation -> ``head.safetensors`` + ``head.json`` (``semjobs draft train --kind eagle``).
+vLLM decodes the traces; the rest is plain torch on the target's transformers model.
 
 Every stage caches under ``cache_dir`` (traces answer by answer, the states pass, training
 checkpoints), so an interrupted build resumes, and a rebuild with the same settings and
@@ -8,6 +9,7 @@ thread count reproduces the artifact bit for bit (docs/draft.md).
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import time
@@ -17,32 +19,58 @@ from typing import Callable
 import torch
 
 from semspec.draft.config import HeadTrainConfig
-from semspec.draft.head_data import build_traces, cached_target_states, selection_split, split_traces
+from semspec.draft.head_data import Trace, build_traces, cached_target_states, selection_split, split_traces
 from semspec.draft.head_train import evaluate_depths, resolve_train_dtype, select_vocab, train_head
 from semspec.head import HeadModel, save_head, target_fingerprint
+from semspec.vllm_engine import DEFAULT_KV_CACHE_GB, VLLMEngine
 
 Log = Callable[[str], None]
 DRAFT_VOCAB = 8192  # the reduced vocabulary's size, as the layer draft's (docs/draft.md)
 SELECT_K = 6  # drafted tokens per verification the selection scores (the bench's --draft-tokens)
 
 
+def trace_engine(target_spec: str, cfg: HeadTrainConfig, kv_cache_gb: float = DEFAULT_KV_CACHE_GB) -> VLLMEngine:
+    """vLLM on the target, to decode the traces: ``cfg.gen_batch_size`` answers in flight,
+    seeded with ``cfg.seed``, in the number type "auto" picks: bfloat16 on a GPU or a CPU with
+    bfloat16 matrix instructions, float32 elsewhere, as the embedded engine picked for the
+    recipe's 32 in flight (the shipped head's traces are bfloat16 ones; docs/draft.md)."""
+    return VLLMEngine.load(target_spec, batch_size=cfg.gen_batch_size, kv_cache_gb=kv_cache_gb, seed=cfg.seed)
+
+
+def _traces(cfg: HeadTrainConfig, target_spec: str, cache_dir: str | None, log: Log,
+            engine: VLLMEngine | None) -> tuple[list[Trace], str]:
+    """The traces and the number type they were decoded in, on ``engine`` or on one started
+    for them and shut down after."""
+    if engine is not None:
+        return build_traces(engine, cfg, cache_dir, log), engine.dtype
+    own = trace_engine(target_spec, cfg)
+    try:
+        return build_traces(own, cfg, cache_dir, log), own.dtype
+    finally:
+        del own
+        gc.collect()  # vLLM's KV cache and weights go before the target loads again
+
+
 def build_head(cfg: HeadTrainConfig, out_dir: str | Path, target_spec: str = "embedded:smollm2-135m",
-               cache_dir: str | None = None, log: Log | None = None, progress=None) -> dict:
-    """Train a head for ``target_spec`` and write its artifact to ``out_dir``; returns its metadata."""
-    from semspec.engine import Engine
+               cache_dir: str | None = None, log: Log | None = None, progress=None,
+               engine: VLLMEngine | None = None) -> dict:
+    """Train a head for ``target_spec`` and write its artifact to ``out_dir``; returns its
+    metadata. ``engine``: a vLLM engine already running on ``target_spec`` to decode the
+    traces (vLLM runs one engine per process, so a caller holding one passes it); without,
+    one is started for the traces (``trace_engine``) and shut down before the target loads."""
     from semspec.models import load_model
 
     cfg = resolve_train_dtype(cfg)  # the checkpoint key and the metadata name the dtype used
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
     t_start = time.perf_counter()
     log = log or (lambda _m: None)
 
-    engine = Engine.load(target_spec, draft="none", probes="none", batch_size=cfg.gen_batch_size)
-    traces = build_traces(engine, cfg, cache_dir, log)
-    trace_dtype = str(engine.target.dtype).removeprefix("torch.")
-    del engine
+    torch.set_num_threads(cfg.threads)
+    traces, trace_dtype = _traces(cfg, target_spec, cache_dir, log, engine)
     t_traces = time.perf_counter() - t_start
+    # set after vLLM, which seeds torch's generator as it starts and decodes at the thread
+    # count its engine was loaded with: the rest of the build is reproducible whatever ran it
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
 
     target = load_model(target_spec, device="cpu", dtype=torch.float32)
     for p in target.model.parameters():

@@ -1,8 +1,8 @@
 """Training data for a draft head: traces the target writes itself, and its states over them.
 
-Traces: questions after the benchmark slice, answered by the target through the engine
-(``Engine.generate_many``, method ``ar``), greedily and at the bench's sampling; cached
-answer by answer, so an interrupted run resumes where it stopped. Each trace knows its
+Traces: questions after the benchmark slice, answered by the target decoded by vLLM
+(``semspec.vllm_engine.VLLMEngine.generate_many``, method ``ar``), greedily and at the bench's
+sampling; cached answer by answer, so an interrupted run resumes where it stopped. Each trace knows its
 question, so held-out questions keep every answer out of training.
 
 States: one float32 pass of the target over every trace records its final-norm state at every
@@ -48,15 +48,18 @@ def generate_traces(engine, questions: list[str], config: GenerationConfig, kind
     (continuous batching). Question i gets seed ``seed + i``, so a sample does not depend on
     what it was batched with. With ``cache_dir`` each answer is appended to a cache file (one
     per target and settings, keyed by question and seed) as it finishes: a rerun decodes only
-    what is missing, whether it was interrupted or asks for more or fewer questions."""
-    tok = engine.target.tokenizer
+    what is missing, whether it was interrupted or asks for more or fewer questions.
+    ``engine``: a ``VLLMEngine`` on the target; its answers are cached per engine and
+    number type, since another one samples (and may round) otherwise."""
+    tok = engine.tokenizer
     eos = tok.eos_token_id
     settings = {"kind": kind, "temperature": config.temperature, "top_p": config.top_p,
-                "max_new_tokens": config.max_new_tokens, "dtype": str(engine.target.dtype)}
+                "max_new_tokens": config.max_new_tokens, "dtype": engine.dtype,
+                "engine": engine.identities["engine"]}
     known: dict[tuple[str, int], Trace] = {}
     path = None
     if cache_dir:
-        path = Path(cache_dir) / f"traces-{_cache_key(str(engine.target.identity), settings, [])}.jsonl"
+        path = Path(cache_dir) / f"traces-{_cache_key(str(engine.identity), settings, [])}.jsonl"
         if path.is_file():
             for line in path.read_text().splitlines():
                 try:
@@ -120,7 +123,7 @@ def build_traces(engine, cfg, cache_dir: str | None = None, log: Log | None = No
         for i, t in enumerate(more):
             t.question = i
         traces += more
-    tok = engine.target.tokenizer
+    tok = engine.tokenizer
     for q, r in enumerate(rows[answered:need], start=answered):
         prompt = encode_prompt(tok, r["question"])
         resp = tok(clean_reference(r["answer"]), add_special_tokens=False)["input_ids"]

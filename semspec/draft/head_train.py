@@ -7,10 +7,11 @@ renormalised there), plus ``reg_weight`` x smooth-L1 of the head's predicted sta
 target's. The states the head reads carry uniform noise while training, so it stays on
 course when it reads its own imperfect predictions while drafting.
 
-Evaluation (``evaluate_depths``) drafts through the engine's own batched runner: from every
-``eval_stride``-th response position of the held-out traces the head reads the target's
-states up to there, then drafts on its own predicted states along the trace's tokens; depth
-d's agreement is how often its d-th token is the target's top-1 (full vocabulary) there.
+Evaluation (``evaluate_depths``) drafts with the head's training-time test
+(``HeadModel.unrolled_forward``): from every ``eval_stride``-th response position of the
+held-out traces the head reads the target's states up to there, then drafts on its own
+predicted states along the trace's tokens; depth d's agreement is how often its d-th token
+is the target's top-1 (full vocabulary) there.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ import torch
 import torch.nn.functional as F
 
 from semspec.draft.config import HeadTrainConfig
-from semspec.draft.head_data import Trace
+from semspec.draft.head_data import Trace, padded_batches
 from semspec.head import HeadModel
-from semspec.models import LoadedModel, ModelIdentity
-from semspec.runner import Feed, ModelRunner
+from semspec.models import LoadedModel
 
 Log = Callable[[str], None]
+NEVER_DRAFTED = torch.iinfo(torch.long).max  # the rank of a token outside the head's vocabulary
 
 
 def select_vocab(traces: list[Trace], size: int, always: list[int], vocab_size: int) -> torch.Tensor:
@@ -237,83 +238,45 @@ def _load_checkpoint(path, head: HeadModel, opt, gen: torch.Generator):
 @torch.inference_mode()
 def evaluate_depths(head: HeadModel, target: LoadedModel, vocab: torch.Tensor, traces: list[Trace],
                     states: list[torch.Tensor], depths=(1, 2, 4, 8, 16), stride: int = 8,
-                    accept_k: int = 6, slots: int = 64, widths: tuple[int, ...] = ()) -> dict:
-    """Held-out agreement of the head's d-th drafted token with the target's top-1, for each d
-    in ``depths`` (every depth up to the largest is drafted), through the batched runner.
-    ``mean_accepted``: the leading run of agreeing tokens among the first ``accept_k`` drafted
-    (a greedy verification's accepted length, bonus token excluded), over greedy traces.
-    For each w in ``widths``, ``mean_accepted_within_top[w]`` is that run where the target's
-    token need only be among the head's w likeliest at each depth: what a verification of
-    the full tree of w branches a node, ``accept_k`` deep, would keep (the drafts along the
-    target's path read the head's own states, as the chain's do)."""
-    lm = LoadedModel(head, target.tokenizer, ModelIdentity("head-under-training", ""), torch.device("cpu"),
-                     torch.float32, vocab_ids=vocab)
+                    accept_k: int = 6, widths: tuple[int, ...] = (), batch_size: int = 4) -> dict:
+    """Held-out agreement of the head's d-th drafted token with the target's top-1 (full
+    vocabulary), for each d in ``depths`` (every depth up to the largest is drafted), from
+    every ``stride``-th answer position s of each trace (the head read the target's states
+    up to s). ``mean_accepted``: the leading run of agreeing tokens among the first
+    ``accept_k`` drafted (a greedy verification's accepted length, bonus token excluded),
+    over greedy traces. For each w in ``widths``, ``mean_accepted_within_top[w]`` is that
+    run where the target's token need only be among the head's w likeliest at each depth:
+    what a verification of the full tree of w branches a node, ``accept_k`` deep, would
+    keep (the drafts along the target's path read the head's own states, as the chain's do).
+
+    The drafts are teacher-forced on the trace's tokens (as they were when this drafted
+    through the embedded engine's runner, whose figures these are): for a greedy
+    verification that is drafting itself, since a token counts only after agreeing ones,
+    and there the trace's tokens are the drafted ones (up to where the trace's number type
+    rounded otherwise than the float32 states). A token outside ``vocab`` counts as never
+    drafted, at any width."""
     w = target.model.get_output_embeddings().weight.float()
     max_d = max(*depths, accept_k)
-    hits = torch.zeros(max_d)
-    seen = torch.zeros(max_d)
-    width = max((1, *widths))
+    hits, seen = torch.zeros(max_d), torch.zeros(max_d)
     runs, n_runs = {top: 0 for top in (1, *widths)}, 0
     by_kind: dict[str, list[int]] = {}  # depth-1 [hits, seen] per kind of trace
     in_vocab = total = 0
-    for at in range(0, len(traces), slots):
-        chunk = list(range(at, min(at + slots, len(traces))))
-        runner = ModelRunner(lm, len(chunk))
-        slot_of = {i: runner.alloc() for i in chunk}
-        top1 = {i: (states[i].float() @ w.T).argmax(-1) for i in chunk}  # the target's choice after each position
-        for i in chunk:
-            resp = top1[i][traces[i].prompt_len - 1: len(traces[i].ids) - 1]
-            in_vocab += int(torch.isin(resp, vocab).sum())
-            total += len(resp)
-        starts = {i: list(range(traces[i].prompt_len - 1, len(traces[i].ids) - 2, stride)) for i in chunk}
-        zero = torch.zeros(1, head.config.hidden_size)
-        true_len = {i: 0 for i in chunk}  # leading positions each slot holds read from the target's states
-        for r in range(max(len(s) for s in starts.values())):
-            live = [i for i in chunk if r < len(starts[i])]
-            # read the target's states up to the start s (positions up to s + 1), dropping
-            # what the last round drafted on the head's own states
-            feeds, ends = [], {}
-            for i in live:
-                s, slot, lo = starts[i][r], slot_of[i], true_len[i]
-                runner.set_length(slot, lo)
-                reads = torch.cat([zero, states[i][: s + 1].float()])[lo: s + 2]
-                feeds.append(Feed(slot, traces[i].ids[lo: s + 2], [s + 1 - lo], states=True, head_inputs=reads))
-                true_len[i] = s + 2
-                ends[i] = s + 1  # the position of the head's first drafted token
-            out = runner.forward(feeds)
-            pred_state = {i: out.states[k][-1:] for k, i in enumerate(live)}
-            guess = {i: _candidates(out.logits[out.row_start[k]], width) for k, i in enumerate(live)}
-            agree = {i: [] for i in live}
-            for d in range(1, max_d + 1):
-                for i in live:
-                    pos = ends[i] + d - 1  # the head's d-th token predicts ids[pos + 1]
-                    if pos + 1 < len(traces[i].ids):
-                        rank = _rank(guess[i], int(top1[i][pos]), width)
-                        ok = rank == 0
-                        hits[d - 1] += ok
-                        seen[d - 1] += 1
-                        agree[i].append(rank)
-                        if d == 1:
-                            tally = by_kind.setdefault(traces[i].kind, [0, 0])
-                            tally[0] += ok
-                            tally[1] += 1
-                if d == max_d:
-                    break
-                nxt = [i for i in live if ends[i] + d < len(traces[i].ids) - 1]
-                if not nxt:
-                    break
-                feeds = [Feed(slot_of[i], [traces[i].ids[ends[i] + d]], [0], states=True, head_inputs=pred_state[i])
-                         for i in nxt]
-                out = runner.forward(feeds)
-                for k, i in enumerate(nxt):
-                    pred_state[i] = out.states[k]
-                    guess[i] = _candidates(out.logits[k], width)
-                live = nxt
-            for i, ranks in agree.items():
-                if traces[i].kind == "greedy":
-                    for top in runs:
-                        runs[top] += _leading(ranks[:accept_k], top)
-                    n_runs += 1
+    for i, ranks, drafted, target_top1 in _draft_ranks(head, w, vocab, traces, states, max_d, stride, batch_size):
+        in_vocab += int(torch.isin(target_top1, vocab).sum())
+        total += len(target_top1)
+        if not len(ranks):  # an answer too short to draft from
+            continue
+        agree = (ranks == 0) & drafted
+        hits += agree.sum(0)
+        seen += drafted.sum(0)
+        tally = by_kind.setdefault(traces[i].kind, [0, 0])
+        tally[0] += int(agree[:, 0].sum())
+        tally[1] += len(ranks)
+        if traces[i].kind == "greedy":
+            for top in runs:
+                kept = (ranks[:, :accept_k] < top) & drafted[:, :accept_k]
+                runs[top] += int(kept.long().cumprod(1).sum())  # each draft's leading run
+            n_runs += len(ranks)
     mean = {top: r / n_runs if n_runs else None for top, r in runs.items()}
     return {
         "top1_by_depth": {str(d): float(hits[d - 1] / seen[d - 1]) if seen[d - 1] else None for d in depths},
@@ -324,30 +287,35 @@ def evaluate_depths(head: HeadModel, target: LoadedModel, vocab: torch.Tensor, t
     } | ({"mean_accepted_within_top": {str(top): mean[top] for top in widths}} if widths else {})
 
 
-def _candidates(logits: torch.Tensor, width: int) -> tuple[int, torch.Tensor | None]:
-    """A draft's argmax (the chain's token) and, for a wider tree, its ``width`` likeliest."""
-    return int(logits.argmax()), (logits.topk(width).indices if width > 1 else None)
+def _draft_ranks(head: HeadModel, w: torch.Tensor, vocab: torch.Tensor, traces: list[Trace],
+                 states: list[torch.Tensor], max_d: int, stride: int, batch_size: int):
+    """Per trace: (its index, the ranks [drafts, max_d] of the target's top-1 among the head's
+    tokens at each depth of each draft (``_ranks``), which of those depths the trace is long
+    enough for, the target's top-1 after each answer position). A draft starts at every
+    ``stride``-th answer position s: its depth d is ``unrolled_forward``'s level d at s + d,
+    which predicts the token at s + d + 1."""
+    in_head = torch.full((w.shape[0],), -1, dtype=torch.long)  # a token's row in the head's vocabulary
+    in_head[vocab] = torch.arange(len(vocab))
+    w_sub = w[vocab]
+    depth = torch.arange(max_d)
+    for idx, _ in padded_batches(traces, batch_size):
+        ids, read, want, _ = _batch([traces[i] for i in idx], [states[i] for i in idx], 0.0, None)
+        levels = head.unrolled_forward(read, ids, max_d)
+        for r, i in enumerate(idx):
+            t = traces[i]
+            n = len(t.ids)
+            top1 = (want[r, :n] @ w.T).argmax(-1)  # the target's choice after each position
+            starts = torch.arange(t.prompt_len - 1, n - 2, stride)
+            at = starts[:, None] + 1 + depth  # where each draft's depth d predicts from: s + d
+            drafted = at <= n - 2
+            at = at.clamp(max=n - 2)
+            predicted = torch.stack([levels[d][r, at[:, d]] for d in range(max_d)], dim=1)  # [drafts, max_d, H]
+            yield i, _ranks(predicted @ w_sub.T, in_head[top1[at]]), drafted, top1[t.prompt_len - 1: n - 1]
 
 
-def _rank(candidates: tuple[int, torch.Tensor | None], want: int, width: int) -> int:
-    """0 where ``want`` is the argmax, else its place among the ``width`` likeliest,
-    ``width`` where it is not among them."""
-    first, top = candidates
-    if first == want:
-        return 0
-    if top is not None:
-        found = (top == want).nonzero()
-        if len(found):
-            return max(1, int(found[0]))
-    return width
-
-
-def _leading(ranks: list[int], width: int) -> int:
-    """How many leading ranks are below ``width``."""
-    run = 0
-    for rank in ranks:
-        if rank >= width:
-            break
-        run += 1
-    return run
-
+def _ranks(logits: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """0 where the head's argmax (the token it drafts) is ``want`` (rows into its vocabulary),
+    else how many of its tokens it finds likelier than ``want`` (at least 1); ``NEVER_DRAFTED``
+    where ``want`` is outside its vocabulary (-1). Among the head's w likeliest: rank < w."""
+    likelier = (logits > logits.gather(-1, want.clamp(min=0)[..., None])).sum(-1).clamp(min=1)
+    return torch.where(logits.argmax(-1) == want, 0, torch.where(want >= 0, likelier, NEVER_DRAFTED))

@@ -1,10 +1,16 @@
-"""Building a draft head (`semjobs draft train --kind eagle`) on a tiny model: the benchmark
-slice stays out, the build is reproducible bit for bit, an interrupted training resumes to the
-same weights, and the artifact serves token_sd with the target's exact greedy text."""
+"""Building a draft head (`semjobs draft train --kind eagle`) on a tiny model vLLM runs: the
+traces are the target's own answers decoded by vLLM and leave the benchmark slice out, the
+build is reproducible bit for bit, an interrupted training resumes to the same weights, and
+the artifact serves token_sd in vLLM with the target's exact greedy text.
+
+vLLM runs one engine per process and each start takes seconds: the module's tests share one
+(``engines``), the plain engine first, then the one drafting with a built head; the CLI test
+starts its own, as the command does."""
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import json
 
@@ -12,20 +18,53 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from semspec.draft import head_build
 from semspec.draft.config import HeadTrainConfig
 from semspec.draft.head_build import build_head
-from semspec.draft.head_data import Trace, split_traces
+from semspec.draft.head_data import Trace, build_traces, generate_traces, split_traces
 from semspec.draft.head_train import resolve_train_dtype, train_head
-from semspec.engine import Engine
-from semspec.head import HEAD_META, HEAD_WEIGHTS, HeadModel, is_head
+from semspec.head import HEAD_META, HEAD_WEIGHTS, HeadModel
 from semspec.types import GenerationConfig
+from semspec.vllm_engine import VLLMEngine
+from tests.conftest import require_vllm
+
+KV_CACHE_GB = 0.25  # ample for the tiny model's few short answers
+
+
+class Engines:
+    """The module's vLLM engine, one at a time: asking for another kind stops the last one."""
+
+    def __init__(self, target_dir):
+        self.target_dir = str(target_dir)
+        self.kind, self.engine = None, None
+
+    def plain(self) -> VLLMEngine:
+        """float32, so greedy answers are transformers' own; batches of 4 as the builds' config."""
+        return self._get("plain", lambda: VLLMEngine.load(self.target_dir, device="cpu", dtype="float32",
+                                                          batch_size=4, kv_cache_gb=KV_CACHE_GB))
+
+    def drafting(self, head_dir, tokens: int = 4) -> VLLMEngine:
+        return self._get(f"{head_dir}/{tokens}", lambda: VLLMEngine.load(
+            self.target_dir, draft=str(head_dir), device="cpu", dtype="float32", batch_size=2,
+            kv_cache_gb=KV_CACHE_GB, speculative_tokens=tokens))
+
+    def _get(self, kind: str, start) -> VLLMEngine:
+        if self.kind != kind:
+            self.close()
+            self.engine, self.kind = start(), kind
+        return self.engine
+
+    def close(self) -> None:
+        self.engine = self.kind = None
+        gc.collect()
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from semspec.testing import tiny_model_dir
-
-    return tiny_model_dir(tmp_path_factory.mktemp("head") / "target", num_layers=2)
+def engines(tiny_vllm_dir):
+    require_vllm()
+    held = Engines(tiny_vllm_dir)
+    yield held
+    held.close()
 
 
 @pytest.fixture(scope="module")
@@ -48,34 +87,11 @@ def _sha(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_build_is_reproducible_and_serves_token_sd(tiny_dir, questions, tmp_path):
-    cfg = _cfg(questions)
-    meta = build_head(cfg, tmp_path / "a", str(tiny_dir), cache_dir=str(tmp_path / "cache-a"))
-    build_head(cfg, tmp_path / "b", str(tiny_dir), cache_dir=str(tmp_path / "cache-b"))  # from nothing again
-    assert _sha(tmp_path / "a" / HEAD_WEIGHTS) == _sha(tmp_path / "b" / HEAD_WEIGHTS)
-    ev = meta["eval"]
-    assert set(ev["top1_by_depth"]) == {"1", "2", "4"}
-    assert all(0.0 <= v <= 1.0 for v in ev["top1_by_depth"].values() if v is not None)
-    assert meta["training"]["traces"] == {**meta["training"]["traces"], "train": 16, "selection": 1, "eval": 3}
-    assert [h["step"] for h in meta["training"]["selection_history"]] == [4, 8, 12]
-    written = json.loads((tmp_path / "a" / HEAD_META).read_text())
-    assert written["target"]["signature"]["num_hidden_layers"] == 2 and written["format"] == "semspec-head/1"
-
-    engine = Engine.load(str(tiny_dir), draft=str(tmp_path / "a"), probes="none", device="cpu")
-    assert is_head(engine.draft)
-    greedy = dict(max_new_tokens=24, temperature=0.0, draft_tokens=4)
-    for q in ("What is 2 plus 3?", "Hi"):
-        ar = engine.generate(q, GenerationConfig(method="ar", **greedy))
-        sd = engine.generate(q, GenerationConfig(method="token_sd", **greedy))
-        assert sd.text == ar.text and sd.counters.drafted_tokens > 0
-
-
-def test_traces_leave_out_the_benchmark_slice(tiny_dir, questions, tmp_path):
-    from semspec.draft.head_data import build_traces
-
-    engine = Engine.load(str(tiny_dir), draft="none", probes="none", device="cpu")
+def test_traces_leave_out_the_benchmark_slice_and_greedy_ones_are_the_targets_own(engines, questions,
+                                                                                 tiny_vllm_greedy):
+    engine = engines.plain()
     traces = build_traces(engine, _cfg(questions), log=None)
-    tok = engine.target.tokenizer
+    tok = engine.tokenizer
     prompts = [tok.decode(t.ids[: t.prompt_len]) for t in traces]
     assert len(traces) == 20 and [t.kind for t in traces] == ["greedy"] * 8 + ["sampled"] * 8 + ["reference"] * 4
     for i in range(4):  # the first `holdout` questions never appear
@@ -85,12 +101,16 @@ def test_traces_leave_out_the_benchmark_slice(tiny_dir, questions, tmp_path):
     assert [t.question for t in traces] == [*range(8), *range(8), *range(8, 12)]
     assert prompts[3] == prompts[8 + 3]
     assert "#### 25" in tok.decode(traces[16].ids[traces[16].prompt_len:])  # the 9th question after the holdout: i = 12
+    for t in traces[:2]:  # a greedy answer is what transformers' greedy decoding writes, EOS included
+        text, finish, n = tiny_vllm_greedy(f"What is {t.question + 4} plus {t.question + 5}?", 16)
+        answer = t.ids[t.prompt_len:]
+        assert tok.decode(answer, skip_special_tokens=True) == text
+        assert (answer[-1] == tok.eos_token_id) == (finish == "eos")
+    assert sum(a.ids != b.ids for a, b in zip(traces[:8], traces[8:16])) >= 4  # sampled: other answers
 
 
-def test_more_sampled_answers_keep_the_first_ones_and_draw_new_ones(tiny_dir, questions, tmp_path):
-    from semspec.draft.head_data import build_traces
-
-    engine = Engine.load(str(tiny_dir), draft="none", probes="none", device="cpu")
+def test_more_sampled_answers_keep_the_first_ones_and_draw_new_ones(engines, questions, tmp_path):
+    engine = engines.plain()
     one = build_traces(engine, _cfg(questions), cache_dir=str(tmp_path), log=None)
     two = build_traces(engine, _cfg(questions, sampled_answers=2), cache_dir=str(tmp_path), log=None)
     assert [t.kind for t in two] == ["greedy"] * 8 + ["sampled"] * 16 + ["reference"] * 4
@@ -101,6 +121,78 @@ def test_more_sampled_answers_keep_the_first_ones_and_draw_new_ones(tiny_dir, qu
     assert sum(a.ids != b.ids for a, b in zip(two[8:16], second)) >= 4  # other seeds, other answers
     uncached = build_traces(engine, _cfg(questions, sampled_answers=2), log=None)
     assert [t.ids for t in uncached] == [t.ids for t in two]
+
+
+def test_trace_cache_serves_any_subset_and_resumes(engines, tmp_path):
+    engine = engines.plain()
+    qs = [f"What is {i} plus 1?" for i in range(6)]
+    cfg = GenerationConfig(method="ar", temperature=0.6, top_p=0.95, max_new_tokens=8)
+    first = generate_traces(engine, qs[:4], cfg, "sampled", 2, seed=7, cache_dir=str(tmp_path))
+    (cache,) = tmp_path.glob("traces-*.jsonl")
+    more = generate_traces(engine, qs, cfg, "sampled", 2, seed=7, cache_dir=str(tmp_path))
+    assert [t.ids for t in more[:4]] == [t.ids for t in first]
+    assert len(cache.read_text().splitlines()) == 6  # only the two new questions were decoded
+    cache.write_text(cache.read_text() + '{"question": "cut sho')  # a line cut short by a kill
+    again = generate_traces(engine, qs[:5], cfg, "sampled", 2, seed=7, cache_dir=str(tmp_path))
+    assert [t.ids for t in again] == [t.ids for t in more[:5]]
+    fresh = generate_traces(engine, qs, cfg, "sampled", 2, seed=7)  # no cache: the same samples
+    assert [t.ids for t in fresh] == [t.ids for t in more]
+
+
+def test_build_is_reproducible_and_serves_token_sd(engines, questions, tmp_path, tiny_vllm_dir, tiny_vllm_greedy):
+    cfg = _cfg(questions)
+    meta = build_head(cfg, tmp_path / "a", str(tiny_vllm_dir), cache_dir=str(tmp_path / "cache-a"),
+                      engine=engines.plain())
+    build_head(cfg, tmp_path / "b", str(tiny_vllm_dir), cache_dir=str(tmp_path / "cache-b"),  # from nothing again
+               engine=engines.plain())
+    assert _sha(tmp_path / "a" / HEAD_WEIGHTS) == _sha(tmp_path / "b" / HEAD_WEIGHTS)
+    ev = meta["eval"]
+    assert set(ev["top1_by_depth"]) == {"1", "2", "4"}
+    assert all(0.0 <= v <= 1.0 for v in ev["top1_by_depth"].values() if v is not None)
+    assert ev["positions_by_depth"]["1"] > 0 and ev["mean_accepted"] is not None
+    assert meta["training"]["traces"] == {**meta["training"]["traces"], "train": 16, "selection": 1, "eval": 3,
+                                          "dtype": "float32"}
+    assert [h["step"] for h in meta["training"]["selection_history"]] == [4, 8, 12]
+    written = json.loads((tmp_path / "a" / HEAD_META).read_text())
+    assert written["target"]["signature"]["num_hidden_layers"] == 2 and written["format"] == "semspec-head/1"
+
+    engine = engines.drafting(tmp_path / "a")
+    assert engine.speculation.method == "eagle"
+    for q in ("What is 2 plus 3?", "Hi"):
+        sd = engine.generate(q, GenerationConfig(method="token_sd", max_new_tokens=24, temperature=0.0,
+                                                 draft_tokens=4))
+        text, finish, _ = tiny_vllm_greedy(q, 24)
+        assert (sd.text, sd.finish_reason) == (text, finish) and sd.counters.drafted_tokens > 0
+
+
+def test_cli_trains_a_head(engines, tiny_vllm_dir, questions, tmp_path, monkeypatch):
+    """The command starts vLLM itself, for the traces only."""
+    from cli.main import main
+
+    engines.close()
+    started = []
+    start = head_build.trace_engine
+
+    def small_trace_engine(target_spec, cfg):
+        started.append((target_spec, cfg.gen_batch_size, cfg.seed))
+        return start(target_spec, cfg, kv_cache_gb=KV_CACHE_GB)
+
+    monkeypatch.setattr(head_build, "trace_engine", small_trace_engine)
+    out = tmp_path / "head"
+    res = CliRunner().invoke(main, [
+        "draft", "train", "--kind", "eagle", "--out", str(out), "--target", str(tiny_vllm_dir), "--data", str(questions),
+        "--holdout", "4", "--greedy-prompts", "4", "--sampled-prompts", "4", "--reference-prompts", "2",
+        "--max-new-tokens", "8",
+        "--steps", "6", "--stop-after", "4", "--batch-size", "2", "--threads", "1", "--seed", "3",
+        "--cache-dir", str(tmp_path / "cache"),
+    ])
+    assert res.exit_code == 0, res.output
+    assert started == [(str(tiny_vllm_dir), HeadTrainConfig().gen_batch_size, 3)]
+    assert (out / HEAD_WEIGHTS).is_file() and "held-out top-1 agreement by depth" in res.output
+    meta = json.loads((out / HEAD_META).read_text())
+    assert (meta["config"]["steps"], meta["config"]["stop_after"]) == (6, 4)
+    assert meta["config"]["train_dtype"] in ("bfloat16", "float32")  # "auto" made concrete
+    assert meta["training"]["traces"]["dtype"] in ("bfloat16", "float32")
 
 
 def test_held_out_questions_keep_all_their_answers_out_of_training():
@@ -239,39 +331,3 @@ def test_train_dtype_auto_is_bfloat16_only_where_the_cpu_has_bfloat16_instructio
         assert resolve_train_dtype(HeadTrainConfig()).train_dtype == want
         assert resolve_train_dtype(HeadTrainConfig(train_dtype="float32")).train_dtype == "float32"
         assert resolve_train_dtype(HeadTrainConfig(train_dtype="bfloat16")).train_dtype == "bfloat16"
-
-
-def test_cli_trains_a_head(tiny_dir, questions, tmp_path):
-    from cli.main import main
-
-    out = tmp_path / "head"
-    res = CliRunner().invoke(main, [
-        "draft", "train", "--kind", "eagle", "--out", str(out), "--target", str(tiny_dir), "--data", str(questions),
-        "--holdout", "4", "--greedy-prompts", "4", "--sampled-prompts", "4", "--reference-prompts", "2",
-        "--max-new-tokens", "8",
-        "--steps", "6", "--stop-after", "4", "--batch-size", "2", "--threads", "1",
-        "--cache-dir", str(tmp_path / "cache"),
-    ])
-    assert res.exit_code == 0, res.output
-    assert (out / HEAD_WEIGHTS).is_file() and "held-out top-1 agreement by depth" in res.output
-    config = json.loads((out / HEAD_META).read_text())["config"]
-    assert (config["steps"], config["stop_after"]) == (6, 4)
-    assert config["train_dtype"] in ("bfloat16", "float32")  # "auto" made concrete
-
-
-def test_trace_cache_serves_any_subset_and_resumes(tiny_dir, tmp_path):
-    from semspec.draft.head_data import generate_traces
-
-    engine = Engine.load(str(tiny_dir), draft="none", probes="none", device="cpu")
-    qs = [f"What is {i} plus 1?" for i in range(6)]
-    cfg = GenerationConfig(method="ar", temperature=0.6, top_p=0.95, max_new_tokens=8)
-    first = generate_traces(engine, qs[:4], cfg, "sampled", 2, seed=7, cache_dir=str(tmp_path))
-    (cache,) = tmp_path.glob("traces-*.jsonl")
-    more = generate_traces(engine, qs, cfg, "sampled", 2, seed=7, cache_dir=str(tmp_path))
-    assert [t.ids for t in more[:4]] == [t.ids for t in first]
-    assert len(cache.read_text().splitlines()) == 6  # only the two new questions were decoded
-    cache.write_text(cache.read_text() + '{"question": "cut sho')  # a line cut short by a kill
-    again = generate_traces(engine, qs[:5], cfg, "sampled", 2, seed=7, cache_dir=str(tmp_path))
-    assert [t.ids for t in again] == [t.ids for t in more[:5]]
-    fresh = generate_traces(engine, qs, cfg, "sampled", 2, seed=7)  # no cache: the same samples
-    assert [t.ids for t in fresh] == [t.ids for t in more]
