@@ -1,15 +1,15 @@
-"""vLLM under semjobs: the same ``generate_many`` as ``semspec.engine.Engine``, decoded by
-vLLM's engine (continuous batching, a paged KV cache within a set budget, prefix caching,
-CUDA graphs on a GPU).
+"""vLLM under semjobs for ``ar`` and ``token_sd``: ``generate_many`` over vLLM's engine
+(continuous batching, a paged KV cache within a set budget, prefix caching, CUDA graphs on a
+GPU). The step-level methods run on ``semspec.vllm_steps``, with the same contract.
 
     engine = VLLMEngine.load(kv_cache_gb=2)       # the embedded SmolLM2, or any model spec
     for done in engine.generate_many(prompts, GenerationConfig(method="ar"), batch_size=32):
         done.key, done.result, done.error
 
-Prompts are rendered and tokenized here with the target's own chat template (as the embedded
-engine does), so both engines read the same prompt ids; vLLM only sees token ids. Results
-have the embedded engine's shape: the text's steps are cut after decoding by the same step
-rule, each timed by when its tokens came back.
+Prompts are rendered and tokenized here with the target's own chat template
+(``semspec.prompts``), so every engine reads the same prompt ids; vLLM only sees token ids.
+Results have the step-level methods' shape: the text's steps are cut after decoding by the
+same step rule, each timed by when its tokens came back.
 
 vLLM's synchronous ``LLMEngine`` runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
 the caller's loop (``worker.batching``) adds a request the moment a slot frees and gets each
@@ -75,20 +75,23 @@ def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: 
     """vLLM's engine arguments for semjobs' settings (``VLLMEngine.load``; the bench's plain
     ``vllm.LLM`` peer takes the same). ``states_layer``: an engine that returns that layer's
     hidden states to the requests that ask (``semspec.vllm_states``; no speculation then)."""
-    on_cpu = device == "cpu" or not torch.cuda.is_available()
-    transfer = scheduler = None
-    if states_layer is not None:
-        from . import vllm_states
+    from . import vllm_states
 
-        speculative_config, transfer = vllm_states.speculative_config(states_layer), vllm_states.connector_config()
-        scheduler = vllm_states.scheduler_class()
+    on_cpu = device == "cpu" or not torch.cuda.is_available()
+    # Every engine gets the states connector, which does nothing for a request that does not
+    # ask: vLLM keeps one worker-side connector per process, and once a states engine has
+    # made it, an engine without a connector of its own fails its first step (a worker holds
+    # ar's engine beside the step methods' pair).
+    transfer, scheduler = vllm_states.connector_config(), None
+    if states_layer is not None:
+        speculative_config, scheduler = vllm_states.speculative_config(states_layer), vllm_states.scheduler_class()
     return dict(
         model=str(model_dir), tokenizer=str(model_dir), dtype=vllm_dtype("cpu" if on_cpu else "cuda", dtype),
         seed=seed, max_num_seqs=batch_size, enable_prefix_caching=True, enforce_eager=not compile,
         disable_log_stats=True, kv_cache_memory_bytes=int(kv_cache_gb * 2**30),
         block_size=CPU_BLOCK_SIZE if on_cpu else None, speculative_config=speculative_config,
         # each request's drafted and accepted tokens, for its counters and step log
-        per_request_spec_decode_metrics="detailed" if speculative_config and transfer is None else "none",
+        per_request_spec_decode_metrics="detailed" if speculative_config and states_layer is None else "none",
         kv_transfer_config=transfer,
         # states engines: our scheduler drops extract_hidden_states' drafts, which vLLM's async
         # scheduling (its default for that method on a GPU) would hand over another way
@@ -144,7 +147,7 @@ def start_engine(args: Any) -> Any:
         return LLMEngine.from_engine_args(args)
     finally:
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op, for its thread
-        # binding; in this process it binds nothing, and the embedded engine, tests and
+        # binding; in this process it binds nothing, and transformers' passes, tests and
         # the thread that steps this engine (generate_many) need the real one
         torch.set_num_threads = set_num_threads
 
@@ -251,9 +254,9 @@ class VLLMEngine:
     def generate_many(self, prompts: Iterable, config: GenerationConfig | None = None,
                       batch_size: int = 8) -> Iterator[Finished]:
         """Decode up to ``batch_size`` prompts at once, yielding a :class:`Finished` as each
-        ends (``semspec.engine.Engine.generate_many``'s contract: ``prompts`` read lazily, one
-        as each slot frees; None from a live source means nothing new yet; a bad prompt fails
-        alone; an Abort from the source ends that request at once: ``semspec.intake``)."""
+        ends: ``prompts`` (texts, message lists or :class:`Request`) read lazily, one as each
+        slot frees; None from a live source means nothing new yet; a bad prompt fails alone;
+        an Abort from the source ends that request at once (``semspec.intake``)."""
         # Torch's thread count is per thread: a thread that steps the engine (the worker's
         # batch loop) must run the count it was loaded with, or vLLM's CPU attention, which
         # plans its work for that count, aborts the process.
@@ -328,7 +331,7 @@ class VLLMEngine:
         ids = run.ids
         finish = "eos" if output.finish_reason == "stop" else "length"
         if ids and ids[-1] in self.eos:
-            ids = ids[:-1]  # the end-of-sequence token is not part of the text, as in the embedded engine
+            ids = ids[:-1]  # the end-of-sequence token is not part of the text (semspec.types' counting)
         cfg = run.config
         think_end = self.think_end_marker if cfg.think_end == "auto" else (cfg.think_end or None)
         detector = StepDetector(cfg.step_delimiter or DEFAULT_STEP_DELIMITER, think_end,

@@ -18,7 +18,8 @@ The scheduler-side connector reads the worker's cache through the forward contex
 vLLM's single-process executor runs the scheduler and the worker in one process (in this one
 with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, else in its engine-core process, whence the tensor
 travels to the client with the output). The worker-side connector does nothing: vLLM keeps one
-per process, so two engines in one process would share it.
+per process, so every engine in a process shares it, and every engine is started with this
+connector (``semspec.vllm_engine.engine_arguments``), asked for states or not.
 
 Layer numbering (``eagle_aux_hidden_state_layer_ids``) is transformers' ``hidden_states``
 index: 0 the embeddings, k the output of layer k, except that vLLM's last (``num_layers``) is
@@ -109,18 +110,20 @@ class StatesConnector(KVConnectorBase_V1, SupportsHMA):
         return cache[blocks, 0, pos % block].float().cpu()
 
     @staticmethod
-    def _states_group(kv_cache_config: "KVCacheConfig | None") -> int:
+    def _states_group(kv_cache_config: "KVCacheConfig | None") -> int | None:
+        """The cache group holding the states; None for an engine that stores none (its
+        requests never ask)."""
         from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
 
         if kv_cache_config is None:
             return 0
         groups = [i for i, g in enumerate(kv_cache_config.kv_cache_groups)
                   if isinstance(g.kv_cache_spec, HiddenStateCacheSpec)]
-        if len(groups) == 1:
+        if len(groups) > 1:
+            raise ValueError(f"expected one hidden-states cache group, found {len(groups)}")
+        if groups:
             return groups[0]
-        if not groups and len(kv_cache_config.kv_cache_groups) == 1:  # one group holds every layer
-            return 0
-        raise ValueError(f"expected one hidden-states cache group, found {len(groups)}")
+        return 0 if len(kv_cache_config.kv_cache_groups) == 1 else None  # one group holds every layer
 
     # ------------------------------------------------------------------ worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -157,7 +160,7 @@ class StatesConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished_all_groups(self, request: "Request", block_ids: tuple[list[int], ...]
                                     ) -> tuple[bool, dict | None]:
-        if self._group >= len(block_ids):
+        if self._group is None or self._group >= len(block_ids):
             return False, None
         return self.request_finished(request, block_ids[self._group])
 

@@ -134,6 +134,39 @@ def test_backing_off_the_target_writes_ahead_and_the_steps_are_the_same(engine):
         assert [s.text for s in r.steps] == [s.text for s in a.steps]  # cut by the same step rule
 
 
+def test_a_useless_draft_is_tried_less_and_less(engine):
+    engine.probes = ProbePair.always_reject(256, 256)
+    try:
+        fixed, adaptive = (run_all(engine, config("semspec", adaptive=on, draft_cost=0.16, max_new_tokens=120))
+                           for on in (False, True))
+    finally:
+        engine.probes = ProbePair.always_accept(256, 256)
+    assert [r.text for r in adaptive] == [r.text for r in fixed]
+    assert not any(s.reason == "backoff" for r in fixed for s in r.steps)
+    assert all(s.decision == "target_only" and s.author == "target"
+               for r in adaptive for s in r.steps if s.reason == "backoff")
+    drafted = [sum(r.counters.steps_drafted for r in rs) for rs in (fixed, adaptive)]
+    assert drafted[0] >= 2 * drafted[1] > 0  # every step drafted without it; a few probes with it
+
+
+def test_probe_decisions_follow_the_seed_and_the_draft_cost_is_checked(engine):
+    engine.probes = ProbePair.constant(0.3, 1.0, 256, 256)  # each step kept with probability 0.3
+    try:
+        runs = [run_all(engine, config("semspec", seed=5, ratio_floor=0, max_new_tokens=60)) for _ in range(2)]
+        with pytest.raises(ValueError, match="draft_cost"):
+            engine.generate(PROMPTS[0], config("semspec", adaptive=True, draft_cost=-1))
+    finally:
+        engine.probes = ProbePair.always_accept(256, 256)
+    decisions = [[(s.decision, s.reason) for r in rs for s in r.steps] for rs in runs]
+    assert decisions[0] == decisions[1]
+    assert {"accepted", "rejected"} <= {d for d, _ in decisions[0]}
+
+
+def test_the_draft_cost_is_the_drafts_own_unless_the_job_sets_it(engine):
+    assert engine.resolve(GenerationConfig(method="semspec")).draft_cost == pytest.approx(1.0)  # its own target
+    assert engine.resolve(config("semspec", draft_cost=0.5)).draft_cost == 0.5
+
+
 def test_a_bad_prompt_fails_alone(engine):
     done = list(engine.generate_many(["", "Say hi."], config("semspec"), batch_size=2))
     errors = {d.key: d.error for d in done}
@@ -165,3 +198,19 @@ def test_step_judge_scores_every_drafted_step_and_keeps_those_at_the_threshold(e
         assert drafted and all(s.decision == decision and 0 <= s.judge_score <= 9 and 0 <= s.p_target <= 1
                                for s in drafted)
         assert all("judge" in r.counters.phase_seconds for r in judged)
+
+
+def test_a_plain_engine_decodes_beside_the_step_engines(engine, tiny_vllm_dir, tiny_cache):
+    """A worker holds ar's engine beside the step methods' pair: vLLM keeps one KV connector
+    per process, which the states engines set up; an engine started after them still steps."""
+    from semspec.vllm_engine import VLLMEngine
+
+    plain = VLLMEngine.load(str(tiny_vllm_dir), device="cpu", cache_dir=tiny_cache, dtype="float32", batch_size=2,
+                            kv_cache_gb=0.1)
+    try:
+        ar = plain.generate(PROMPTS[0], config("ar"))
+        assert ar.text == engine.generate(PROMPTS[0], config("ar")).text
+        assert engine.generate(PROMPTS[0], config("semspec")).counters.steps_accepted > 0
+    finally:
+        del plain
+        gc.collect()
