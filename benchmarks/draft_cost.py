@@ -17,7 +17,7 @@ never trained on):
   without the bonus token. On ``--spec-prompts`` prompts the real loop (``speculate``: draft
   proposes, target verifies in one pass, KV caches cropped) also runs, for its wall-clock
   speed-up over the target alone, its equality with the target's greedy output and its
-  agreement with the simulated counters. ``--engine`` adds the engine's own token_sd.
+  agreement with the simulated counters.
 - drafted steps: at a few step boundaries of the target's own answer, the draft's greedy
   next step beside the target's.
 """
@@ -68,7 +68,7 @@ def questions(path: str, n: int) -> list[str]:
 
 @torch.inference_mode()
 def run(lm, ids: list[int], cache, last_only: bool = False) -> torch.Tensor:
-    """Logits [rows, V] of one pass of ``ids`` through a LoadedModel, as the engine runs it
+    """Logits [rows, V] of one pass of ``ids`` through a LoadedModel, as calibration runs it
     (a reduced-vocabulary draft computes only its own rows of the LM head)."""
     return lm.forward(torch.tensor([ids]), cache, False, 1 if last_only else 0)[0]
 
@@ -226,8 +226,6 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--step-examples", type=int, default=3, help="prompts whose steps are shown")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--engine", action="store_true",
-                    help="also run the engine's greedy token_sd (semspec.engine) on the same prompts")
     ap.add_argument("--out", default=None, help="write JSON here (and .md beside it)")
     args = ap.parse_args()
 
@@ -286,21 +284,6 @@ def main() -> None:
             prefix += part + "\n\n"
         examples.append({"prompt": i, "question": qs[i], "steps": shown})
 
-    engine_rows = []
-    if args.engine:
-        from semspec.engine import Engine
-        from semspec.types import GenerationConfig
-
-        eng = Engine(target, draft_lm)
-        for i, q in enumerate(qs):
-            r = eng.generate(q, GenerationConfig(method="token_sd", temperature=0.0, draft_tokens=args.gamma,
-                                                 max_new_tokens=args.max_new_tokens))
-            c = r.counters
-            engine_rows.append({"prompt": i, "drafted": c.drafted_tokens, "accepted": c.accepted_tokens,
-                                "target_forward_passes": c.target_forward_passes,
-                                "generated": c.generated_tokens, "seconds": r.wall_seconds})
-            print(f"engine token_sd prompt {i}: accepted {c.accepted_tokens}/{c.drafted_tokens}", flush=True)
-
     t_ms = [a * 1e3 for a, _ in pairs]
     d_ms = [b * 1e3 for _, b in pairs]
     drafted = sum(r["drafted"] for r in sim_rows)
@@ -337,12 +320,6 @@ def main() -> None:
         },
         "step_examples": examples,
     }
-    if engine_rows:
-        d_, a_ = sum(r["drafted"] for r in engine_rows), sum(r["accepted"] for r in engine_rows)
-        res["engine_token_sd_greedy"] = {
-            "drafted": d_, "accepted": a_, "acceptance_rate": a_ / max(d_, 1),
-            "target_forward_passes": sum(r["target_forward_passes"] for r in engine_rows),
-            "generated": sum(r["generated"] for r in engine_rows), "per_prompt": engine_rows}
     summary = {k: res["cost"][k] for k in ("target_ms_median", "draft_ms_median", "ratio_of_medians", "median_pair_ratio")}
     summary.update({k: res["token_sd_greedy"][k] for k in ("acceptance_rate", "mean_accepted_per_verification_excl_bonus",
                                                           "mean_tokens_per_verification_incl_bonus", "draft_top1_agreement")})

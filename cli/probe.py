@@ -19,8 +19,8 @@ def probe() -> None:
 @click.option("--target", default="embedded:smollm2-135m", show_default=True,
               help="Target model: embedded:NAME, a local HF directory or a .gguf file.")
 @click.option("--draft", default=None,
-              help="Draft model spec (same forms as --target, or a draft head: embedded:smollm2-135m-head or a "
-                   "directory with head.json). Without it, only the target's traces "
+              help="Draft model spec (same forms as --target; a draft head drafts no steps). Without it, "
+                   "only the target's traces "
                    "and samples are made and memoised in OUT, for a later run with the draft.")
 @click.option("--prompts", "prompts_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="JSONL prompts: {id, prompt}, GSM8K {question, ...} or OpenAI Batch lines.")
@@ -87,8 +87,12 @@ def collect(ctx, target, draft, prompts_file, out_dir, samples, skip_lines, limi
         torch.set_num_threads(threads)
     click.echo(f"loading target {target} and draft {draft} ...", err=True)
     # vLLM's engines as a worker of the deployment loads them (the same states, numbers, batch)
-    models = load_models(target, draft, cfg, device=device, dtype=settings.dtype, batch_size=settings.batch_size,
-                         kv_cache_gb=settings.kv_cache_gb, compile=settings.vllm_compile, cache_dir=settings.cache_dir)
+    try:
+        models = load_models(target, draft, cfg, device=device, dtype=settings.dtype, batch_size=settings.batch_size,
+                             kv_cache_gb=settings.kv_cache_gb, compile=settings.vllm_compile,
+                             cache_dir=settings.cache_dir)
+    except ValueError as e:  # a pair that cannot calibrate (a draft head)
+        raise click.UsageError(str(e)) from e
     click.echo(f"sampling and reading states with {models.engine}", err=True)
     stats = run_collect(models, prompts, out_dir, cfg, progress=True)
     click.echo(json.dumps(stats, indent=1))

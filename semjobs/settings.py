@@ -29,9 +29,9 @@ class Settings(BaseSettings):
     draft_model: str | None = None
     probes_dir: str | None = None
     device: str = "auto"  # "auto" picks CUDA when present, else the CPU
-    # Number type of the models: "auto" is bfloat16 on CUDA, and on a CPU with bfloat16
-    # instructions (AMX, AVX512-BF16) once batch_size reaches 4; float32 otherwise
-    # (semspec.models.pick_dtype). "float32" / "bfloat16" force one.
+    # Number type of the models: "auto" is bfloat16 on CUDA and on a CPU with bfloat16
+    # instructions (AMX, AVX512-BF16), float32 otherwise (semspec.vllm_engine.vllm_dtype).
+    # "float32" / "bfloat16" force one.
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # Items one engine process decodes at once (continuous batching, shared by every chunk
     # the process holds). 32 measured best on a 2-core CPU (docs/batching.md).

@@ -1,20 +1,27 @@
-"""SemanticSpec decoding engine: pure torch + transformers, no service code inside.
+"""SemanticSpec decoding on vLLM: the semantic layer (steps, probes, acceptance) over vLLM's
+engines, no service code inside.
 
 Public API (imported from the submodules, so that ``import semspec.types`` stays light):
 
-- ``semspec.engine.Engine`` — ``Engine.load(target, draft, probes, device, cache_dir, dtype,
-  batch_size)``, ``engine.generate(messages_or_prompt, GenerationConfig) -> GenerationResult``,
+- ``semspec.vllm_engine`` — ``VLLMEngine.load(target, draft, device, cache_dir, dtype,
+  batch_size, kv_cache_gb, speculative_tokens)``: ``ar``, and ``token_sd`` with vLLM's own
+  speculation (``semspec.vllm_speculation``, the draft head exported by ``semspec.vllm_head``);
+  ``engine.generate(prompt, GenerationConfig) -> GenerationResult``,
   ``engine.generate_many(prompts, config, batch_size)`` (continuous batching, yields
   ``Finished`` as prompts end), ``engine.identities``.
-- ``semspec.runner`` — ``ModelRunner``: one forward pass over a ragged batch, slot-owned KV.
-- ``semspec.scheduler`` — ``Scheduler``: every active sequence's passes, once per model per tick.
+- ``semspec.vllm_steps`` — ``VLLMStepEngine.load(target, draft, probes, ...)``: the
+  step-level methods (``semspec.stepwise``: ``ar``, ``semspec``, ``step_judge``) on a target
+  and a draft engine, the probes' states out of vLLM's KV cache (``semspec.vllm_states``).
 - ``semspec.types`` — ``GenerationConfig``, ``GenerationResult``, ``StepRecord``, ``Counters``,
   ``Request``, ``Finished``.
+- ``semspec.components`` / ``semspec.prompts`` — the embedded pair's defaults and what each
+  method needs; a prompt's token ids (chat template applied), step_judge's question.
 - ``semspec.models`` — ``load_model(spec, device, cache_dir)`` for local HF directories, GGUF
-  files and ``embedded:<name>`` models; ``encode_prompt`` / ``render_prompt`` (chat template);
+  files and ``embedded:<name>`` models (transformers: training, calibration, quality passes);
+  ``model_directory`` (what vLLM loads), ``encode_prompt`` / ``render_prompt``;
   ``truncated_copy``; ``register_embedded``.
 - ``semspec.probes`` — ``Probe`` (MLP + sigmoid, safetensors + JSON metadata), ``ProbePair``,
-  ``step_features`` (the pooled states the engine computes), ``train_probe``.
+  ``step_features`` (pooled states over a step), ``train_probe``.
 - ``semspec.steps`` — ``StepDetector``, ``split_steps``.
 - ``semspec.answers`` — ``final_answer`` / ``extract_answer`` (a text's final answer),
   ``split_reasoning``, ``reference_from``, ``is_correct`` (math-verify, numeric fallback).

@@ -12,13 +12,9 @@ from .probes import embedded_probes_available
 
 EMBEDDED_DRAFT = "embedded:smollm2-135m-draft"
 EMBEDDED_HEAD = "embedded:smollm2-135m-head"
-# the probes calibrated for each embedded draft on the embedded target
-EMBEDDED_PROBES_FOR = {EMBEDDED_DRAFT: "smollm2-135m", EMBEDDED_HEAD: "smollm2-135m-head"}
-# One pass of each embedded draft in passes of the embedded target, measured at batch 1 on a
-# CPU (docs/benchmarks.md, "Adaptive speculation"): the adaptive rule's draft_cost for them.
-# Other pairs get the ratio of the weights a pass reads (a decoding pass is memory-bound):
-# 0.14 and 0.066 for these two, so it errs on the cheap side by the passes' fixed overhead.
-MEASURED_DRAFT_COST = {EMBEDDED_DRAFT: 0.16, EMBEDDED_HEAD: 0.08}
+# the probes calibrated for each embedded draft on the embedded target (a draft head drafts
+# tokens, for token_sd, and has none)
+EMBEDDED_PROBES_FOR = {EMBEDDED_DRAFT: "smollm2-135m"}
 
 
 def default_probes(draft: str | None, target: str | None) -> str | None:
@@ -40,11 +36,8 @@ def embedded_draft_available() -> bool:
 
 
 def default_draft() -> str | None:
-    """The embedded target's default draft: the layer draft when shipped, else none. The
-    draft head ships with probes of its own too (``embedded:smollm2-135m-head``) but is not
-    the default: semspec with it is faster at the default floors only by keeping less
-    target-like steps, and at equal target log-likelihood about as fast as with the layer
-    draft (docs/benchmarks.md, "The draft head in semspec")."""
+    """The embedded target's default step draft: the layer draft when shipped, else none.
+    (token_sd's default is the draft head: ``semspec.vllm_speculation.draft_spec``.)"""
     return EMBEDDED_DRAFT if embedded_draft_available() else None
 
 

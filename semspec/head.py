@@ -5,14 +5,13 @@ read to predict token j) fused with the embedding of token j, runs its decoder l
 with a KV cache of its own over the sequence -- and a final norm, and predicts the target's
 state at j; the target's LM head (the rows of a reduced vocabulary) turns that into the next
 token's logits. Drafting several tokens, it reads its own predicted states where the target's
-are not known yet; once the target has verified them, the head's cache is rebuilt from the
-target's true states (``semspec.stream.HeadStream``). Position 0 reads a zero state.
+are not known yet. Position 0 reads a zero state.
 
-The head is loaded as a :class:`semspec.models.LoadedModel` whose model is a
-:class:`HeadModel`: it shares the target's embedding, rotary embedding, LM head and tokenizer
-and shows the batched runner the same parts a decoder has (``get_decoder()`` with
-``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``), plus ``fuse_inputs``, so
-``semspec.runner.ModelRunner`` runs it in the same passes as any draft.
+The head is trained here (``HeadModel.unrolled_forward``, ``semspec.draft.head_train``) and
+drafts in vLLM, exported to its EAGLE method (``semspec.vllm_head``). It is loaded as a
+:class:`semspec.models.LoadedModel` whose model is a :class:`HeadModel`: it shares the
+target's embedding, rotary embedding, LM head and tokenizer (``get_decoder()`` with
+``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``, plus ``fuse_inputs``).
 
 Artifact (no pickles): ``head.safetensors`` (``fc.weight``, ``fc.bias``, ``layers.<i>.<param>``,
 ``norm.weight``, ``vocab_ids``) and ``head.json`` (format tag, layer count, the target's
@@ -43,8 +42,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def project_qkv(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv: int,
                 head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A decoder layer's rotated queries and keys, and its values, for packed rows ``x`` [T, H]
-    (``cos``/``sin`` [T, 1, d]): [T, heads, d] each. The head's training forward and the
-    embedded runner's."""
+    (``cos``/``sin`` [T, 1, d]): [T, heads, d] each (the head's training forward)."""
     attn = layer.self_attn
     h = layer.input_layernorm(x)
     n_tok = h.shape[0]
@@ -100,10 +98,10 @@ class HeadModel(nn.Module):
         self.generation_config = copy.deepcopy(getattr(target_model, "generation_config", None))
 
     def forward(self, *args, **kwargs):
-        raise TypeError("a draft head runs only in the batched engine (semspec.runner): it reads "
-                        "the target's states, which a plain forward call does not have")
+        raise TypeError("a draft head reads the target's states, which a plain forward call does not "
+                        "have: train it with unrolled_forward, draft with it in vLLM (semspec.vllm_head)")
 
-    # the parts the batched runner reads
+    # the parts of a decoder the training forward and the vLLM export read
     @property
     def embed_tokens(self):
         return self._shared["embed"]

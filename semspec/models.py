@@ -38,8 +38,6 @@ from typing import Any, Callable
 
 import torch
 
-from . import cpu_linear
-from .cpu_linear import SmallRowsLinear, use_small_rows_linears
 
 EMBEDDED_PREFIX = "embedded:"
 DEFAULT_TARGET = "embedded:smollm2-135m"
@@ -293,10 +291,6 @@ class LoadedModel:
     # None: the full vocabulary.
     vocab_ids: torch.Tensor | None = None
 
-    def __post_init__(self):
-        # float32 on a CPU: passes of a few rows read a copy of each weight laid out for them
-        use_small_rows_linears(self.model)
-
     def forward(self, input_ids: torch.Tensor, cache, want_hidden: bool, keep: int | torch.Tensor = 0):
         """One pass of ``input_ids`` [1, n] through the model with ``cache``: (logits
         [rows, V] float32 for the last ``keep`` positions -- all when 0, the given row indices
@@ -347,17 +341,12 @@ class LoadedModel:
             self.model.set_output_embeddings(full)
 
     def _reduced_rows(self) -> torch.nn.Linear:
-        """A linear layer over the LM head's rows of the reduced vocabulary (made once; like
-        the model's own layers, it reads its packed copy in float32 on a CPU)."""
+        """A linear layer over the LM head's rows of the reduced vocabulary (made once)."""
         head = getattr(self, "_reduced_rows_cache", None)
         if head is None:
-            # made outside inference mode even when first asked for inside a pass: an
-            # inference tensor has no version counter, so SmallRowsLinear would not keep its
-            # fast copy and every draft pass would read the rows through F.linear
-            with torch.inference_mode(False):
-                rows = self.model.get_output_embeddings().weight[self.vocab_ids].detach().contiguous()
-                head = SmallRowsLinear(rows.shape[1], rows.shape[0], bias=False, device="meta")
-                head.weight = torch.nn.Parameter(rows, requires_grad=False)
+            rows = self.model.get_output_embeddings().weight[self.vocab_ids].detach().contiguous()
+            head = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
+            head.weight = torch.nn.Parameter(rows, requires_grad=False)
             self._reduced_rows_cache = head
         return head
 
@@ -450,11 +439,8 @@ def pick_device(device: str | torch.device = "auto") -> tuple[torch.device, torc
 # Against torch's float32 kernels, bfloat16 wins from about 4 sequences on wherever the CPU
 # has bfloat16 matrix instructions (measured on a 2-core AMX CPU, one thread, SmolLM2-135M:
 # a decode pass of 1 / 8 / 32 sequences 69 / 179 / 211 ms in float32, 89 / 73 / 137 ms in
-# bfloat16). With the packed float32 kernel (semspec/cpu_linear.py) float32 wins up to 32
-# sequences: `ar` ran 1.27x / 1.59x / 1.44x the tokens/s of bfloat16 at batch 8 / 16 / 32 on
-# an AVX512-BF16 host (docs/batching.md).
+# bfloat16).
 BF16_MIN_BATCH = 4
-FLOAT32_MAX_BATCH_WITH_KERNEL = 32
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -472,9 +458,7 @@ def cpu_has_fast_bf16() -> bool:
 def pick_dtype(device: str | torch.device = "auto", batch_size: int = 1, choice: str = "auto") -> torch.dtype:
     """The number type the models run in: ``choice`` when it names one, else bfloat16 on
     CUDA, bfloat16 on a CPU with bfloat16 instructions once ``batch_size`` reaches
-    ``BF16_MIN_BATCH`` or, where the packed float32 kernel runs at one torch thread, once
-    it exceeds ``FLOAT32_MAX_BATCH_WITH_KERNEL`` (at more threads, the rows that kernel
-    serves); float32 otherwise."""
+    ``BF16_MIN_BATCH``; float32 otherwise."""
     if choice != "auto":
         if choice not in DTYPES:
             raise ValueError(f"unknown dtype {choice!r}; one of auto, {', '.join(DTYPES)}")
@@ -484,10 +468,7 @@ def pick_dtype(device: str | torch.device = "auto", batch_size: int = 1, choice:
         return torch.bfloat16
     if not cpu_has_fast_bf16():
         return torch.float32
-    float32_max = BF16_MIN_BATCH - 1
-    if cpu_linear.packed_kernel() is not None:
-        float32_max = cpu_linear.fast_rows() or FLOAT32_MAX_BATCH_WITH_KERNEL
-    return torch.bfloat16 if batch_size > float32_max else torch.float32
+    return torch.bfloat16 if batch_size >= BF16_MIN_BATCH else torch.float32
 
 
 def _from_pretrained(path: Path, dtype: torch.dtype, gguf_file: str | None = None):

@@ -20,7 +20,7 @@ from .probes import Probe, ProbePair, read_metadata, resolve_probes
 
 def method_problem(method: str, target: str | None, draft: str | None, probes: str | None,
                    cache_dir: str | os.PathLike | None = None) -> str | None:
-    """Why ``method`` would be refused with these model specs (as ``Engine.load`` reads them,
+    """Why ``method`` would be refused with these model specs (as the engines read them,
     defaults filled in; ``cache_dir`` the service's cache root), a sentence naming the cause
     and the fix; None when nothing is seen wrong."""
     needs = METHOD_NEEDS.get(method, ())

@@ -329,10 +329,8 @@ class ProbePair:
 # embedded:smollm2-135m-draft): a ProbePair directory inside the package, made by
 # semspec.calibration (see its README for how and with which step settings).
 EMBEDDED_PROBES_DIR = Path(__file__).resolve().parent / "calibration" / "default_probes" / "smollm2-135m"
-# name -> directory; "smollm2-135m" is calibrated for the embedded layer draft,
-# "smollm2-135m-head" for the embedded draft head
-EMBEDDED_PROBES: dict[str, Path] = {"smollm2-135m": EMBEDDED_PROBES_DIR,
-                                    "smollm2-135m-head": EMBEDDED_PROBES_DIR.with_name("smollm2-135m-head")}
+# name -> directory
+EMBEDDED_PROBES: dict[str, Path] = {"smollm2-135m": EMBEDDED_PROBES_DIR}
 
 
 def resolve_probes(spec: str | os.PathLike) -> Path:

@@ -16,7 +16,7 @@ rejected step is "rolled back" by not extending the prefix).
     step_judge  the draft writes a step; the target reads it with a judging question after it
              and scores it 0-9 from its log-probabilities of the ten digits.
 
-Counting conventions are ``semspec.sequence``'s (the embedded engine's), so results compare.
+Counting conventions are ``semspec.types``' (``Counters``), as ``semspec.vllm_engine``'s, so results compare.
 """
 
 from __future__ import annotations
@@ -371,7 +371,6 @@ class DraftingProgram(StepProgram):
         pre = len(self.ids)
         yield from self.write_step("rejected", drafted=len(step.tokens) + thrown, draft_text=self.decode(step.tokens),
                                    **record)
-        # (the embedded engine counts at most FOLLOW_ROWS + 1 of them: semspec.sequence)
         kept = common_prefix(self.ids[pre:], step.tokens[:-1])
         self.counters.accepted_tokens += kept
         self.steps[-1].accepted_tokens = kept
@@ -424,7 +423,7 @@ class SemSpecProgram(DraftingProgram):
 
 class StepJudgeProgram(DraftingProgram):
     """SpecReason-style: the target scores each drafted step 0-9, read from its log-probabilities
-    of the ten digits after a judging question (one prefill; ``semspec.sequence.judge_suffix``)."""
+    of the ten digits after a judging question (one prefill; ``semspec.prompts.judge_suffix``)."""
 
     method = "step_judge"
 

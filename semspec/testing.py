@@ -54,7 +54,7 @@ def tiny_tokenizer(vocab_size: int = 320, seed_text: str = ""):
     return fast
 
 
-# The decoder layouts the engine serves (semspec.runner), by transformers model type.
+# The decoder layouts semjobs' models come in (a draft head's layers among them), by transformers model type.
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 
@@ -98,27 +98,6 @@ def tiny_model_dir(path, num_layers: int = 2, hidden_size: int = 64, seed: int =
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
-
-
-def serve_alone(request):
-    """The result of one pass request run on its own (no scheduler, no other sequences):
-    lets tests drive a stream's or a sequence's generator step by step."""
-    from semspec.sampling import sample_rows
-    from semspec.stream import PassResult
-
-    out = request.stream.runner.forward([request.feed])
-    token = sample_rows(out.logits[-1:], [request.sample])[0] if request.sample else None
-    return PassResult(out.logits, out.hidden[0], token, out.states[0])
-
-
-def run_alone(gen):
-    """Run a pass generator (e.g. ``stream.forward(...)``) to its end; returns its value."""
-    try:
-        request = next(gen)
-        while True:
-            request = gen.send(serve_alone(request))
-    except StopIteration as stop:
-        return stop.value
 
 
 def aborting_source(requests):

@@ -65,7 +65,7 @@ class GenerationConfig:
     # while the sequence's acceptance rate is below the break-even of these unit costs, in
     # target decoding passes (one draft pass; a verification pass's extra cost per token).
     # Fixed per job, so reruns decide alike. draft_cost None: the loaded draft's
-    # (Engine.draft_cost: measured for the embedded drafts, else estimated from the weights
+    # (the engine's draft_cost: measured for the embedded drafts, else estimated from the weights
     # a pass reads); verify_cost_per_token is the embedded target's, measured at batch 1
     # (docs/benchmarks.md).
     adaptive: bool = True
@@ -112,6 +112,13 @@ class StepRecord:
 
 @dataclass
 class Counters:
+    """What one prompt's decoding did, counted alike by every engine and method:
+    ``generated_tokens`` counts target-tokenizer tokens (the EOS token that ends a sequence is
+    neither output nor counted); ``drafted_tokens`` / ``accepted_tokens`` count the tokens the
+    draft proposed / that were kept (of a rejected step, the leading ones the target drew
+    alike); a token the target adds from a verification pass is not counted as accepted;
+    ``target_forward_passes`` counts every target request or pass, prefill included."""
+
     prompt_tokens: int = 0
     generated_tokens: int = 0  # target-tokenizer tokens in the output
     target_forward_passes: int = 0

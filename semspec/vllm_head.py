@@ -1,5 +1,5 @@
 """The draft head (``semspec.head``) as a vLLM EAGLE drafter, so ``token_sd`` on vLLM runs on
-vLLM's own speculative decoding with the head the embedded engine drafts with.
+vLLM's own speculative decoding with the head as it was trained (``semspec.draft.head_train``).
 
 vLLM's built-in EAGLE layouts cannot hold this head as it was trained: its EAGLE-1 Llama
 drafter has no bias on ``fc``, skips the layer's input norm and applies no final norm, and its
@@ -11,10 +11,10 @@ drives like any EAGLE drafter: it reads the target's final-norm states, which is
 head was trained on.
 
 One difference remains, from how vLLM feeds an EAGLE drafter: it pairs the target's state at
-position i with the token at i + 1 starting at i = 0, so the head never sees the pair the
-embedded engine starts with (a zero state with the first prompt token). Rotary positions
-are one lower than the embedded engine's for every pair, which attention, reading only
-relative positions, does not see.
+position i with the token at i + 1 starting at i = 0, so the head never sees the pair its
+training starts with (a zero state with the first prompt token). Rotary positions are one
+lower than in training for every pair, which attention, reading only relative positions,
+does not see.
 
 ``export_head`` writes the checkpoint (``config.json`` + ``model.safetensors``) vLLM loads;
 ``register`` puts the architecture in this process's registry (``semspec.vllm_engine`` calls
@@ -50,8 +50,8 @@ def export_head(head_dir: str | os.PathLike, target_dir: str | os.PathLike, out_
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     meta = json.loads((Path(head_dir) / HEAD_META).read_text())
-    # the architecture only: the embedded engine also checks the target's weights, which
-    # vLLM loads where this cannot see them
+    # the architecture only: load_head also checks the target's weights, which vLLM loads
+    # where this cannot see them
     diff = signature_diff(meta["target"]["signature"],
                           config_signature(AutoConfig.from_pretrained(target_dir, local_files_only=True)))
     if diff:

@@ -5,7 +5,7 @@ Per drafted position: ``fc`` (with its bias) fuses the token's embedding with th
 head reads, the head's decoder layer(s) run as the target's own (input norm included), and
 the final norm gives the predicted state: both the one the LM head reads and the one the
 next drafted position reads. Logits are the target's LM head (shared by vLLM) restricted to
-the head's reduced vocabulary, as in the embedded engine.
+the head's reduced vocabulary, as in its training.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from .models import DEFAULT_TARGET, ModelIdentity, derived_sha256, library_tag
 from .types import NGRAM_DRAFT
 
 # the targets whose heads semspec.vllm_head_model runs: its layers are vLLM's Llama layers (no
-# attention bias as Qwen2's, no q/k norms as Qwen3's, which the embedded engine's heads have)
+# attention bias as Qwen2's, no q/k norms as Qwen3's, which heads trained on those targets have)
 HEAD_MODEL_TYPES = ("llama",)
 # ngram: the longest and shortest suffix looked up earlier in the sequence (vLLM's
 # prompt_lookup_max / _min)
@@ -88,8 +88,8 @@ def speculative_config(draft: str | None, target: str | None, tokens: int, targe
     exported = export_head(head_dir, target_dir, Path(cache) / f"vllm-head-{sha[:16]}-{library_tag()}")
     register()
     # sampled: the head draws from its own distribution and the target keeps a token with
-    # probability min(1, p/q), as the embedded engine's token_sd does (vLLM's default drafts the
-    # head's argmax even when sampling, which keeps fewer tokens); greedy is unchanged
+    # probability min(1, p/q), standard speculative sampling (vLLM's default drafts the head's
+    # argmax even when sampling, which keeps fewer tokens); greedy is unchanged
     config = {"method": "eagle", "model": os.fspath(exported), "num_speculative_tokens": tokens,
               "draft_sample_method": "probabilistic"}
     return config, ModelIdentity(spec, sha)

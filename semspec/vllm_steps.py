@@ -43,7 +43,7 @@ from .vllm_states import STATES, STATES_FROM, final_norm
 STEP_METHODS = {"ar": StepProgram, "semspec": SemSpecProgram, "step_judge": StepJudgeProgram}
 # A drafted token's cost in target tokens on vLLM, the adaptive rule's draft_cost, measured at
 # batch 1 for the embedded layer draft (docs/benchmarks.md, "SemanticSpec on vLLM"): 0.29, not
-# the embedded engine's 0.16, as an engine step costs the same fixed overhead whatever the model.
+# the 0.16 of a bare forward pass, as an engine step costs the same fixed overhead whatever the model.
 # Other pairs get the ratio of the weights a pass reads, which leaves that overhead out.
 VLLM_DRAFT_COST = {EMBEDDED_DRAFT: 0.29}
 # The draft's share of the KV cache budget: its cache per token is a few of the target's layers.
@@ -234,8 +234,9 @@ class VLLMStepEngine:
         return None
 
     def resolve(self, config: GenerationConfig) -> GenerationConfig:
-        """``config`` with its unset step rule filled in as the embedded engine does (the
-        probes' calibration, else the defaults), the draft's cost for the adaptive rule, and
+        """``config`` with its unset step rule filled in (the probes' calibration, else the
+        defaults: every method gets the same rule, so their step logs compare), the draft's
+        cost for the adaptive rule, and
         the batch pause: on a CPU drafting pauses beside another sequence (measured slower than
         the target alone from 8 in flight up, docs/benchmarks.md "SemanticSpec on vLLM"), on
         a GPU never."""
@@ -274,8 +275,9 @@ class VLLMStepEngine:
     # ------------------------------------------------------------------ decoding
     def generate_many(self, prompts: Iterable, config: GenerationConfig | None = None,
                       batch_size: int = 8) -> Iterator[Finished]:
-        """``semspec.engine.Engine.generate_many``'s contract: up to ``batch_size`` prompts in
-        flight, read lazily; a bad prompt fails alone; an Abort ends its request at once."""
+        """``semspec.vllm_engine.VLLMEngine.generate_many``'s contract: up to ``batch_size``
+        prompts in flight, read lazily; a bad prompt fails alone; an Abort ends its request at
+        once."""
         torch.set_num_threads(self.threads)  # vLLM's CPU attention plans for the loading thread's count
         default = config or GenerationConfig(method="semspec")
         intake = Intake(prompts)

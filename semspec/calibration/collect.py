@@ -16,7 +16,8 @@ For each prompt:
 
 The models come as a `CalibrationModels`: on vLLM (`semspec.calibration.vllm_models`), the
 engines and stored layers decoding serves with, so the probes learn the states they will
-read; or transformers' forward (`semspec.calibration.transformers_models`), for a draft head.
+read; or transformers' forward (`semspec.calibration.transformers_models`) where vLLM is not
+installed.
 
 Everything goes to a `CalibrationStore` directory, one file pair per prefix, so an
 interrupted run resumes where it stopped (traces are kept in traces.jsonl). Per-prefix
@@ -197,21 +198,23 @@ def collect_prefixes(models: CalibrationModels, prompt: str, prefixes: list[Pref
 def load_models(target: str, draft: str | None, cfg: CollectConfig, device: str = "auto",
                 **vllm_options) -> CalibrationModels:
     """The pair to calibrate: on vLLM where it is installed, storing the layers ``cfg`` reads,
-    with ``vllm_options`` (``VLLMStepEngine.load``'s: a worker's settings); a draft head,
-    which vLLM drafts with only token by token, on transformers' forward."""
-    from semspec.head import resolve_head
+    with ``vllm_options`` (``VLLMStepEngine.load``'s: a worker's settings), else on
+    transformers' forward. A draft head drafts no steps (``semspec.components``): refused."""
+    from semspec.components import step_draft_problem
     from semspec.vllm_engine import vllm_installed
 
-    if vllm_installed() and (draft is None or resolve_head(draft) is None):
+    problem = step_draft_problem("semspec", draft)
+    if problem is not None:
+        raise ValueError(problem)
+    if vllm_installed():
         from semspec.calibration.vllm_models import VLLMModels
 
         return VLLMModels.load(target, draft, cfg, device=device, **vllm_options)
     from semspec.calibration.transformers_models import TransformersModels
-    from semspec.head import load_draft
     from semspec.models import load_model
 
     tgt = load_model(target, device=device)
-    return TransformersModels(tgt, load_draft(draft, tgt, device=device) if draft else None)
+    return TransformersModels(tgt, load_model(draft, device=device) if draft else None)
 
 
 def prefix_positions(n_steps: int, cap: int, how: str = "spread") -> list[int]:

@@ -1,6 +1,6 @@
-"""Probe calibration's sampling and states with transformers' forward: for a pair vLLM does
-not serve at step level (a draft head, which reads the target's states as it drafts), and
-where vLLM is not installed.
+"""Probe calibration's sampling and states with transformers' forward: where vLLM is not
+installed, and the reference the vLLM path is measured against
+(benchmarks/calibration_vllm.py).
 
 `TransformersModels(target, draft)` wraps two `semspec.models.LoadedModel`s (`draft` None
 for the target's half alone) as `semspec.calibration.collect.CalibrationModels`.
@@ -33,10 +33,7 @@ class TransformersModels:
         return set(self.models[role].eos_token_ids)
 
     def layer(self, role: str, cfg: CollectConfig) -> int:
-        from semspec.head import is_head
-
-        # a head's probe reads its output states (what it predicts), whatever --layer says
-        return -1 if is_head(self.models[role]) else layer_for(cfg, role)
+        return layer_for(cfg, role)
 
     def _generator(self, seed: int) -> torch.Generator:
         g = torch.Generator(device=self.models["target"].device)
@@ -49,19 +46,14 @@ class TransformersModels:
     def sample(self, role: str, prefixes: list[tuple[list[int], int]], cfg: CollectConfig) -> list[list[SampledStep]]:
         """Each prefix's N steps in a batch of its own (N copies of its cache)."""
         return [sample_steps(self.models[role], ids, cfg.samples, cfg.temperature, cfg.top_p, cfg.step_delimiter,
-                             cfg.max_step_tokens, self._generator(seed), target=self.models["target"])
+                             cfg.max_step_tokens, self._generator(seed))
                 for ids, seed in prefixes]
 
     def features(self, role: str, prefixes: list[tuple[list[int], list[list[int]]]], cfg: CollectConfig
                  ) -> list[torch.Tensor]:
-        from semspec.head import is_head
         from semspec.probes import step_features
 
         lm = self.models[role]
-        if is_head(lm):  # the head's own states while it reads each step, as when it drafts
-            from semspec.calibration.head_steps import head_step_features
-
-            return [head_step_features(lm, self.models["target"], ids, steps, cfg.pooling) for ids, steps in prefixes]
         return [step_features(lm, ids, steps, layer_for(cfg, role), cfg.pooling) for ids, steps in prefixes]
 
 
@@ -75,25 +67,14 @@ def sample_steps(
     delimiter: str = "\n\n",
     max_step_tokens: int = 48,
     generator: torch.Generator | None = None,
-    target=None,
 ) -> list[SampledStep]:
     """N next steps after `prefix_ids`, sampled in one batch that shares the prefix cache.
 
     A step ends as in the engine (`StepDetector`: the delimiter after some non-blank text,
-    the end-of-thinking marker, the token cap) or at EOS (not included in the step). A draft
-    head (`semspec.head`) samples through `semspec.calibration.head_steps`, reading the
-    states of `target` (which it needs) over the prefix, as it does in the engine."""
-    from semspec.head import is_head
-
+    the end-of-thinking marker, the token cap) or at EOS (not included in the step)."""
     if not prefix_ids:
         raise ValueError("sample_steps needs a non-empty prefix")
-    if is_head(loaded):
-        from semspec.calibration.head_steps import HeadStepper
-
-        stepper = HeadStepper(loaded, target, prefix_ids, n)
-        first, advance = stepper.logits, stepper.advance
-    else:
-        first, advance = _cache_stepper(loaded, prefix_ids, n)
+    first, advance = _cache_stepper(loaded, prefix_ids, n)
     max_ctx = loaded.max_context
     room = None if max_ctx is None else max_ctx - len(prefix_ids)
     return _sample_loop(loaded, first, advance, n, temperature, top_p, delimiter, max_step_tokens, room, generator)
@@ -105,7 +86,7 @@ def _cache_stepper(loaded, prefix_ids, n):
 
     dev = loaded.device
     cache = DynamicCache(config=loaded.model.config)
-    # next_token_logits: a reduced-vocabulary draft samples here as it does in the engine
+    # next_token_logits: a reduced-vocabulary draft samples over its own vocabulary, as it decodes
     logits = loaded.next_token_logits(torch.tensor([list(prefix_ids)], device=dev), cache).repeat(n, 1)
     if n > 1:
         cache.batch_repeat_interleave(n)

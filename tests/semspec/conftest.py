@@ -62,3 +62,25 @@ def smollm2():
 
     cache = os.environ.get("SEMJOBS_MODEL_CACHE")
     return load_model(None, device="cpu", cache_dir=Path(cache) if cache else None)
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_greedy(tiny_vllm_dir, tiny_cache):
+    """``greedy(prompt, max_new_tokens) -> (text, finish_reason, tokens)``: transformers' own
+    float32 greedy generate on the tiny vLLM model, the reference vLLM's greedy text must equal."""
+    from semspec.models import encode_prompt, load_model
+
+    model = load_model(str(tiny_vllm_dir), device="cpu", cache_dir=tiny_cache, dtype=torch.float32)
+    tok, eos = model.tokenizer, sorted(model.eos_token_ids)
+
+    def greedy(prompt, max_new_tokens: int) -> tuple[str, str, int]:
+        ids = torch.tensor([encode_prompt(tok, prompt)])
+        with torch.no_grad():
+            out = model.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                       do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
+        new = out[0, ids.shape[1]:].tolist()
+        finish = "eos" if new and new[-1] in eos else "length"
+        new = new[:-1] if finish == "eos" else new
+        return tok.decode(new, skip_special_tokens=True), finish, len(new)
+
+    return greedy

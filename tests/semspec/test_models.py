@@ -67,18 +67,14 @@ def test_chat_template(tiny_target):
         render_prompt(tok, [])
 
 
-def test_chat_template_kwargs_reach_the_template_and_the_engine(tiny_target):
-    from semspec.engine import Engine
-    from semspec.types import GenerationConfig
+def test_chat_template_kwargs_reach_the_template_and_the_prompts_ids(tiny_target):
+    from semspec.prompts import prompt_ids
 
     tok = tiny_target.tokenizer
     assert render_prompt(tok, "q", template_kwargs={"enable_thinking": True}).endswith("assistant\n<think>\n")
     assert not render_prompt(tok, "q").endswith("<think>\n")
-    engine = Engine(tiny_target)
-    plain, thinking = (engine.generate("What is 2+2?", GenerationConfig(method="ar", max_new_tokens=2,
-                                                                          chat_template_kwargs=kw))
-                       for kw in (None, {"enable_thinking": True}))
-    assert thinking.counters.prompt_tokens > plain.counters.prompt_tokens
+    plain, thinking = (prompt_ids(tok, "What is 2+2?", kw, None) for kw in (None, {"enable_thinking": True}))
+    assert len(thinking) > len(plain)
 
 
 def test_truncated_copy_matches_first_layers(tiny_target):
@@ -151,17 +147,14 @@ def test_reduced_head_swaps_the_lm_head_for_the_block_only(tiny_target):
         assert model.get_output_embeddings() is tiny_target.model.get_output_embeddings()
 
 
-def test_the_reduced_head_keeps_its_fast_copy_when_first_used_inside_a_pass(tiny_target):
+def test_the_reduced_head_scores_its_own_rows_only(tiny_target):
     import dataclasses
 
     sub = dataclasses.replace(tiny_target, vocab_ids=torch.arange(3, 3 + 16))
     hidden = torch.randn(1, sub.hidden_size)
-    with torch.inference_mode():  # as the runner's passes run
+    with torch.inference_mode():
         logits = sub.head_logits(hidden)
-        rows = sub._reduced_rows()
         again = sub.head_logits(hidden)
-    assert not rows.weight.is_inference()
-    assert rows._fast_weight is not None  # read through the few-row copy, not F.linear
     full = tiny_target.head_logits(hidden)
     torch.testing.assert_close(logits[0, 3:19], full[0, 3:19], atol=1e-5, rtol=1e-5)
     assert torch.equal(logits, again) and int(torch.isfinite(logits).sum()) == 16
@@ -178,11 +171,6 @@ def test_pick_dtype(monkeypatch):
         models.pick_dtype("cpu", 1, "float16")
     monkeypatch.setattr(models, "cpu_has_fast_bf16", lambda: True)
     assert models.pick_dtype("cpu", 1) is torch.float32  # one sequence: float32 is faster
-    if models.cpu_linear.packed_kernel() is not None:  # float32 for as many rows as the kernel serves
-        most = models.cpu_linear.fast_rows() or models.FLOAT32_MAX_BATCH_WITH_KERNEL
-        assert models.pick_dtype("cpu", most) is torch.float32
-        assert models.pick_dtype("cpu", most + 1) is torch.bfloat16
-    monkeypatch.setattr(models.cpu_linear, "packed_kernel", lambda: None)
     assert models.pick_dtype("cpu", models.BF16_MIN_BATCH - 1) is torch.float32
     assert models.pick_dtype("cpu", models.BF16_MIN_BATCH) is torch.bfloat16
     monkeypatch.setattr(models, "cpu_has_fast_bf16", lambda: False)

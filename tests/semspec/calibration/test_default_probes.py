@@ -1,12 +1,11 @@
-"""The default probes shipped for the embedded pairs: the target with the layer draft, and
-with the draft head."""
+"""The default probes shipped for the embedded pair: the target with the layer draft."""
 
 import pytest
 
 from semspec.calibration import default_probes_dir
 from semspec.probes import ProbePair, read_metadata
 
-PAIRS = {"smollm2-135m": "embedded:smollm2-135m-draft", "smollm2-135m-head": "embedded:smollm2-135m-head"}
+PAIRS = {"smollm2-135m": "embedded:smollm2-135m-draft"}
 
 
 def _shipped(pair: str):
@@ -41,8 +40,7 @@ def test_default_probes_fit_the_embedded_models(pair):
     assert probes.target.hidden_size == target.hidden_size
 
 
-# the head's probes are read by no engine now (a head drafts no steps: semspec.components)
-@pytest.mark.parametrize("pair", ["smollm2-135m"])
+@pytest.mark.parametrize("pair", sorted(PAIRS))
 def test_the_shipped_probes_name_the_embedded_models_by_their_sources(pair, monkeypatch):
     """Identities come from the GGUF and the committed artifacts, so they hold whatever
     transformers release writes the converted and materialised directories."""
@@ -66,8 +64,9 @@ def test_the_shipped_probes_load_after_the_cache_is_rebuilt_under_another_home(t
     import subprocess
     import sys
 
-    code = ("from semspec.engine import Engine; e = Engine.load(device='cpu', cache_dir='cache'); "
-            "assert e.probes is not None and not e.unavailable, e.unavailable; print(e.identities['draft'])")
+    code = ("from semspec.vllm_steps import VLLMStepEngine\n"
+            "e = VLLMStepEngine.load(device='cpu', cache_dir='cache', dtype='float32', batch_size=1, kv_cache_gb=0.5)\n"
+            "assert e.probes is not None; print(e.identities['draft'])")
     env = {k: v for k, v in os.environ.items() if k != "SEMJOBS_MODEL_CACHE"} | {"HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=600)
