@@ -95,8 +95,6 @@ def _unescape(value: str | None) -> str | None:
                    "(default: the engine's, a blank line).")
 @click.option("--max-step-tokens", default=None, type=int, help="Per-step token cap (default: the engine's).")
 @click.option("--draft-tokens", default=None, type=int, help="token_sd: tokens drafted per verification.")
-@click.option("--draft-stop-prob", default=None, type=float,
-              help="Refused above 0: vLLM's token_sd drafts --draft-tokens every verification (no stop rule).")
 @click.option("--judge-threshold", default=None, type=int, help="step_judge: accept at this 0-9 score or above.")
 @click.option("--threads", default=None, type=int, help="torch threads (default: torch's choice).")
 @click.option("--device", default="auto", show_default=True)
@@ -118,7 +116,7 @@ def _unescape(value: str | None) -> str | None:
               help="vLLM's KV cache budget in GiB, per engine (default: SEMJOBS_KV_CACHE_GB).")
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
           ratio_floors, adaptive, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens,
-          draft_stop_prob, judge_threshold, threads, device, cache_dir, no_warmup, no_loglik, quiet, batch_sizes,
+          judge_threshold, threads, device, cache_dir, no_warmup, no_loglik, quiet, batch_sizes,
           draft_max_batch, dtype, kv_cache_gb) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
 
@@ -136,9 +134,6 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     from semspec.benchmark.report import write_report
     from semspec.benchmark.runner import BenchSettings, load_prompts
 
-    if draft_stop_prob:
-        raise click.UsageError("--draft-stop-prob: vLLM's token_sd drafts --draft-tokens every verification; "
-                               "it has no rule to stop drafting early")
     if threads:
         torch.set_num_threads(threads)
     settings = BenchSettings(
@@ -148,7 +143,6 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
         adaptive=_switches(adaptive),
         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
         step_delimiter=_unescape(step_delimiter), max_step_tokens=max_step_tokens, draft_tokens=draft_tokens,
-        draft_stop_prob=draft_stop_prob,
         judge_threshold=judge_threshold,
         warmup=not no_warmup, loglik=not no_loglik,
         compare_drafts=tuple(d.strip() for d in (compare_drafts or "").split(",") if d.strip()),

@@ -48,10 +48,9 @@ class GenerationConfig:
     # rule; each retry keeps a step the probes accept instead of the target's own, trading
     # target-likeness for speed (docs/benchmarks.md measures both).
     draft_attempts: int = 1
-    # token_sd: tokens drafted per verification, at most; drafting stops early after a token
-    # the draft gave less than draft_stop_prob (0: always draft_tokens). Lossless either way.
+    # token_sd: tokens drafted per verification (vLLM's num_speculative_tokens: an engine
+    # drafts as many for every request, so a job's count selects its engine).
     draft_tokens: int = 4
-    draft_stop_prob: float = 0.0
     # step_judge: accept a drafted step when the target's 0-9 score is at least this.
     judge_threshold: int = 7
     # End-of-thinking marker: "auto" uses "</think>" when the target's vocabulary has it,

@@ -63,7 +63,6 @@ class BenchSettings:
     step_delimiter: str | None = None  # None: the engine's (the probes' calibration, else a blank line)
     max_step_tokens: int | None = None  # None: the engine's default
     draft_tokens: int | None = None
-    draft_stop_prob: float | None = None  # token_sd: stop drafting after a token the draft gave less
     judge_threshold: int | None = None
     warmup: bool = True
     loglik: bool = True
@@ -180,7 +179,7 @@ def config_for(run: MethodRun, s: BenchSettings, prompt_index: int, max_new_toke
         seed=s.seed + prompt_index + run.seed_offset,
     )
     kw.update(run.knobs)
-    for name in ("step_delimiter", "max_step_tokens", "draft_tokens", "draft_stop_prob", "judge_threshold"):
+    for name in ("step_delimiter", "max_step_tokens", "draft_tokens", "judge_threshold"):
         if getattr(s, name) is not None:
             kw[name] = getattr(s, name)
     return GenerationConfig(**kw)

@@ -215,7 +215,7 @@ def test_cli_bench(engines, probes, prompts_file, tmp_path, monkeypatch):
     (["--attempts", "1,x"], "comma-separated ints"),
     (["--draft", "first:2"], "built in memory"),
     (["--compare-drafts", "first:1"], "built in memory"),
-    (["--draft-stop-prob", "0.3"], "--draft-stop-prob"),
+    (["--draft-stop-prob", "0.3"], "No such option"),
     (["--engine", "vllm"], "No such option"),
 ])
 def test_cli_refuses_what_vllm_cannot_serve_before_loading(prompts_file, tmp_path, args, error):
