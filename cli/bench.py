@@ -248,7 +248,7 @@ def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_di
     scorer = []  # the target in float32, loaded once the runs are done
 
     def loglik(prompt, text):
-        from semspec.benchmark.runner import target_mean_loglik
+        from semspec.quality import target_mean_loglik
         from semspec.models import load_model, models_cache
 
         if not scorer:

@@ -44,11 +44,11 @@ def main() -> None:
 
 
 from cli.db import db  # noqa: E402
-from cli.jobs import cancel, export, jobs_command, report, retry, run, status, submit  # noqa: E402
+from cli.jobs import cancel, compare, export, jobs_command, report, retry, run, status, submit  # noqa: E402
 from cli.recover import recover  # noqa: E402
 from cli.worker import worker  # noqa: E402
 
-for _command in (submit, jobs_command, status, export, report, cancel, retry, worker, recover, db, run):
+for _command in (submit, jobs_command, status, compare, export, report, cancel, retry, worker, recover, db, run):
     main.add_command(_command)
 
 # Other command families (engine tooling) register below, one line each:

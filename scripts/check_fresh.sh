@@ -3,8 +3,9 @@
 # pyproject.toml's ranges allow (not requirements/cpu.lock's)? In a throw-away virtualenv and
 # an empty HOME (both in one mktemp dir) it
 #   1. installs as scripts/install.sh does, without the lock (INSTALL_LOCK=none),
-#   2. runs README command 1 (`semjobs run examples/prompts.jsonl -o ... --db sqlite:///...`,
-#      as scripts/demo.sh does, outputs in the temp dir) and checks every item came out,
+#   2. runs README command 1 as scripts/demo.sh does (`semjobs run examples/prompts.jsonl`, then
+#      with `--method semspec`, then `semjobs compare`; outputs in the temp dir) and checks every
+#      item came out of both runs,
 #   3. runs the tests that load the real embedded models: `pytest -m real_model` (they need
 #      Postgres on 127.0.0.1:5432 and Redis on 127.0.0.1:6379; a missing one fails),
 # then prints the versions that differ from the lock (package lock -> newest) and PASS/FAIL with
@@ -74,17 +75,27 @@ skip() { NAMES+=("$1") RESULTS+=(SKIP) TIMES+=("-") NOTES+=("(install failed)");
 fresh_install() { INSTALL_VENV="$tmp/venv" INSTALL_LOCK=none bash scripts/install.sh; }
 
 readme_run() {
-    local out="$tmp/out/results.jsonl" want got
-    semjobs run examples/prompts.jsonl -o "$out" --db "sqlite:///$tmp/out/semjobs.sqlite" || return
+    local db="sqlite:///$tmp/out/semjobs.sqlite" first second
+    first=$(semjobs run examples/prompts.jsonl -o "$tmp/out/results.jsonl" --db "$db" | tail -n 1) || return
+    all_results "$tmp/out/results" || return
+    second=$(semjobs run examples/prompts.jsonl -o "$tmp/out/semspec.jsonl" --db "$db" --method semspec \
+             | tail -n 1) || return
+    all_results "$tmp/out/semspec" || return
+    semjobs compare "$first" "$second" --db "$db"
+}
+
+# every input of examples/prompts.jsonl has a result in OUT.jsonl, and nothing failed
+all_results() {
+    local out="$1.jsonl" want got
     want=$(grep -c . examples/prompts.jsonl)
     got=0
     [ -f "$out" ] && got=$(grep -c . "$out")
-    if [ -f "$tmp/out/results.errors.jsonl" ]; then
-        echo "check_fresh: items failed ($tmp/out/results.errors.jsonl):"; head -c 3000 "$tmp/out/results.errors.jsonl"
+    if [ -f "$1.errors.jsonl" ]; then
+        echo "check_fresh: items failed ($1.errors.jsonl):"; head -c 3000 "$1.errors.jsonl"
         return 1
     fi
     [ "$got" = "$want" ] || { echo "check_fresh: $got of $want results in $out"; return 1; }
-    echo "check_fresh: $got of $want results"
+    echo "check_fresh: $got of $want results in $out"
 }
 
 real_model_tests() {

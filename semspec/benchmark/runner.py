@@ -35,6 +35,7 @@ import torch
 from semspec.answers import final_answer, reference_from
 from semspec.assets import GSM8K_TEST
 from semspec.models import encode_prompt
+from semspec.quality import target_mean_loglik
 from semspec.types import SAMPLING_TEMPERATURE, SAMPLING_TOP_P, GenerationConfig
 
 if TYPE_CHECKING:
@@ -307,27 +308,6 @@ class HFGenerate:
             counters["phase_seconds"]["draft"] = d_meter.seconds
         return run_record(run, prompt, text=text, wall=wall, finish=finish, counters=counters, steps=None,
                           draft_seconds=d_meter.seconds if d_meter is not None else 0.0)
-
-
-# --------------------------------------------------------------------------- quality
-
-
-@torch.inference_mode()
-def target_mean_loglik(target, prompt: str, text: str) -> float | None:
-    """Mean log-probability per token the target gives ``text`` after ``prompt`` (teacher forced)."""
-    tok = target.tokenizer
-    p = encode_prompt(tok, prompt)
-    o = tok(text, add_special_tokens=False)["input_ids"] if text else []
-    if not o:
-        return None
-    ids = p + o
-    if target.max_context is not None and len(ids) > target.max_context:
-        ids = ids[: target.max_context]
-        o = ids[len(p):]
-    x = torch.tensor([ids], device=target.device)
-    logits = target.model(input_ids=x).logits[0, len(p) - 1: len(ids) - 1].float()
-    lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(o, device=logits.device)[:, None])
-    return float(lp.mean())
 
 
 # --------------------------------------------------------------------------- the bench
