@@ -9,6 +9,7 @@ from pathlib import Path
 from .head import resolve_head
 from .models import DEFAULT_TARGET
 from .probes import embedded_probes_available
+from .types import NGRAM_DRAFT
 
 EMBEDDED_DRAFT = "embedded:smollm2-135m-draft"
 EMBEDDED_HEAD = "embedded:smollm2-135m-head"
@@ -69,9 +70,16 @@ def resolve_components(target: str | None, draft: str | None, probes: str | None
 
 
 def step_draft_problem(method: str, draft: str | None) -> str | None:
-    """Why ``draft`` cannot draft ``method``'s steps: a draft head drafts tokens from the
-    target's states inside vLLM's speculation (token_sd), never a whole step of its own."""
-    if method in ("semspec", "step_judge") and draft and resolve_head(draft) is not None:
-        return (f"method {method!r} drafts whole steps with a draft model (e.g. {EMBEDDED_DRAFT}); {draft!r} "
-                "is a draft head, which drafts tokens for token_sd (SEMJOBS_DRAFT_MODEL)")
-    return None
+    """Why ``draft`` cannot draft ``method``'s steps: a draft head (which drafts tokens from
+    the target's states) and ngram (vLLM's prompt lookup) draft tokens inside vLLM's
+    speculation, for token_sd, never a whole step of their own."""
+    if method not in ("semspec", "step_judge") or not draft:
+        return None
+    if draft == NGRAM_DRAFT:
+        kind = "vLLM's prompt lookup"
+    elif resolve_head(draft) is not None:
+        kind = "a draft head"
+    else:
+        return None
+    return (f"method {method!r} drafts whole steps with a draft model (e.g. {EMBEDDED_DRAFT}); {draft!r} "
+            f"is {kind}, which drafts tokens for token_sd (SEMJOBS_DRAFT_MODEL)")

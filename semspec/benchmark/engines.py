@@ -159,12 +159,9 @@ def _step_engine(target, draft, probes, options: dict, keep_target: bool):
     steps (a head, ngram, another tokenizer) leaves the target alone, for ar, when
     ``keep_target``."""
     from semspec.prompts import MethodUnavailable
-    from semspec.types import NGRAM_DRAFT
     from semspec.vllm_steps import VLLMStepEngine
 
     try:
-        if draft == NGRAM_DRAFT:
-            raise MethodUnavailable("ngram (vLLM's prompt lookup) drafts tokens for token_sd, not whole steps")
         return VLLMStepEngine.load(target, draft=draft, probes=probes, **options), None
     except MethodUnavailable as e:
         if not keep_target:
@@ -175,13 +172,12 @@ def _step_engine(target, draft, probes, options: dict, keep_target: bool):
 def _probe_spec(probes: str | None, target, draft, cache_dir, directory: str) -> str | None:
     """``probes`` as the step engine loads them: forced ones ("accept", "reject",
     "const:P_T,P_D") saved as constant probes in ``directory``."""
-    from semspec.components import resolve_components
-    from semspec.head import resolve_head
+    from semspec.components import resolve_components, step_draft_problem
 
     if probes not in FORCED_PROBES and not str(probes).startswith("const:"):
         return probes
     step_draft = resolve_components(target, draft, None)[0]
-    if step_draft is None or resolve_head(step_draft) is not None:
+    if step_draft is None or step_draft_problem("semspec", step_draft) is not None:
         return probes  # the step engine refuses them itself, with the reason
     if probes in FORCED_PROBES:
         p_target, p_draft = FORCED_PROBES[probes]

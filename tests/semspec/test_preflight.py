@@ -18,3 +18,8 @@ def test_token_sd_drafts_with_a_head_or_ngram():
 
 def test_ar_needs_nothing_but_the_target():
     assert method_problem("ar", None, EMBEDDED_HEAD, None) is None
+
+
+def test_ngram_drafts_no_steps():
+    for method in ("semspec", "step_judge"):
+        assert "prompt lookup" in method_problem(method, None, "ngram", "none")
