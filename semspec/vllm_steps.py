@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .components import EMBEDDED_DRAFT, resolve_components, step_draft_problem
+from .components import EMBEDDED_DRAFT, resolve_components, same_tokenizer, step_draft_problem
 from .intake import Intake
 from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, ModelIdentity, model_directory, models_cache
 from .probes import ProbePair, pool, resolve_probes
@@ -183,7 +183,7 @@ class VLLMStepEngine:
             raise MethodUnavailable(problem)
         t = ModelFiles.read(target or DEFAULT_TARGET, cache)
         d = ModelFiles.read(draft, cache) if draft else None
-        if d is not None and d.tokenizer.get_vocab() != t.tokenizer.get_vocab():
+        if d is not None and not same_tokenizer(t.tokenizer, d.tokenizer):
             raise MethodUnavailable("the step-level methods on vLLM need a draft with the target's tokenizer")
         pair = None
         if layers is None and d is not None and probes:
