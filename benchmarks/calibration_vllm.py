@@ -27,8 +27,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from semspec.assets import GSM8K_TEST  # noqa: E402
-from semspec.calibration.collect import (CollectConfig, SampledStep, collect, load_models, prefix_ids,  # noqa: E402
-                                         read_prompts, step_ids)
+from semspec.calibration.backends import load_models  # noqa: E402
+from semspec.calibration.collect import (CollectConfig, SampledStep, collect, prefix_ids, read_prompts,  # noqa: E402
+                                         step_ids)
 from semspec.calibration.store import CalibrationStore  # noqa: E402
 from semspec.probes import ProbePair, resolve_probes  # noqa: E402
 
@@ -118,7 +119,7 @@ def main() -> None:
     on_vllm = load_models(TARGET, DRAFT, cfg, device="cpu", dtype=args.dtype)
     from semspec.calibration.transformers_models import TransformersModels
     from semspec.head import load_draft
-    from semspec.models import load_model
+    from semspec.models.loaded import load_model
 
     target = load_model(TARGET, device="cpu")
     reference = TransformersModels(target, load_draft(DRAFT, target, device="cpu"))

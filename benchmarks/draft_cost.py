@@ -38,7 +38,8 @@ from semspec.assets import GSM8K_TEST
 
 def load_pair(target_spec: str, draft_spec: str | None, artifact: str | None):
     """(target, draft) as LoadedModel; ``artifact`` builds the draft in memory instead."""
-    from semspec.models import LoadedModel, ModelIdentity, load_model
+    from semspec.models.identity import ModelIdentity
+    from semspec.models.loaded import LoadedModel, load_model
 
     target = load_model(target_spec, device="cpu", dtype=torch.float32)
     if artifact:
@@ -230,7 +231,7 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    from semspec.models import encode_prompt
+    from semspec.prompts import encode_prompt
 
     target, draft_lm = load_pair(args.target, args.draft, args.artifact)
     draft, draft_name = draft_lm, str(draft_lm.identity)

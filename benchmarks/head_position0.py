@@ -57,7 +57,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from semspec.head import EMBEDDED_HEAD_DIR, HEAD_WEIGHTS, HeadModel
-    from semspec.models import model_directory
+    from semspec.models.specs import model_directory
     from semspec.prompts import prompt_ids
 
     torch.set_num_threads(1)

@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from semspec.models import load_model
+    from semspec.models.loaded import load_model
 
     target = load_model(args.target, device="cpu", dtype=torch.float32)
     for p in target.model.parameters():

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from semspec.calibration.collect import prefix_ids, step_ids  # noqa: E402
 from semspec.calibration.store import CalibrationStore  # noqa: E402
 from semspec.calibration.train import _fit, _predict, load_role_data, regression_metrics, split_questions  # noqa: E402
-from semspec.models import load_model  # noqa: E402
+from semspec.models.loaded import load_model  # noqa: E402
 
 PROBE = ((64,), 0.3, 30, 0.5)  # (hidden_dims, dropout, epochs, weight_decay): the grid's usual pick
 LOGISTIC = ((), 0.0, 30, 0.1)

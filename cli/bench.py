@@ -228,7 +228,8 @@ def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_di
             + (f", drafting {sweep.draft_tokens} tokens per verification" if kind == "token_sd" else "")
             + (", target and draft at step level" if kind == "steps" else ""))
         if kind == "transformers":
-            from semspec.models import load_model, models_cache
+            from semspec.models.identity import models_cache
+            from semspec.models.loaded import load_model
 
             return load_model(target, device=device, cache_dir=models_cache(cache_dir), dtype=dt)
         from semspec.vllm_engine import VLLMEngine
@@ -249,7 +250,8 @@ def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_di
 
     def loglik(prompt, text):
         from semspec.quality import target_mean_loglik
-        from semspec.models import load_model, models_cache
+        from semspec.models.identity import models_cache
+        from semspec.models.loaded import load_model
 
         if not scorer:
             scorer.append(load_model(target, device="cpu", cache_dir=models_cache(cache_dir), dtype=torch.float32))

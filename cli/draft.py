@@ -128,7 +128,7 @@ def _train_layers(cfg, out_dir, target_spec, cache_dir, data_only, log) -> None:
 
     from semspec.draft.artifact import save_artifact
     from semspec.draft.train import build_training_data, train_draft
-    from semspec.models import load_model
+    from semspec.models.loaded import load_model
 
     torch.set_num_threads(cfg.threads)
     target = load_model(target_spec, device="cpu", dtype=torch.float32)

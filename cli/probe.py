@@ -81,7 +81,7 @@ def collect(ctx, target, draft, prompts_file, out_dir, samples, skip_lines, limi
     import torch
 
     from semjobs.settings import settings
-    from semspec.calibration.collect import load_models
+    from semspec.calibration.backends import load_models
 
     if threads:
         torch.set_num_threads(threads)

@@ -31,7 +31,7 @@ from db.models import Calibration, CalibrationPrefix, CalibrationQuestion, utcno
 from db.session import session_factory
 from semjobs.settings import settings
 from semspec.calibration.store import MERGE_KEYS, with_old_defaults
-from semspec.models import identity_sha256
+from semspec.models.identity import identity_sha256
 
 # collect.json keys that every question's run must agree on: what merging needs, and the
 # seed, since one calibration is one sampling process

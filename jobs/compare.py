@@ -104,7 +104,8 @@ def _paired_outputs(job_a: str, job_b: str, url: str | None) -> list[tuple[Any, 
 
 
 def _load_target(spec: str | None):
-    from semspec.models import load_model, models_cache
+    from semspec.models.identity import models_cache
+    from semspec.models.loaded import load_model
 
     return load_model(None if spec in (None, "embedded") else spec, device="cpu",
                       cache_dir=models_cache(settings.cache_dir))

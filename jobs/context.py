@@ -25,7 +25,9 @@ class ContextCheck:
 
     def _load(self) -> bool:
         if self._tokenizer is None and self.unavailable is None:
-            from semspec.models import ModelLoadError, load_tokenizer, models_cache
+            from semspec.models.identity import models_cache
+            from semspec.models.paths import ModelLoadError
+            from semspec.models.specs import load_tokenizer
 
             try:
                 self._tokenizer, self.max_context = load_tokenizer(self.target_spec, models_cache(self.cache_dir))
@@ -38,7 +40,7 @@ class ContextCheck:
         texts = [prompt] if isinstance(prompt, str) else [m["content"] for m in prompt]
         if sum(len(t.encode("utf-8")) for t in texts) < MIN_CHECKED_BYTES or not self._load():
             return None
-        from semspec.models import encode_prompt
+        from semspec.prompts import encode_prompt
 
         try:
             n = len(encode_prompt(self._tokenizer, prompt, template_kwargs))

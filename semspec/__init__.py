@@ -15,11 +15,12 @@ Public API (imported from the submodules, so that ``import semspec.types`` stays
 - ``semspec.types`` — ``GenerationConfig``, ``GenerationResult``, ``StepRecord``, ``Counters``,
   ``Request``, ``Finished``.
 - ``semspec.components`` / ``semspec.prompts`` — the embedded pair's defaults and what each
-  method needs; a prompt's token ids (chat template applied), step_judge's question.
-- ``semspec.models`` — ``load_model(spec, device, cache_dir)`` for local HF directories, GGUF
-  files and ``embedded:<name>`` models (transformers: training, calibration, quality passes);
-  ``model_directory`` (what vLLM loads), ``encode_prompt`` / ``render_prompt``;
-  ``truncated_copy``; ``register_embedded``.
+  method needs; a prompt rendered through its chat template (``render_prompt``,
+  ``encode_prompt``), its token ids, step_judge's question.
+- ``semspec.models`` — model specs (``specs``: ``embedded:<name>``, GGUF files, local HF
+  directories; ``model_directory``, what vLLM loads; ``register_embedded``), identities
+  (``identity``), and ``loaded.load_model(spec, device, cache_dir)`` for transformers
+  (training, calibration, quality passes; ``truncated_copy``).
 - ``semspec.probes`` — ``Probe`` (MLP + sigmoid, safetensors + JSON metadata), ``ProbePair``,
   ``step_features`` (pooled states over a step), ``train_probe``.
 - ``semspec.steps`` — ``StepDetector``, ``split_steps``.

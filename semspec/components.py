@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .head import resolve_head
-from .models import DEFAULT_TARGET
+from .models.specs import DEFAULT_TARGET
 from .probes import embedded_probes_available
 from .types import NGRAM_DRAFT
 

@@ -31,7 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .draft.artifact import check_fingerprint, files_sha256, target_checksums, target_signature
-from .models import EMBEDDED_PREFIX, LoadedModel, ModelIdentity, derived_sha256
+from .models.identity import ModelIdentity, derived_sha256
+from .models.loaded import LoadedModel
+from .models.specs import EMBEDDED_PREFIX
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -235,7 +237,7 @@ def load_draft(spec: str, target: LoadedModel, **load_kwargs) -> LoadedModel:
     head_dir = resolve_head(spec)
     if head_dir is not None:
         return load_head(head_dir, target, spec=spec)
-    from .models import load_model
+    from .models.loaded import load_model
 
     return load_model(spec, **load_kwargs)
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from .components import METHOD_NEEDS, resolve_components, step_draft_problem
 from .head import head_sha256, resolve_head
-from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, models_cache, spec_sha256
+from .models.identity import DEFAULT_CACHE_DIR, models_cache
+from .models.specs import DEFAULT_TARGET, spec_sha256
 from .probes import Probe, ProbePair, read_metadata, resolve_probes
 
 

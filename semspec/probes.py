@@ -32,7 +32,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .models import cache_argument, identity_sha256
+from .models.identity import identity_sha256
+from .models.loaded import cache_argument
 
 FORMAT = "semjobs-probe"
 VERSION = 1

@@ -1,11 +1,10 @@
-"""A prompt as the target reads it: its token ids, and step_judge's judging question.
+"""A prompt as the target reads it: the chat template rendered, its token ids, and
+step_judge's judging question.
 
 Shared by the engines and by probe calibration, so that every one renders a prompt alike.
 """
 
 from __future__ import annotations
-
-from .models import encode_prompt, render_prompt
 
 
 class PromptError(ValueError):
@@ -14,6 +13,29 @@ class PromptError(ValueError):
 
 class MethodUnavailable(ValueError):
     """The method needs a model or probes the engine was not given."""
+
+
+def render_prompt(tokenizer, messages: list[dict] | str, add_generation_prompt: bool = True,
+                  template_kwargs: dict | None = None) -> str:
+    """The prompt text for ``messages`` (a string is one user message), through the
+    tokenizer's chat template when it has one (``template_kwargs`` are passed to it), else a
+    plain ``role: content`` transcript."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    if not messages or not any(str(m.get("content") or "").strip() for m in messages):
+        raise ValueError("empty prompt: no message has any content")
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             **(template_kwargs or {}))
+    text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+    return text + ("\nassistant: " if add_generation_prompt else "")
+
+
+def encode_prompt(tokenizer, messages: list[dict] | str, template_kwargs: dict | None = None) -> list[int]:
+    """Token ids of the rendered prompt (special tokens come from the template itself)."""
+    text = render_prompt(tokenizer, messages, template_kwargs=template_kwargs)
+    ids = tokenizer(text, add_special_tokens=not getattr(tokenizer, "chat_template", None))["input_ids"]
+    return list(ids)
 
 
 def prompt_ids(tokenizer, messages, template_kwargs: dict | None, max_context: int | None) -> list[int]:

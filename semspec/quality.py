@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from semspec.models import encode_prompt
+from semspec.prompts import encode_prompt
 
 
 @torch.inference_mode()

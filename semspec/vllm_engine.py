@@ -36,7 +36,10 @@ import torch
 
 from .answers import final_answer, split_reasoning
 from .intake import Intake
-from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, ModelIdentity, cpu_has_fast_bf16, eos_token_ids, model_directory, models_cache
+from .models.dtypes import cpu_has_fast_bf16
+from .models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cache
+from .models.loaded import eos_token_ids
+from .models.specs import DEFAULT_TARGET, model_directory
 from .prompts import prompt_ids
 from .steps import StepDetector, detect_think_end, step_spans
 from .vllm_speculation import speculative_config

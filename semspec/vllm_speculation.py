@@ -20,7 +20,9 @@ import torch
 
 from .components import EMBEDDED_HEAD
 from .head import HEAD_META, head_sha256, resolve_head
-from .models import DEFAULT_TARGET, ModelIdentity, derived_sha256, library_tag
+from .models.hf import library_tag
+from .models.identity import ModelIdentity, derived_sha256
+from .models.specs import DEFAULT_TARGET
 from .types import NGRAM_DRAFT
 
 # the targets whose heads semspec.vllm_head_model runs: its layers are vLLM's Llama layers (no

@@ -30,7 +30,8 @@ import torch
 
 from .components import EMBEDDED_DRAFT, resolve_components, same_tokenizer, step_draft_problem
 from .intake import Intake
-from .models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, ModelIdentity, model_directory, models_cache
+from .models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cache
+from .models.specs import DEFAULT_TARGET, model_directory
 from .probes import ProbePair, pool, resolve_probes
 from .prompts import MethodUnavailable, judge_prompt, prompt_ids
 from .stepwise import TARGET, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
@@ -215,12 +216,6 @@ class VLLMStepEngine:
             ids.update(self.probes.identities())
         ids.update(dtype=self.dtype, engine=f"vllm {self.version}")
         return ids
-
-    def calibration_models(self):
-        """The pair as probe calibration samples and reads it (``semspec.calibration``)."""
-        from .calibration.vllm_models import VLLMModels
-
-        return VLLMModels(self, ("target",) if self.draft is None else ("target", "draft"))
 
     def method_problem(self, method: str) -> str | None:
         if method not in METHODS:

@@ -106,6 +106,8 @@ def calibrate(self, calibration_id: str, question_id: str) -> str:
     """One question of a probe calibration with this worker's pair (jobs.calibration), on the
     engine the pair's semspec decodes with, storing the layers the calibration reads."""
     from jobs.calibration import calibration_layers, fail_question, run_question
+    from semspec.calibration.vllm_models import VLLMModels
+    from semspec.vllm_steps import VLLMStepEngine
 
     layers = calibration_layers(calibration_id)
     if layers is None:  # no such calibration (deleted meanwhile)
@@ -117,11 +119,11 @@ def calibrate(self, calibration_id: str, question_id: str) -> str:
             return fail_question(calibration_id, question_id, load_error)
         # held: a job's chunk asking for another engine meanwhile gets EngineBusy, not this one dropped
         with engines.in_use(*request) as engine:
-            if not hasattr(engine, "calibration_models"):
+            if not isinstance(engine, VLLMStepEngine):
                 return fail_question(calibration_id, question_id, f"this worker's engine ({type(engine).__name__}) "
                                      "cannot sample for a calibration")
             with _calibrating:
-                outcome = run_question(calibration_id, question_id, engine.calibration_models(),
+                outcome = run_question(calibration_id, question_id, VLLMModels(engine),
                                        worker=liveness.name() or worker_name())
     except engines.EngineBusy as e:  # a job's chunks decode with the engine this would drop
         log.info("calibration %s question %s: %s; trying again in %ss", calibration_id, question_id, e,

@@ -12,8 +12,3 @@
 Raw counts are stored per run; every ratio is derived in ``metrics`` and defined in
 ``metrics.DEFINITIONS`` (which ``results.json`` carries along).
 """
-
-from .metrics import DEFINITIONS, summarize
-from .runner import BenchSettings, load_prompts, run_bench
-
-__all__ = ["BenchSettings", "DEFINITIONS", "load_prompts", "run_bench", "summarize"]

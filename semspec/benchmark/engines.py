@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from semspec.models import LoadedModel
+from semspec.models.loaded import LoadedModel
 from semspec.types import GenerationConfig
 
 # The methods that decode on the step engine (token_sd decodes on a speculating one).
@@ -186,7 +186,8 @@ def _probe_spec(probes: str | None, target, draft, cache_dir, directory: str) ->
             p_target, p_draft = (float(x) for x in probes[len("const:"):].split(","))
         except ValueError as e:
             raise ValueError(f"probes {probes!r}: expected const:P_T,P_D, e.g. const:0.7,0.9") from e
-    from semspec.models import DEFAULT_CACHE_DIR, DEFAULT_TARGET, models_cache
+    from semspec.models.identity import DEFAULT_CACHE_DIR, models_cache
+    from semspec.models.specs import DEFAULT_TARGET
     from semspec.probes import ProbePair
     from semspec.vllm_steps import ModelFiles
 
@@ -196,7 +197,8 @@ def _probe_spec(probes: str | None, target, draft, cache_dir, directory: str) ->
 
 
 def _transformers_model(spec, device: str, cache_dir, number_type: str) -> LoadedModel:
-    from semspec.models import load_model, models_cache
+    from semspec.models.identity import models_cache
+    from semspec.models.loaded import load_model
 
     return load_model(spec, device=device, cache_dir=models_cache(cache_dir), dtype=getattr(torch, number_type))
 

@@ -34,7 +34,7 @@ import torch
 
 from semspec.answers import final_answer, reference_from
 from semspec.assets import GSM8K_TEST
-from semspec.models import encode_prompt
+from semspec.prompts import encode_prompt
 from semspec.quality import target_mean_loglik
 from semspec.types import SAMPLING_TEMPERATURE, SAMPLING_TOP_P, GenerationConfig
 

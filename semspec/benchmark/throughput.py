@@ -27,7 +27,8 @@ from typing import Any, Callable
 import torch
 
 from semspec.answers import final_answer, is_correct
-from semspec.models import encode_prompt, pick_dtype
+from semspec.models.dtypes import pick_dtype
+from semspec.prompts import encode_prompt
 from semspec.types import METHODS, GenerationConfig, Request
 from semspec.vllm_engine import vllm_dtype
 

@@ -119,7 +119,7 @@ def layer_for(cfg: CollectConfig, role: str) -> int:
 
 def prefix_ids(tokenizer, prompt: str, prefix_text: str) -> list[int]:
     """The prompt (its chat template applied) and the trace's first steps, as token ids."""
-    from semspec.models import encode_prompt
+    from semspec.prompts import encode_prompt
 
     ids = encode_prompt(tokenizer, prompt)
     if prefix_text:
@@ -193,28 +193,6 @@ def collect_prefixes(models: CalibrationModels, prompt: str, prefixes: list[Pref
         for i, pooled in enumerate(models.features(role, requests, cfg)):
             features[i][role] = pooled
     return [([s.text for s in samples[i]], sources[i], features[i]) for i in range(len(prefixes))]
-
-
-def load_models(target: str, draft: str | None, cfg: CollectConfig, device: str = "auto",
-                **vllm_options) -> CalibrationModels:
-    """The pair to calibrate: on vLLM where it is installed, storing the layers ``cfg`` reads,
-    with ``vllm_options`` (``VLLMStepEngine.load``'s: a worker's settings), else on
-    transformers' forward. A draft head drafts no steps (``semspec.components``): refused."""
-    from semspec.components import step_draft_problem
-    from semspec.vllm_engine import vllm_installed
-
-    problem = step_draft_problem("semspec", draft)
-    if problem is not None:
-        raise ValueError(problem)
-    if vllm_installed():
-        from semspec.calibration.vllm_models import VLLMModels
-
-        return VLLMModels.load(target, draft, cfg, device=device, **vllm_options)
-    from semspec.calibration.transformers_models import TransformersModels
-    from semspec.models import load_model
-
-    tgt = load_model(target, device=device)
-    return TransformersModels(tgt, load_model(draft, device=device) if draft else None)
 
 
 def prefix_positions(n_steps: int, cap: int, how: str = "spread") -> list[int]:
@@ -314,7 +292,7 @@ def collect(
             if cap is not None and len(done) >= cap:
                 break
             if qid not in traces:
-                from semspec.models import encode_prompt
+                from semspec.prompts import encode_prompt
 
                 steps = models.trace(encode_prompt(models.tokenizer("target"), prompt), cfg,
                                      _seed_for(cfg.seed, "trace", qid))

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 import torch
 
-from semspec.models import identity_sha256
+from semspec.models.identity import identity_sha256
 
 COLLECT_META = "collect.json"
 TRACES = "traces.jsonl"

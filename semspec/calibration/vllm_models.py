@@ -27,7 +27,11 @@ from semspec.steps import IncrementalText, StepDetector, step_spans
 
 
 class VLLMModels:
-    def __init__(self, engine: Any, roles: tuple[str, ...] = ("target", "draft")):
+    def __init__(self, engine: Any, roles: tuple[str, ...] | None = None):
+        """``engine``: a ``VLLMStepEngine``; ``roles``: the models to sample from (default: the
+        engine's, the target alone when it loaded no draft)."""
+        if roles is None:
+            roles = ("target",) if engine.draft is None else ("target", "draft")
         self.step_engine = engine
         self.served = {"target": engine.target, "draft": engine.draft}
         if "draft" in roles and engine.draft is None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from semspec.models import VOCAB_SUBSET_FILE
+from semspec.models.reduced_vocab import VOCAB_SUBSET_FILE
 
 FORMAT = "semspec-draft/1"
 WEIGHTS_FILE = "draft.safetensors"

@@ -1,6 +1,6 @@
 """The embedded draft ``"embedded:smollm2-135m-draft"``: the committed artifact in
 ``semspec/assets/draft`` applied to the embedded target, materialised once into the model
-cache as an ordinary Hugging Face directory."""
+cache as an ordinary Hugging Face directory (``semspec.models.specs`` resolves the name)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import torch
 
 from semspec.draft.artifact import META_FILE, WEIGHTS_FILE, files_sha256, materialize_draft
-from semspec.models import derived_sha256, library_tag
+from semspec.models.hf import from_pretrained, library_tag
+from semspec.models.identity import derived_sha256
 
 ARTIFACT_DIR = Path(__file__).resolve().parent.parent / "assets" / "draft"
-TARGET_SPEC = "embedded:smollm2-135m"
 NAME = "smollm2-135m-draft"
 
 
@@ -27,14 +27,13 @@ def draft_sha256(target_sha256: str, artifact_dir: str | os.PathLike = ARTIFACT_
     return derived_sha256("semspec-draft", artifact_sha256(artifact_dir), target_sha256)
 
 
-def materialized_draft_dir(cache_root: str | os.PathLike, artifact_dir: str | os.PathLike = ARTIFACT_DIR,
-                           target_spec: str = TARGET_SPEC) -> Path:
-    """The draft's model directory in ``cache_root``, built on first use (atomically)."""
-    from semspec.models import load_model
-
+def materialized_draft_dir(cache_root: str | os.PathLike, target_dir: Path,
+                           artifact_dir: str | os.PathLike = ARTIFACT_DIR) -> Path:
+    """The draft's model directory in ``cache_root``, built on first use (atomically) from
+    the target's model directory ``target_dir``."""
     final = Path(cache_root) / f"{NAME}-{artifact_sha256(artifact_dir)[:16]}-{library_tag()}"
     if (final / "semspec_draft.json").is_file():
         return final
-    target = load_model(target_spec, device="cpu", cache_dir=cache_root, dtype=torch.float32)
-    materialize_draft(target.model, target.tokenizer, artifact_dir, final)
+    target, tokenizer = from_pretrained(target_dir, torch.float32)
+    materialize_draft(target, tokenizer, artifact_dir, final)
     return final

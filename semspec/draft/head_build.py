@@ -58,7 +58,7 @@ def build_head(cfg: HeadTrainConfig, out_dir: str | Path, target_spec: str = "em
     metadata. ``engine``: a vLLM engine already running on ``target_spec`` to decode the
     traces (vLLM runs one engine per process, so a caller holding one passes it); without,
     one is started for the traces (``trace_engine``) and shut down before the target loads."""
-    from semspec.models import load_model
+    from semspec.models.loaded import load_model
 
     cfg = resolve_train_dtype(cfg)  # the checkpoint key and the metadata name the dtype used
     t_start = time.perf_counter()

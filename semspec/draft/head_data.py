@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 import torch
 
 from semspec.draft.data import load_questions
-from semspec.models import encode_prompt
+from semspec.prompts import encode_prompt
 from semspec.types import GenerationConfig, Request
 
 Log = Callable[[str], None]

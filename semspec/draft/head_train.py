@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from semspec.draft.config import HeadTrainConfig
 from semspec.draft.head_data import Trace, padded_batches
 from semspec.head import HeadModel
-from semspec.models import LoadedModel
+from semspec.models.loaded import LoadedModel
 
 Log = Callable[[str], None]
 NEVER_DRAFTED = torch.iinfo(torch.long).max  # the rank of a token outside the head's vocabulary
@@ -108,7 +108,7 @@ def resolve_train_dtype(cfg: HeadTrainConfig) -> HeadTrainConfig:
     bfloat16 matrix instructions, float32 where torch would emulate them."""
     if cfg.train_dtype != "auto":
         return cfg
-    from semspec.models import cpu_has_fast_bf16
+    from semspec.models.dtypes import cpu_has_fast_bf16
 
     return dataclasses.replace(cfg, train_dtype="bfloat16" if cpu_has_fast_bf16() else "float32")
 

@@ -38,7 +38,7 @@ def run_job(db, out, *args, src=SRC):
 
 def test_a_method_against_ar_on_one_input(scored, sqlite_db, tmp_path):
     from jobs.compare import compare_jobs
-    from semspec.models import load_model
+    from semspec.models.loaded import load_model
     from semspec.quality import target_mean_loglik
 
     ar = run_job(sqlite_db, tmp_path / "ar.jsonl")

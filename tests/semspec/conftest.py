@@ -36,21 +36,21 @@ def tiny_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_target(tiny_dirs, tiny_cache):
-    from semspec.models import load_model
+    from semspec.models.loaded import load_model
 
     return load_model(str(tiny_dirs["target"]), device="cpu", cache_dir=tiny_cache)
 
 
 @pytest.fixture(scope="session")
 def tiny_draft(tiny_dirs, tiny_cache):
-    from semspec.models import load_model
+    from semspec.models.loaded import load_model
 
     return load_model(str(tiny_dirs["draft"]), device="cpu", cache_dir=tiny_cache)
 
 
 @pytest.fixture(scope="session")
 def tiny_other(tiny_dirs, tiny_cache):
-    from semspec.models import load_model
+    from semspec.models.loaded import load_model
 
     return load_model(str(tiny_dirs["other_tok"]), device="cpu", cache_dir=tiny_cache)
 
@@ -58,7 +58,7 @@ def tiny_other(tiny_dirs, tiny_cache):
 @pytest.fixture(scope="session")
 def smollm2():
     """The real embedded target, converted once into the shared model cache."""
-    from semspec.models import load_model
+    from semspec.models.loaded import load_model
 
     cache = os.environ.get("SEMJOBS_MODEL_CACHE")
     return load_model(None, device="cpu", cache_dir=Path(cache) if cache else None)
@@ -68,7 +68,8 @@ def smollm2():
 def tiny_vllm_greedy(tiny_vllm_dir, tiny_cache):
     """``greedy(prompt, max_new_tokens) -> (text, finish_reason, tokens)``: transformers' own
     float32 greedy generate on the tiny vLLM model, the reference vLLM's greedy text must equal."""
-    from semspec.models import encode_prompt, load_model
+    from semspec.models.loaded import load_model
+    from semspec.prompts import encode_prompt
 
     model = load_model(str(tiny_vllm_dir), device="cpu", cache_dir=tiny_cache, dtype=torch.float32)
     tok, eos = model.tokenizer, sorted(model.eos_token_ids)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from semspec.head import HeadMismatchError, HeadModel, is_head, load_draft, load_head, save_head
-from semspec.models import LoadedModel, ModelIdentity
+from semspec.models.identity import ModelIdentity
+from semspec.models.loaded import LoadedModel
 
 
 def _head_model(target: LoadedModel, seed: int = 3) -> LoadedModel:

@@ -5,15 +5,11 @@ import time
 import pytest
 import torch
 
-from semspec.models import (
-    ModelLoadError,
-    content_sha256,
-    encode_prompt,
-    load_model,
-    render_prompt,
-    resolve_spec,
-    truncated_copy,
-)
+from semspec.models.identity import content_sha256
+from semspec.models.loaded import load_model, truncated_copy
+from semspec.models.paths import ModelLoadError
+from semspec.models.specs import resolve_spec
+from semspec.prompts import encode_prompt, render_prompt
 
 
 def test_load_local_dir_identity(tiny_dirs, tiny_cache):
@@ -32,7 +28,8 @@ def test_load_local_dir_identity(tiny_dirs, tiny_cache):
 def test_a_directory_is_the_same_model_wherever_it_lies_and_whoever_wrote_its_config(tiny_dirs, tmp_path):
     import shutil
 
-    from semspec.models import ModelIdentity, spec_sha256
+    from semspec.models.identity import ModelIdentity
+    from semspec.models.specs import spec_sha256
 
     copy = shutil.copytree(tiny_dirs["target"], tmp_path / "elsewhere" / "target")
     config = copy / "config.json"
@@ -112,7 +109,7 @@ def test_embedded_gguf_conversion_is_cached(tmp_path):
 
 
 def test_register_embedded(tiny_dirs, tiny_cache):
-    from semspec.models import EMBEDDED_MODELS, register_embedded
+    from semspec.models.specs import EMBEDDED_MODELS, register_embedded
 
     seen = []
     register_embedded("tiny-test", lambda cache_dir: seen.append(cache_dir) or tiny_dirs["draft"])
@@ -163,18 +160,18 @@ def test_the_reduced_head_scores_its_own_rows_only(tiny_target):
 def test_pick_dtype(monkeypatch):
     import torch
 
-    from semspec import models
+    from semspec.models import dtypes
 
-    assert models.pick_dtype("cpu", 32, "float32") is torch.float32
-    assert models.pick_dtype("cpu", 1, "bfloat16") is torch.bfloat16
+    assert dtypes.pick_dtype("cpu", 32, "float32") is torch.float32
+    assert dtypes.pick_dtype("cpu", 1, "bfloat16") is torch.bfloat16
     with pytest.raises(ValueError, match="dtype"):
-        models.pick_dtype("cpu", 1, "float16")
-    monkeypatch.setattr(models, "cpu_has_fast_bf16", lambda: True)
-    assert models.pick_dtype("cpu", 1) is torch.float32  # one sequence: float32 is faster
-    assert models.pick_dtype("cpu", models.BF16_MIN_BATCH - 1) is torch.float32
-    assert models.pick_dtype("cpu", models.BF16_MIN_BATCH) is torch.bfloat16
-    monkeypatch.setattr(models, "cpu_has_fast_bf16", lambda: False)
-    assert models.pick_dtype("cpu", 32) is torch.float32
+        dtypes.pick_dtype("cpu", 1, "float16")
+    monkeypatch.setattr(dtypes, "cpu_has_fast_bf16", lambda: True)
+    assert dtypes.pick_dtype("cpu", 1) is torch.float32  # one sequence: float32 is faster
+    assert dtypes.pick_dtype("cpu", dtypes.BF16_MIN_BATCH - 1) is torch.float32
+    assert dtypes.pick_dtype("cpu", dtypes.BF16_MIN_BATCH) is torch.bfloat16
+    monkeypatch.setattr(dtypes, "cpu_has_fast_bf16", lambda: False)
+    assert dtypes.pick_dtype("cpu", 32) is torch.float32
 
 
 def test_a_pickled_checkpoint_is_refused(tiny_dirs, tiny_cache, tmp_path):

@@ -43,7 +43,8 @@ def engine():
 def reference():
     """The pair in transformers, float32: the reference for near-ties and states."""
     from semspec.components import EMBEDDED_DRAFT
-    from semspec.models import DEFAULT_TARGET, load_model
+    from semspec.models.loaded import load_model
+    from semspec.models.specs import DEFAULT_TARGET
 
     return load_model(DEFAULT_TARGET, device="cpu"), load_model(EMBEDDED_DRAFT, device="cpu")
 
@@ -99,7 +100,7 @@ def assert_near_tie(reference, question, text_a, text_b, gap=0.5):
     """Where two float32 greedy texts part, one of the models had the two tokens within
     ``gap`` of each other (transformers' own forward): kernels rounding apart, not a step
     taken differently."""
-    from semspec.models import encode_prompt
+    from semspec.prompts import encode_prompt
 
     tok = reference[0].tokenizer
     a, b = (tok(t, add_special_tokens=False)["input_ids"] for t in (text_a, text_b))

@@ -13,7 +13,7 @@ PROMPTS = [{"prompt": p, "reference": "4"} for p in ("What is 2+2?", "Name a col
 @pytest.mark.slow
 def test_one_sweep_runs_every_method_on_vllm_beside_plain_vllm_and_transformers(tiny_vllm_dir, tiny_cache, tmp_path):
     require_vllm()
-    from semspec.models import load_model
+    from semspec.models.loaded import load_model
     from semspec.probes import ProbePair
     from semspec.vllm_engine import VLLMEngine
     from semspec.vllm_steps import VLLMStepEngine

@@ -2,7 +2,7 @@
 
 import pytest
 
-from semspec.models import load_model
+from semspec.models.loaded import load_model
 from semspec.testing import tiny_model_dir
 
 

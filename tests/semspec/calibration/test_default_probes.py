@@ -31,7 +31,7 @@ def test_default_probe_files_are_well_formed(pair):
 @pytest.mark.parametrize("pair", sorted(PAIRS))
 def test_default_probes_fit_the_embedded_models(pair):
     from semspec.head import load_draft
-    from semspec.models import load_model
+    from semspec.models.loaded import load_model
 
     d = _shipped(pair)
     target = load_model("embedded:smollm2-135m", device="cpu")
@@ -44,12 +44,14 @@ def test_default_probes_fit_the_embedded_models(pair):
 def test_the_shipped_probes_name_the_embedded_models_by_their_sources(pair, monkeypatch):
     """Identities come from the GGUF and the committed artifacts, so they hold whatever
     transformers release writes the converted and materialised directories."""
-    from semspec import models
+    from semspec.draft import embedded
+    from semspec.models import gguf
     from semspec.preflight import method_problem
 
     d = _shipped(pair)
     for tag in ("tf-now", "tf-another-release"):
-        monkeypatch.setattr(models, "library_tag", lambda tag=tag: tag)
+        for module in (gguf, embedded):  # the two that name directories by the release
+            monkeypatch.setattr(module, "library_tag", lambda tag=tag: tag)
         assert method_problem("semspec", None, PAIRS[pair], f"embedded:{pair}") is None
     meta = read_metadata(d / "draft.safetensors")
     assert meta["model_identity"].startswith(PAIRS[pair] + "@sha256:")

@@ -5,7 +5,7 @@ import torch
 
 from semspec.calibration.collect import CollectConfig
 from semspec.calibration.transformers_models import generate_trace, sample_steps
-from semspec.models import encode_prompt
+from semspec.prompts import encode_prompt
 
 
 def test_sample_steps_batch_matches_engine_step_rule(pair):

@@ -12,7 +12,7 @@ import torch
 from semspec.calibration.collect import CollectConfig, SampledStep, collect, prefix_ids
 from semspec.calibration.store import CalibrationStore
 from semspec.calibration.transformers_models import TransformersModels
-from semspec.models import load_model
+from semspec.models.loaded import load_model
 from semspec.probes import step_features
 from semspec.steps import step_spans
 from semspec.testing import tiny_model_dir

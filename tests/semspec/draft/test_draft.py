@@ -118,7 +118,9 @@ def test_two_adapter_layers(target, tokenizer, data_file, tmp_path):
 
 
 def test_reduced_vocabulary_draft(target, tokenizer, data_file, tmp_path):
-    from semspec.models import LoadedModel, ModelIdentity, read_vocab_subset
+    from semspec.models.identity import ModelIdentity
+    from semspec.models.loaded import LoadedModel
+    from semspec.models.reduced_vocab import read_vocab_subset
 
     art = train_draft(target, tokenizer, tiny_cfg(data_file, draft_vocab=24))
     vocab = art.vocab_ids

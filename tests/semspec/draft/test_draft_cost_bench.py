@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from semspec.models import LoadedModel, ModelIdentity
+from semspec.models.identity import ModelIdentity
+from semspec.models.loaded import LoadedModel
 
 from .conftest import tiny_target
 

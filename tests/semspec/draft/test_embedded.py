@@ -31,7 +31,7 @@ def test_committed_artifact_shapes_and_size():
 @pytest.mark.real_model
 @pytest.mark.slow
 def test_embedded_draft_loads_like_any_model():
-    from semspec.models import load_model
+    from semspec.models.loaded import load_model
 
     target = load_model("embedded:smollm2-135m", device="cpu", dtype=torch.float32)
     draft = load_model("embedded:smollm2-135m-draft", device="cpu", dtype=torch.float32)

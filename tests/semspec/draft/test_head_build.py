@@ -324,10 +324,10 @@ def test_a_run_stopped_early_holds_the_whole_schedules_weights_at_that_step(tiny
 
 
 def test_train_dtype_auto_is_bfloat16_only_where_the_cpu_has_bfloat16_instructions(monkeypatch):
-    import semspec.models
+    import semspec.models.dtypes
 
     for fast, want in ((True, "bfloat16"), (False, "float32")):
-        monkeypatch.setattr(semspec.models, "cpu_has_fast_bf16", lambda fast=fast: fast)
+        monkeypatch.setattr(semspec.models.dtypes, "cpu_has_fast_bf16", lambda fast=fast: fast)
         assert resolve_train_dtype(HeadTrainConfig()).train_dtype == want
         assert resolve_train_dtype(HeadTrainConfig(train_dtype="float32")).train_dtype == "float32"
         assert resolve_train_dtype(HeadTrainConfig(train_dtype="bfloat16")).train_dtype == "bfloat16"
