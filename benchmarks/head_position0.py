@@ -2,7 +2,7 @@
 
 The embedded engine feeds the head one pair more than vLLM's eagle method does: at position 0
 a zero state with the first prompt token (semspec.head); vLLM starts the head at the pair
-(target state 0, token 1) (semspec.vllm_head). This measures the shipped head on the same
+(target state 0, token 1) (semspec.engine.head_plugin). This measures the shipped head on the same
 greedy traces both ways, teacher-forced on the target's own states, with no engine in the way:
 the mean leading run of drafted tokens the target agrees with, of K per verification, at
 every response position (what a greedy verification keeps, bonus token excluded).

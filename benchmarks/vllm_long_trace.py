@@ -38,7 +38,7 @@ def main() -> None:
     from _common import GSM8K
 
     from semspec.types import GenerationConfig, Request
-    from semspec.vllm_engine import VLLMEngine
+    from semspec.engine.token_engine import VLLMEngine
 
     questions = [json.loads(line)["question"] for line in GSM8K.read_text().splitlines()[100:100 + a.batch_size - 1]]
     t0 = time.perf_counter()

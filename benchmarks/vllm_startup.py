@@ -25,7 +25,7 @@ def one(dtype: str, compile: bool) -> dict:
     from _common import GSM8K
 
     from semspec.types import GenerationConfig
-    from semspec.vllm_engine import VLLMEngine
+    from semspec.engine.token_engine import VLLMEngine
 
     questions = [json.loads(line)["question"] for line in GSM8K.read_text().splitlines()[100:132]]
     t0 = time.perf_counter()

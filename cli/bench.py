@@ -232,8 +232,8 @@ def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_di
             from semspec.models.loaded import load_model
 
             return load_model(target, device=device, cache_dir=models_cache(cache_dir), dtype=dt)
-        from semspec.vllm_engine import VLLMEngine
-        from semspec.vllm_steps import VLLMStepEngine
+        from semspec.engine.token_engine import VLLMEngine
+        from semspec.engine.step_engine import VLLMStepEngine
 
         t0 = time.perf_counter()
         common = dict(device=device, cache_dir=cache_dir, dtype=str(dt), batch_size=max(batch_sizes),

@@ -26,7 +26,7 @@ pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first and pinned exactly: this version's CPU build lies on disk here; a looser
 # requirement pulls a multi-GB CUDA build.
 pip install -q "${CONSTRAINTS[@]}" torch==2.13.0
-# vLLM's CPU build (semspec.vllm_engine), named with torch==2.13.0 so that, lock or not, it is a
+# vLLM's CPU build (semspec.engine.token_engine), named with torch==2.13.0 so that, lock or not, it is a
 # release built on that torch (each pins one +cpu build). It also brings torchvision, torchaudio
 # and torchcodec, which fail to load beside this CPU torch and make `from vllm import LLM`
 # raise; semjobs needs none of them, so they are removed. Skipped when the venv already matches

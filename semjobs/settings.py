@@ -30,7 +30,7 @@ class Settings(BaseSettings):
     probes_dir: str | None = None
     device: str = "auto"  # "auto" picks CUDA when present, else the CPU
     # Number type of the models: "auto" is bfloat16 on CUDA and on a CPU with bfloat16
-    # instructions (AMX, AVX512-BF16), float32 otherwise (semspec.vllm_engine.vllm_dtype).
+    # instructions (AMX, AVX512-BF16), float32 otherwise (semspec.engine.token_engine.vllm_dtype).
     # "float32" / "bfloat16" force one.
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # Items one engine process decodes at once (continuous batching, shared by every chunk
@@ -44,8 +44,8 @@ class Settings(BaseSettings):
     processes: int | None = Field(default=None, ge=1)
     threads: int | None = Field(default=None, ge=1)
 
-    # vLLM decodes (worker.engine.factory_for: semspec.vllm_engine for ar and token_sd,
-    # semspec.vllm_steps, a target and a draft engine, for semspec and step_judge): the KV
+    # vLLM decodes (worker.engine.factory_for: semspec.engine.token_engine for ar and token_sd,
+    # semspec.engine.step_engine, a target and a draft engine, for semspec and step_judge): the KV
     # cache's whole budget per engine process, in GiB (a sequence that does not fit waits for
     # room rather than failing), and compiled graphs instead of eager mode.
     kv_cache_gb: float = Field(default=2.0, gt=0)
@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     # Overrides vLLM: an engine as "module:attribute[.attribute]", called once per process
     # as factory(target=, draft=, probes=, device=, cache_dir=, dtype=, batch_size=); it must
     # return an object with .identities and .generate_many(requests, batch_size=)
-    # (semspec.vllm_engine.VLLMEngine's). Tests and the overhead benchmark point it at an instant fake.
+    # (semspec.engine.token_engine.VLLMEngine's). Tests and the overhead benchmark point it at an instant fake.
     engine_factory: str | None = None
 
     # Job defaults (each can be overridden per job on the command line, per item in the input).

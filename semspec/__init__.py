@@ -3,15 +3,15 @@ engines, no service code inside.
 
 Public API (imported from the submodules, so that ``import semspec.types`` stays light):
 
-- ``semspec.vllm_engine`` — ``VLLMEngine.load(target, draft, device, cache_dir, dtype,
+- ``semspec.engine.token_engine`` — ``VLLMEngine.load(target, draft, device, cache_dir, dtype,
   batch_size, kv_cache_gb, speculative_tokens)``: ``ar``, and ``token_sd`` with vLLM's own
-  speculation (``semspec.vllm_speculation``, the draft head exported by ``semspec.vllm_head``);
+  speculation (``semspec.engine.speculation``, the draft head exported by ``semspec.engine.head_plugin``);
   ``engine.generate(prompt, GenerationConfig) -> GenerationResult``,
   ``engine.generate_many(prompts, config, batch_size)`` (continuous batching, yields
   ``Finished`` as prompts end), ``engine.identities``.
-- ``semspec.vllm_steps`` — ``VLLMStepEngine.load(target, draft, probes, ...)``: the
+- ``semspec.engine.step_engine`` — ``VLLMStepEngine.load(target, draft, probes, ...)``: the
   step-level methods (``semspec.stepwise``: ``ar``, ``semspec``, ``step_judge``) on a target
-  and a draft engine, the probes' states out of vLLM's KV cache (``semspec.vllm_states``).
+  and a draft engine, the probes' states out of vLLM's KV cache (``semspec.engine.states``).
 - ``semspec.types`` — ``GenerationConfig``, ``GenerationResult``, ``StepRecord``, ``Counters``,
   ``Request``, ``Finished``.
 - ``semspec.components`` / ``semspec.prompts`` — the embedded pair's defaults and what each

@@ -38,7 +38,7 @@ def embedded_draft_available() -> bool:
 
 def default_draft() -> str | None:
     """The embedded target's default step draft: the layer draft when shipped, else none.
-    (token_sd's default is the draft head: ``semspec.vllm_speculation.draft_spec``.)"""
+    (token_sd's default is the draft head: ``semspec.engine.speculation.draft_spec``.)"""
     return EMBEDDED_DRAFT if embedded_draft_available() else None
 
 

@@ -8,7 +8,7 @@ token's logits. Drafting several tokens, it reads its own predicted states where
 are not known yet. Position 0 reads a zero state.
 
 The head is trained here (``HeadModel.unrolled_forward``, ``semspec.draft.head_train``) and
-drafts in vLLM, exported to its EAGLE method (``semspec.vllm_head``). It is loaded as a
+drafts in vLLM, exported to its EAGLE method (``semspec.engine.head_plugin``). It is loaded as a
 :class:`semspec.models.LoadedModel` whose model is a :class:`HeadModel`: it shares the
 target's embedding, rotary embedding, LM head and tokenizer (``get_decoder()`` with
 ``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``, plus ``fuse_inputs``).
@@ -101,7 +101,7 @@ class HeadModel(nn.Module):
 
     def forward(self, *args, **kwargs):
         raise TypeError("a draft head reads the target's states, which a plain forward call does not "
-                        "have: train it with unrolled_forward, draft with it in vLLM (semspec.vllm_head)")
+                        "have: train it with unrolled_forward, draft with it in vLLM (semspec.engine.head_plugin)")
 
     # the parts of a decoder the training forward and the vLLM export read
     @property

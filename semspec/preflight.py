@@ -28,7 +28,7 @@ def method_problem(method: str, target: str | None, draft: str | None, probes: s
     if not needs:
         return None
     if method == "token_sd":  # vLLM speculates with a head or ngram, its own default head
-        from .vllm_speculation import draft_problem
+        from .engine.speculation import draft_problem
 
         return draft_problem(draft, target)
     draft, probes = resolve_components(target, draft, probes)

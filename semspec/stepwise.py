@@ -3,7 +3,7 @@
 A method is a coroutine per prompt (``Program``): it yields a :class:`Call` (the target or the
 draft continues some token ids: writes up to the step's end, or reads a drafted step and
 returns its states) and is sent the :class:`Reply`. It never runs a model: an engine adapter
-(``semspec.vllm_steps``) turns each call into a request of its engine and sends the reply
+(``semspec.engine.step_engine``) turns each call into a request of its engine and sends the reply
 when the request finishes, so many prompts' calls share the engine's continuous batching, and
 the engine's prefix cache makes every call after the first cost only its new tokens (a
 rejected step is "rolled back" by not extending the prefix).
@@ -16,7 +16,7 @@ rejected step is "rolled back" by not extending the prefix).
     step_judge  the draft writes a step; the target reads it with a judging question after it
              and scores it 0-9 from its log-probabilities of the ten digits.
 
-Counting conventions are ``semspec.types``' (``Counters``), as ``semspec.vllm_engine``'s, so results compare.
+Counting conventions are ``semspec.types``' (``Counters``), as ``semspec.engine.token_engine``'s, so results compare.
 """
 
 from __future__ import annotations
@@ -395,7 +395,7 @@ class SemSpecProgram(DraftingProgram):
     def __init__(self, prompt, config, target, think_end, identities, in_flight=lambda: 1, *, draft: ModelFacts,
                  probes, pool_states: Callable[[str, torch.Tensor], torch.Tensor]):
         """``pool_states(model, rows)``: the probe's features of a step from the states the
-        engine returned for it (``semspec.vllm_steps``)."""
+        engine returned for it (``semspec.engine.step_engine``)."""
         super().__init__(prompt, config, target, think_end, identities, in_flight, draft=draft)
         self.probes = probes
         self.pool_states = pool_states

@@ -11,9 +11,9 @@ from typing import Any
 
 METHODS = ("ar", "token_sd", "step_judge", "semspec")
 # The draft spec that names no model: vLLM's prompt-lookup drafting (token_sd on vLLM,
-# semspec.vllm_speculation).
+# semspec.engine.speculation).
 NGRAM_DRAFT = "ngram"
-# The methods vLLM runs at step level, on a target and a draft engine (semspec.vllm_steps).
+# The methods vLLM runs at step level, on a target and a draft engine (semspec.engine.step_engine).
 VLLM_STEP_METHODS = ("semspec", "step_judge")
 ANSWER_BY = ("target", "draft")
 # Step rule when neither the caller nor the loaded probes say otherwise: reasoning models

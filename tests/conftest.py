@@ -31,7 +31,7 @@ FAKE_ENGINE = "tests.fake_engine:InstantEngine.load"
 def require_vllm() -> None:
     """Skip the calling test where vLLM is not installed (fail it under
     SEMJOBS_TEST_REQUIRE_SERVICES=1, as CI sets: scripts/install.sh installs vLLM)."""
-    from semspec.vllm_engine import vllm_installed
+    from semspec.engine.token_engine import vllm_installed
 
     if not vllm_installed():
         (pytest.fail if REQUIRE else pytest.skip)("vLLM is not installed (scripts/install.sh installs it)")

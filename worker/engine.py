@@ -1,7 +1,7 @@
 """The worker's one door to the decoding engine, and the per-process model cache.
 
-`get_engine(method)` loads the engine that serves `method` (vLLM's: `semspec.vllm_engine` for
-`ar` and `token_sd`, `semspec.vllm_steps` for the step-level methods; or
+`get_engine(method)` loads the engine that serves `method` (vLLM's: `semspec.engine.token_engine` for
+`ar` and `token_sd`, `semspec.engine.step_engine` for the step-level methods; or
 `settings.engine_factory`) on first use in *this* process
 and keeps it: a Celery prefork child loads it in the child (never in the parent,
 which must not touch CUDA), `--pool solo` and `semjobs run` load it in their only process.
@@ -53,8 +53,8 @@ def resolve(path: str) -> Callable[..., Any]:
 # ar and token_sd run on one vLLM engine (with vLLM's speculation for token_sd); the step-level
 # methods (semspec.types.VLLM_STEP_METHODS) on a target and a draft engine that return the
 # probes' states.
-VLLM_FACTORY = "semspec.vllm_engine:VLLMEngine.load"
-VLLM_STEPS_FACTORY = "semspec.vllm_steps:VLLMStepEngine.load"
+VLLM_FACTORY = "semspec.engine.token_engine:VLLMEngine.load"
+VLLM_STEPS_FACTORY = "semspec.engine.step_engine:VLLMStepEngine.load"
 
 
 def factory_for(method: str | None = None, draft_tokens: int | None = None,

@@ -107,7 +107,7 @@ def calibrate(self, calibration_id: str, question_id: str) -> str:
     engine the pair's semspec decodes with, storing the layers the calibration reads."""
     from jobs.calibration import calibration_layers, fail_question, run_question
     from semspec.calibration.vllm_models import VLLMModels
-    from semspec.vllm_steps import VLLMStepEngine
+    from semspec.engine.step_engine import VLLMStepEngine
 
     layers = calibration_layers(calibration_id)
     if layers is None:  # no such calibration (deleted meanwhile)

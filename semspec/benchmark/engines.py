@@ -100,7 +100,7 @@ def load_engines(settings, target: str | None = None, draft: str | None = None, 
     ``probes`` also takes "accept", "reject" and "const:P_T,P_D" (constant probes on the
     last layers). ``dtype``: vLLM's number type (``vllm_dtype``), which the transformers
     models run in too. ValueError for a draft or probes the bench cannot take."""
-    from semspec.vllm_engine import DEFAULT_KV_CACHE_GB, vllm_dtype
+    from semspec.engine.token_engine import DEFAULT_KV_CACHE_GB, vllm_dtype
 
     for refusal in filter(None, map(draft_refusal, (draft, *settings.compare_drafts))):
         raise ValueError(refusal)
@@ -130,8 +130,8 @@ def _load_lane(engines: BenchEngines, lane: str | None, target, draft, probes, m
                options: dict, draft_tokens: int) -> None:
     """Start the engines ``draft`` needs for ``methods`` and record why the others cannot run
     (``lane``: None for the main draft, which also runs ar, else its compare_drafts spec)."""
-    from semspec.vllm_engine import VLLMEngine
-    from semspec.vllm_speculation import draft_problem
+    from semspec.engine.token_engine import VLLMEngine
+    from semspec.engine.speculation import draft_problem
 
     stepping = [m for m in STEP_LEVEL if m in methods]
     if stepping:
@@ -159,7 +159,7 @@ def _step_engine(target, draft, probes, options: dict, keep_target: bool):
     steps (a head, ngram, another tokenizer) leaves the target alone, for ar, when
     ``keep_target``."""
     from semspec.prompts import MethodUnavailable
-    from semspec.vllm_steps import VLLMStepEngine
+    from semspec.engine.step_engine import VLLMStepEngine
 
     try:
         return VLLMStepEngine.load(target, draft=draft, probes=probes, **options), None
@@ -189,7 +189,7 @@ def _probe_spec(probes: str | None, target, draft, cache_dir, directory: str) ->
     from semspec.models.identity import DEFAULT_CACHE_DIR, models_cache
     from semspec.models.specs import DEFAULT_TARGET
     from semspec.probes import ProbePair
-    from semspec.vllm_steps import ModelFiles
+    from semspec.engine.step_engine import ModelFiles
 
     cache = models_cache(cache_dir) or DEFAULT_CACHE_DIR
     sizes = [ModelFiles.read(spec, cache).shape.hidden_size for spec in (target or DEFAULT_TARGET, step_draft)]

@@ -30,12 +30,12 @@ from semspec.answers import final_answer, is_correct
 from semspec.models.dtypes import pick_dtype
 from semspec.prompts import encode_prompt
 from semspec.types import METHODS, GenerationConfig, Request
-from semspec.vllm_engine import vllm_dtype
+from semspec.engine.token_engine import vllm_dtype
 
 BATCH_METHODS = ("ar", "token_sd", "step_judge", "semspec", "hf_generate", "vllm_generate")
 # What loads to run each method: vLLM's engines by what they serve (ar; token_sd, as vLLM
 # speculates for every request of an engine or for none; the step-level methods,
-# semspec.vllm_steps: a target and a draft engine storing the probes' states), the plain vLLM
+# semspec.engine.step_engine: a target and a draft engine storing the probes' states), the plain vLLM
 # peer beside ar's engine (it reads its arguments), and transformers' target for its peer.
 KINDS = {"ar": "ar", "vllm_generate": "ar", "token_sd": "token_sd", "step_judge": "steps", "semspec": "steps",
          "hf_generate": "transformers"}
@@ -87,7 +87,7 @@ def vllm_generate_run(engine, prompts: list[dict], s: SweepSettings, batch_size:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from semspec.vllm_engine import engine_arguments
+    from semspec.engine.token_engine import engine_arguments
 
     args = engine_arguments(engine.model_dir, device, engine.dtype, batch_size,
                             engine.llm.vllm_config.cache_config.kv_cache_memory_bytes / 2**30, seed=s.seed)
@@ -112,7 +112,7 @@ def _plain_vllm_generate(args: dict, ids: list[list[int]], sampling: list[dict],
     torch.set_num_threads(threads)
     from vllm import LLM, SamplingParams
 
-    from semspec.vllm_engine import configure_process
+    from semspec.engine.token_engine import configure_process
 
     configure_process()
     llm = LLM(**args)

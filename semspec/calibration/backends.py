@@ -8,7 +8,7 @@ from semspec.calibration.transformers_models import TransformersModels
 from semspec.calibration.vllm_models import VLLMModels
 from semspec.components import step_draft_problem
 from semspec.models.loaded import load_model
-from semspec.vllm_engine import vllm_installed
+from semspec.engine.token_engine import vllm_installed
 
 
 def load_models(target: str, draft: str | None, cfg: CollectConfig, device: str = "auto",

@@ -1,5 +1,5 @@
 """Probe calibration on vLLM: traces, sampled steps and pooled states from the engines that
-decode with the probes (`semspec.vllm_steps`), so the probes learn exactly the states they
+decode with the probes (`semspec.engine.step_engine`), so the probes learn exactly the states they
 read when they judge a drafted step (one forward path for calibration and decoding).
 
 `VLLMModels(engine)` wraps a `VLLMStepEngine` loaded with the calibration's layers
@@ -44,7 +44,7 @@ class VLLMModels:
     def load(cls, target: str | None, draft: str | None, cfg: CollectConfig, **engine_options) -> "VLLMModels":
         """Engines of the pair storing the layers ``cfg`` reads (``draft`` None: the target's
         half of the work alone)."""
-        from semspec.vllm_steps import VLLMStepEngine
+        from semspec.engine.step_engine import VLLMStepEngine
 
         roles = ("target",) if draft is None else ("target", "draft")
         layers = {r: layer_for(cfg, r) for r in roles}
@@ -141,7 +141,7 @@ class VLLMModels:
     def features(self, role: str, prefixes: list[tuple[list[int], list[list[int]]]], cfg: CollectConfig
                  ) -> list[torch.Tensor]:
         """Pooled stored-layer states over each step after its prefix -> ``[steps, H]`` per prefix."""
-        from semspec.vllm_states import STATES
+        from semspec.engine.states import STATES
 
         s = self.served[role]
         self.layer(role, cfg)
@@ -168,7 +168,7 @@ class VLLMModels:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        from semspec.vllm_states import STATES_FROM
+        from semspec.engine.states import STATES_FROM
 
         sampled = temperature > 0
         return SamplingParams(

@@ -22,7 +22,7 @@ from semspec.draft.config import HeadTrainConfig
 from semspec.draft.head_data import Trace, build_traces, cached_target_states, selection_split, split_traces
 from semspec.draft.head_train import evaluate_depths, resolve_train_dtype, select_vocab, train_head
 from semspec.head import HeadModel, save_head, target_fingerprint
-from semspec.vllm_engine import DEFAULT_KV_CACHE_GB, VLLMEngine
+from semspec.engine.token_engine import DEFAULT_KV_CACHE_GB, VLLMEngine
 
 Log = Callable[[str], None]
 DRAFT_VOCAB = 8192  # the reduced vocabulary's size, as the layer draft's (docs/draft.md)

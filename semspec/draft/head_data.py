@@ -1,7 +1,7 @@
 """Training data for a draft head: traces the target writes itself, and its states over them.
 
 Traces: questions after the benchmark slice, answered by the target decoded by vLLM
-(``semspec.vllm_engine.VLLMEngine.generate_many``, method ``ar``), greedily and at the bench's
+(``semspec.engine.token_engine.VLLMEngine.generate_many``, method ``ar``), greedily and at the bench's
 sampling; cached answer by answer, so an interrupted run resumes where it stopped. Each trace knows its
 question, so held-out questions keep every answer out of training.
 

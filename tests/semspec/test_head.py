@@ -1,6 +1,6 @@
 """The EAGLE-style draft head: its training forward is transformers' own decoder layers, its
 unrolled levels are the head's own drafts, and its artifact round-trips and is refused by
-another target. (vLLM runs the exported head: tests/semspec/test_vllm_speculation.py.)"""
+another target. (vLLM runs the exported head: tests/semspec/engine/test_speculation.py.)"""
 
 from __future__ import annotations
 

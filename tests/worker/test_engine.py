@@ -39,7 +39,7 @@ def test_an_engine_in_use_is_not_swapped_away(vllm_double):
 
 
 def test_the_step_level_methods_load_vllms_target_and_draft_pair_beside_ar(vllm_double):
-    """semspec and step_judge run on semspec.vllm_steps (a target and a draft engine); a
+    """semspec and step_judge run on semspec.engine.step_engine (a target and a draft engine); a
     worker keeps that pair beside its ar engine instead of swapping one for the other."""
     for method in ("semspec", "step_judge"):
         factory, extra = engines.factory_for(method)

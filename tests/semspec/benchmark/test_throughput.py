@@ -15,8 +15,8 @@ def test_one_sweep_runs_every_method_on_vllm_beside_plain_vllm_and_transformers(
     require_vllm()
     from semspec.models.loaded import load_model
     from semspec.probes import ProbePair
-    from semspec.vllm_engine import VLLMEngine
-    from semspec.vllm_steps import VLLMStepEngine
+    from semspec.engine.token_engine import VLLMEngine
+    from semspec.engine.step_engine import VLLMStepEngine
 
     model = str(tiny_vllm_dir)
     probes = str(ProbePair.always_accept(256, 256).save(tmp_path / "probes"))

@@ -66,7 +66,7 @@ def test_the_shipped_probes_load_after_the_cache_is_rebuilt_under_another_home(t
     import subprocess
     import sys
 
-    code = ("from semspec.vllm_steps import VLLMStepEngine\n"
+    code = ("from semspec.engine.step_engine import VLLMStepEngine\n"
             "e = VLLMStepEngine.load(device='cpu', cache_dir='cache', dtype='float32', batch_size=1, kv_cache_gb=0.5)\n"
             "assert e.probes is not None; print(e.identities['draft'])")
     env = {k: v for k, v in os.environ.items() if k != "SEMJOBS_MODEL_CACHE"} | {"HOME": str(tmp_path)}

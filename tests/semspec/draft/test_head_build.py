@@ -25,7 +25,7 @@ from semspec.draft.head_data import Trace, build_traces, generate_traces, split_
 from semspec.draft.head_train import resolve_train_dtype, train_head
 from semspec.head import HEAD_META, HEAD_WEIGHTS, HeadModel
 from semspec.types import GenerationConfig
-from semspec.vllm_engine import VLLMEngine
+from semspec.engine.token_engine import VLLMEngine
 from tests.conftest import require_vllm
 
 KV_CACHE_GB = 0.25  # ample for the tiny model's few short answers

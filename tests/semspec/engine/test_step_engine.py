@@ -1,4 +1,4 @@
-"""Step-level methods on two vLLM engines (semspec.vllm_steps): a tiny random target that is
+"""Step-level methods on two vLLM engines (semspec.engine.step_engine): a tiny random target that is
 also its own draft, with probes that accept or reject every step."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def config(method: str, **kw) -> GenerationConfig:
 @pytest.fixture(scope="module")
 def engine(tiny_vllm_dir, tmp_path_factory, tiny_cache):
     require_vllm()
-    from semspec.vllm_steps import VLLMStepEngine
+    from semspec.engine.step_engine import VLLMStepEngine
 
     probes = ProbePair.always_accept(256, 256).save(tmp_path_factory.mktemp("probes"))
     eng = VLLMStepEngine.load(str(tiny_vllm_dir), draft=str(tiny_vllm_dir), probes=str(probes), device="cpu",
@@ -203,7 +203,7 @@ def test_step_judge_scores_every_drafted_step_and_keeps_those_at_the_threshold(e
 def test_a_plain_engine_decodes_beside_the_step_engines(engine, tiny_vllm_dir, tiny_cache):
     """A worker holds ar's engine beside the step methods' pair: vLLM keeps one KV connector
     per process, which the states engines set up; an engine started after them still steps."""
-    from semspec.vllm_engine import VLLMEngine
+    from semspec.engine.token_engine import VLLMEngine
 
     plain = VLLMEngine.load(str(tiny_vllm_dir), device="cpu", cache_dir=tiny_cache, dtype="float32", batch_size=2,
                             kv_cache_gb=0.1)

@@ -1,4 +1,4 @@
-"""The draft head's architecture in vLLM's terms (``semspec.vllm_head`` says why it is ours).
+"""The draft head's architecture in vLLM's terms (``semspec.engine.head_plugin`` says why it is ours).
 Imported by vLLM's model registry only, when an engine loads an exported head.
 
 Per drafted position: ``fc`` (with its bias) fuses the token's embedding with the state the

@@ -2,7 +2,7 @@
 config (``VLLMEngine.load``).
 
 - a draft head (``embedded:smollm2-135m-head`` or a directory holding ``head.json``): vLLM's
-  ``eagle`` method on the exported head (``semspec.vllm_head``); the embedded head is the
+  ``eagle`` method on the exported head (``semspec.engine.head_plugin``); the embedded head is the
   default draft of the embedded target, since it is the one embedded draft vLLM can run;
 - ``ngram``: vLLM's prompt lookup (drafts by matching the sequence's last tokens earlier in
   it; no model);
@@ -18,14 +18,14 @@ from pathlib import Path
 
 import torch
 
-from .components import EMBEDDED_HEAD
-from .head import HEAD_META, head_sha256, resolve_head
-from .models.hf import library_tag
-from .models.identity import ModelIdentity, derived_sha256
-from .models.specs import DEFAULT_TARGET
-from .types import NGRAM_DRAFT
+from semspec.components import EMBEDDED_HEAD
+from semspec.head import HEAD_META, head_sha256, resolve_head
+from semspec.models.hf import library_tag
+from semspec.models.identity import ModelIdentity, derived_sha256
+from semspec.models.specs import DEFAULT_TARGET
+from semspec.types import NGRAM_DRAFT
 
-# the targets whose heads semspec.vllm_head_model runs: its layers are vLLM's Llama layers (no
+# the targets whose heads semspec.engine.head_model runs: its layers are vLLM's Llama layers (no
 # attention bias as Qwen2's, no q/k norms as Qwen3's, which heads trained on those targets have)
 HEAD_MODEL_TYPES = ("llama",)
 # ngram: the longest and shortest suffix looked up earlier in the sequence (vLLM's
@@ -83,7 +83,7 @@ def speculative_config(draft: str | None, target: str | None, tokens: int, targe
         config = {"method": "ngram", "num_speculative_tokens": tokens,
                   "prompt_lookup_max": longest, "prompt_lookup_min": shortest}
         return config, ModelIdentity(NGRAM_DRAFT, derived_sha256("vllm-ngram", str(longest), str(shortest)))
-    from .vllm_head import export_head, register
+    from semspec.engine.head_plugin import export_head, register
 
     head_dir = resolve_head(spec)
     sha = head_sha256(head_dir, target_sha)

@@ -1,4 +1,4 @@
-"""token_sd on vLLM's own speculative decoding (semspec.vllm_speculation, semspec.vllm_head):
+"""token_sd on vLLM's own speculative decoding (semspec.engine.speculation, semspec.engine.head_plugin):
 the head exported for vLLM's eagle method, and ngram, on a tiny random model (one engine at
 a time: vLLM's state is per process); the shipped head on SmolLM2 (real_model)."""
 
@@ -12,8 +12,8 @@ import torch
 
 from semspec.components import EMBEDDED_HEAD
 from semspec.types import NGRAM_DRAFT, GenerationConfig
-from semspec.vllm_engine import VLLMEngine
-from semspec.vllm_speculation import draft_problem
+from semspec.engine.token_engine import VLLMEngine
+from semspec.engine.speculation import draft_problem
 from tests.conftest import require_vllm
 
 PROMPTS = ["What is 2+2?", "Name three colours.", [{"role": "user", "content": "Count to five."}],
@@ -126,7 +126,7 @@ def test_the_export_reorders_the_fused_input_and_refuses_another_target(tiny_hea
     from safetensors.torch import load_file
 
     from semspec.head import HeadMismatchError
-    from semspec.vllm_head import ARCHITECTURE, export_head
+    from semspec.engine.head_plugin import ARCHITECTURE, export_head
 
     out = export_head(tiny_head_dir, tiny_vllm_dir, tmp_path / "export")
     mine, theirs = load_file(str(out / "model.safetensors")), load_file(str(tiny_head_dir / "head.safetensors"))

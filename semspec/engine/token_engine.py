@@ -1,6 +1,6 @@
 """vLLM under semjobs for ``ar`` and ``token_sd``: ``generate_many`` over vLLM's engine
 (continuous batching, a paged KV cache within a set budget, prefix caching, CUDA graphs on a
-GPU). The step-level methods run on ``semspec.vllm_steps``, with the same contract.
+GPU). The step-level methods run on ``semspec.engine.step_engine``, with the same contract.
 
     engine = VLLMEngine.load(kv_cache_gb=2)       # the embedded SmolLM2, or any model spec
     for done in engine.generate_many(prompts, GenerationConfig(method="ar"), batch_size=32):
@@ -34,20 +34,20 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .answers import final_answer, split_reasoning
-from .intake import Intake
-from .models.dtypes import cpu_has_fast_bf16
-from .models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cache
-from .models.loaded import eos_token_ids
-from .models.specs import DEFAULT_TARGET, model_directory
-from .prompts import prompt_ids
-from .steps import StepDetector, detect_think_end, step_spans
-from .vllm_speculation import speculative_config
-from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Counters, Finished,
+from semspec.answers import final_answer, split_reasoning
+from semspec.intake import Intake
+from semspec.models.dtypes import cpu_has_fast_bf16
+from semspec.models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cache
+from semspec.models.loaded import eos_token_ids
+from semspec.models.specs import DEFAULT_TARGET, model_directory
+from semspec.prompts import prompt_ids
+from semspec.steps import StepDetector, detect_think_end, step_spans
+from semspec.engine.speculation import speculative_config
+from semspec.types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Counters, Finished,
                     GenerationConfig, GenerationResult, StepRecord)
 
-# The methods this engine serves; semspec.vllm_steps serves the step-level ones
-# (types.VLLM_STEP_METHODS). token_sd is vLLM's own speculative decoding (semspec.vllm_speculation).
+# The methods this engine serves; semspec.engine.step_engine serves the step-level ones
+# (types.VLLM_STEP_METHODS). token_sd is vLLM's own speculative decoding (semspec.engine.speculation).
 VLLM_METHODS = ("ar", "token_sd")
 # KV cache budget when the caller sets none, in GiB: 32 sequences of SmolLM2's 8,192-token
 # context in float32 would need 11 GiB, but a batch's sequences rarely all run long; a
@@ -77,17 +77,17 @@ def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: 
                      speculative_config: dict | None = None, states_layer: int | None = None) -> dict:
     """vLLM's engine arguments for semjobs' settings (``VLLMEngine.load``; the bench's plain
     ``vllm.LLM`` peer takes the same). ``states_layer``: an engine that returns that layer's
-    hidden states to the requests that ask (``semspec.vllm_states``; no speculation then)."""
-    from . import vllm_states
+    hidden states to the requests that ask (``semspec.engine.states``; no speculation then)."""
+    from semspec.engine import states
 
     on_cpu = device == "cpu" or not torch.cuda.is_available()
     # Every engine gets the states connector, which does nothing for a request that does not
     # ask: vLLM keeps one worker-side connector per process, and once a states engine has
     # made it, an engine without a connector of its own fails its first step (a worker holds
     # ar's engine beside the step methods' pair).
-    transfer, scheduler = vllm_states.connector_config(), None
+    transfer, scheduler = states.connector_config(), None
     if states_layer is not None:
-        speculative_config, scheduler = vllm_states.speculative_config(states_layer), vllm_states.scheduler_class()
+        speculative_config, scheduler = states.speculative_config(states_layer), states.scheduler_class()
     return dict(
         model=str(model_dir), tokenizer=str(model_dir), dtype=vllm_dtype("cpu" if on_cpu else "cuda", dtype),
         seed=seed, max_num_seqs=batch_size, enable_prefix_caching=True, enforce_eager=not compile,
@@ -205,8 +205,8 @@ class VLLMEngine:
              seed: int = 0, speculative_tokens: int | None = None) -> "VLLMEngine":
         """Start vLLM on the target spec (``semspec.models``: embedded name, GGUF, directory).
         ``speculative_tokens``: an engine for token_sd, drafting that many tokens per
-        verification with ``draft`` (``semspec.vllm_speculation``); without, one for ar.
-        ``probes`` are the step-level methods' (``semspec.vllm_steps``), unused here. ``batch_size``: requests decoded at
+        verification with ``draft`` (``semspec.engine.speculation``); without, one for ar.
+        ``probes`` are the step-level methods' (``semspec.engine.step_engine``), unused here. ``batch_size``: requests decoded at
         once. ``kv_cache_gb``: the KV cache's whole budget. ``compile``: vLLM's compiled graphs
         (slower start) instead of eager mode."""
         configure_process()
@@ -246,7 +246,7 @@ class VLLMEngine:
         if method not in METHODS:
             return f"unknown method {method!r}; one of {', '.join(METHODS)}"
         if method not in VLLM_METHODS:
-            return (f"method {method!r} runs on the step-level engines (semspec.vllm_steps), not on this "
+            return (f"method {method!r} runs on the step-level engines (semspec.engine.step_engine), not on this "
                     f"one (it runs {', '.join(VLLM_METHODS)})")
         if (method == "token_sd") != (self.speculation is not None):
             return (f"this vLLM engine was started {'with' if self.speculation else 'without'} speculation; "

@@ -29,7 +29,7 @@ GREEDY = dict(max_new_tokens=96, temperature=0.0, adaptive=False, draft_max_batc
 def engine():
     require_vllm()
     from semspec.components import embedded_draft_available
-    from semspec.vllm_steps import VLLMStepEngine
+    from semspec.engine.step_engine import VLLMStepEngine
 
     if not embedded_draft_available():
         pytest.skip("the embedded draft is not shipped in this install")
@@ -142,7 +142,7 @@ def test_the_probes_read_transformers_pooled_states(engine, reference):
 def _states(llm, ids, start):
     from vllm import SamplingParams
 
-    from semspec.vllm_states import STATES, STATES_FROM
+    from semspec.engine.states import STATES, STATES_FROM
 
     llm.add_request("states", llm.renderer.render_cmpl([{"prompt_token_ids": ids}])[0],
                     SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": {STATES_FROM: start}}))

@@ -17,7 +17,7 @@ lower than in training for every pair, which attention, reading only relative po
 does not see.
 
 ``export_head`` writes the checkpoint (``config.json`` + ``model.safetensors``) vLLM loads;
-``register`` puts the architecture in this process's registry (``semspec.vllm_engine`` calls
+``register`` puts the architecture in this process's registry (``semspec.engine.token_engine`` calls
 it before starting an engine; the ``vllm.general_plugins`` entry point does it in engine
 processes vLLM starts itself).
 """
@@ -43,8 +43,8 @@ def export_head(head_dir: str | os.PathLike, target_dir: str | os.PathLike, out_
     from safetensors.torch import load_file, save_file
     from transformers import AutoConfig
 
-    from .draft.artifact import config_signature, signature_diff
-    from .head import HEAD_META, HEAD_WEIGHTS, HeadMismatchError
+    from semspec.draft.artifact import config_signature, signature_diff
+    from semspec.head import HEAD_META, HEAD_WEIGHTS, HeadMismatchError
 
     out = Path(out_dir)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
@@ -86,4 +86,4 @@ def register() -> None:
     from vllm import ModelRegistry
 
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(ARCHITECTURE, "semspec.vllm_head_model:EagleSemspecHeadForCausalLM")
+        ModelRegistry.register_model(ARCHITECTURE, "semspec.engine.head_model:EagleSemspecHeadForCausalLM")

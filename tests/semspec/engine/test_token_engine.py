@@ -1,4 +1,4 @@
-"""semspec.vllm_engine on a tiny random model: one vLLM engine for the module (it starts in
+"""semspec.engine.token_engine on a tiny random model: one vLLM engine for the module (it starts in
 seconds), compared with transformers' own generate on the same weights."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from semspec.testing import aborting_source
 from semspec.types import Cancelled, GenerationConfig, Request
-from semspec.vllm_engine import VLLMEngine
+from semspec.engine.token_engine import VLLMEngine
 from tests.conftest import require_vllm
 
 PROMPTS = ["What is 2+2?", "Name three colours.", [{"role": "user", "content": "Count to five."}],

@@ -6,7 +6,7 @@
 
 The target and the draft each run in a vLLM engine of their own in this process (the paper's
 code does the same with two SGLang engines). Each engine stores the hidden states its probe
-reads (``semspec.vllm_states``), in its paged KV cache, so that a verification returns the
+reads (``semspec.engine.states``), in its paged KV cache, so that a verification returns the
 target's states over the drafted step, and a read of a drafted step the draft's. A loop here
 keeps up to ``batch_size`` prompts' programs in flight: every call a program yields becomes a
 request of its model's engine, every finished request's reply resumes its program, and each
@@ -28,18 +28,18 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .components import EMBEDDED_DRAFT, resolve_components, same_tokenizer, step_draft_problem
-from .intake import Intake
-from .models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cache
-from .models.specs import DEFAULT_TARGET, model_directory
-from .probes import ProbePair, pool, resolve_probes
-from .prompts import MethodUnavailable, judge_prompt, prompt_ids
-from .stepwise import TARGET, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
-from .steps import detect_think_end
-from .types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Finished,
+from semspec.components import EMBEDDED_DRAFT, resolve_components, same_tokenizer, step_draft_problem
+from semspec.intake import Intake
+from semspec.models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cache
+from semspec.models.specs import DEFAULT_TARGET, model_directory
+from semspec.probes import ProbePair, pool, resolve_probes
+from semspec.prompts import MethodUnavailable, judge_prompt, prompt_ids
+from semspec.stepwise import TARGET, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
+from semspec.steps import detect_think_end
+from semspec.types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Finished,
                     GenerationConfig)
-from .vllm_engine import DEFAULT_KV_CACHE_GB, configure_process, engine_arguments, model_files, start_engine
-from .vllm_states import STATES, STATES_FROM, final_norm
+from semspec.engine.token_engine import DEFAULT_KV_CACHE_GB, configure_process, engine_arguments, model_files, start_engine
+from semspec.engine.states import STATES, STATES_FROM, final_norm
 
 STEP_METHODS = {"ar": StepProgram, "semspec": SemSpecProgram, "step_judge": StepJudgeProgram}
 # A drafted token's cost in target tokens on vLLM, the adaptive rule's draft_cost, measured at
@@ -270,7 +270,7 @@ class VLLMStepEngine:
     # ------------------------------------------------------------------ decoding
     def generate_many(self, prompts: Iterable, config: GenerationConfig | None = None,
                       batch_size: int = 8) -> Iterator[Finished]:
-        """``semspec.vllm_engine.VLLMEngine.generate_many``'s contract: up to ``batch_size``
+        """``semspec.engine.token_engine.VLLMEngine.generate_many``'s contract: up to ``batch_size``
         prompts in flight, read lazily; a bad prompt fails alone; an Abort ends its request at
         once."""
         torch.set_num_threads(self.threads)  # vLLM's CPU attention plans for the loading thread's count

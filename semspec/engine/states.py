@@ -19,7 +19,7 @@ vLLM's single-process executor runs the scheduler and the worker in one process 
 with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, else in its engine-core process, whence the tensor
 travels to the client with the output). The worker-side connector does nothing: vLLM keeps one
 per process, so every engine in a process shares it, and every engine is started with this
-connector (``semspec.vllm_engine.engine_arguments``), asked for states or not.
+connector (``semspec.engine.token_engine.engine_arguments``), asked for states or not.
 
 Layer numbering (``eagle_aux_hidden_state_layer_ids``) is transformers' ``hidden_states``
 index: 0 the embeddings, k the output of layer k, except that vLLM's last (``num_layers``) is

@@ -1,4 +1,4 @@
-"""The probe layer's hidden states out of vLLM (semspec.vllm_states), against transformers'."""
+"""The probe layer's hidden states out of vLLM (semspec.engine.states), against transformers'."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def states_engine(tiny_vllm_dir):
     require_vllm()
     from vllm import EngineArgs
 
-    from semspec.vllm_engine import configure_process, engine_arguments, start_engine
+    from semspec.engine.token_engine import configure_process, engine_arguments, start_engine
 
     configure_process()
     llm = start_engine(EngineArgs(**engine_arguments(tiny_vllm_dir, "cpu", "float32", 4, 0.1, states_layer=LAYER)))
@@ -30,7 +30,7 @@ def states_engine(tiny_vllm_dir):
 def finished(llm, ids, states_from=None, max_tokens=1, request_id="0"):
     from vllm import SamplingParams
 
-    from semspec.vllm_states import STATES_FROM
+    from semspec.engine.states import STATES_FROM
 
     extra = {"kv_transfer_params": {STATES_FROM: states_from}} if states_from is not None else None
     llm.add_request(request_id, llm.renderer.render_cmpl([{"prompt_token_ids": ids}])[0],
@@ -50,7 +50,7 @@ def reference(model_dir, ids):
 
 
 def test_a_request_gets_the_states_of_the_positions_it_asks_for_and_cached_ones_too(states_engine, tiny_vllm_dir):
-    from semspec.vllm_states import STATES
+    from semspec.engine.states import STATES
 
     out = finished(states_engine, PROMPT, states_from=10, request_id="a")
     rows = out.kv_transfer_params[STATES]
@@ -67,7 +67,7 @@ def test_a_request_gets_the_states_of_the_positions_it_asks_for_and_cached_ones_
 
 
 def test_generated_tokens_have_states_but_the_last_one_never_fed(states_engine, tiny_vllm_dir):
-    from semspec.vllm_states import STATES
+    from semspec.engine.states import STATES
 
     out = finished(states_engine, PROMPT[:20], states_from=15, max_tokens=6, request_id="c")
     full = PROMPT[:20] + list(out.outputs[0].token_ids)
@@ -84,7 +84,7 @@ def test_requests_that_do_not_ask_get_no_states(states_engine):
 def test_final_norm_is_the_models_own(tiny_vllm_dir):
     from transformers import AutoModelForCausalLM
 
-    from semspec.vllm_states import final_norm
+    from semspec.engine.states import final_norm
 
     model = AutoModelForCausalLM.from_pretrained(tiny_vllm_dir, dtype=torch.float32)
     x = torch.randn(5, model.config.hidden_size)
