@@ -3,7 +3,7 @@
 # container engine runs on the development machine.
 FROM python:3.11-slim
 WORKDIR /app
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml setup.py README.md alembic.ini ./
 COPY semjobs semjobs
 COPY semspec semspec
 COPY cli cli

@@ -26,7 +26,7 @@ def scratch_database():
     from sqlalchemy import create_engine, text
 
     sys.path.insert(0, str(ROOT))
-    from db import migrate
+    from semjobs.db import migrate
 
     name = f"sjbench_{uuid.uuid4().hex[:8]}"
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
@@ -37,7 +37,7 @@ def scratch_database():
         migrate.upgrade(url)
         yield url
     finally:
-        from db.session import forget
+        from semjobs.db.session import forget
 
         forget(url)
         with admin.connect() as conn:

@@ -35,9 +35,9 @@ def main() -> None:
 
     from sqlalchemy import select
 
-    from db.models import Item, Job
-    from db.repo import as_utc
-    from db.session import session_factory
+    from semjobs.db.models import Item, Job
+    from semjobs.db.repo import as_utc
+    from semjobs.db.session import session_factory
 
     with scratch_database() as url, scratch_queue() as queue, tempfile.TemporaryDirectory() as tmp:
         env = env_for(url, queue, SEMJOBS_CHUNK_SIZE=str(args.chunk_size))

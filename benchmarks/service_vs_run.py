@@ -27,9 +27,9 @@ from _common import ROOT, env_for, scratch_database, scratch_queue, write_json, 
 def items_per_s(url: str, job_id: str | None = None) -> tuple[int, float]:
     from sqlalchemy import select
 
-    from db.models import Item
-    from db.repo import as_utc
-    from db.session import session_factory
+    from semjobs.db.models import Item
+    from semjobs.db.repo import as_utc
+    from semjobs.db.session import session_factory
 
     with session_factory(url)() as s:
         query = select(Item.started_at, Item.finished_at, Item.status)
@@ -43,8 +43,8 @@ def items_per_s(url: str, job_id: str | None = None) -> tuple[int, float]:
 def job_status(url: str, job_id: str) -> str | None:
     from sqlalchemy import select
 
-    from db.models import Job
-    from db.session import session_factory
+    from semjobs.db.models import Job
+    from semjobs.db.session import session_factory
 
     with session_factory(url)() as s:
         return s.scalar(select(Job.status).where(Job.id == job_id))

@@ -26,8 +26,8 @@ def main() -> None:
     args = ap.parse_args()
     from sqlalchemy import func, select
 
-    from db.models import Item
-    from db.session import session_factory
+    from semjobs.db.models import Item
+    from semjobs.db.session import session_factory
 
     with scratch_database() as url, scratch_queue() as queue, tempfile.TemporaryDirectory() as tmp:
         path = write_prompts(Path(tmp) / "in.jsonl", args.items)

@@ -1,3 +1,3 @@
-from cli.main import main
+from semjobs.cli.main import main
 
 main(prog_name="semjobs")

@@ -15,7 +15,7 @@ def upgrade(url: str | None, revision: str) -> None:
     """Create or update the schema.
 
     Example: semjobs db upgrade --url postgresql+psycopg://postgres@127.0.0.1:5432/semjobs"""
-    from db import migrate
+    from semjobs.db import migrate
 
     migrate.upgrade(url, revision)
     click.echo(f"database at revision {migrate.current(url)}")
@@ -28,7 +28,7 @@ def downgrade(url: str | None, revision: str) -> None:
     """Roll the schema back (default: drop everything).
 
     Example: semjobs db downgrade --revision 0003_worker_heartbeats"""
-    from db import migrate
+    from semjobs.db import migrate
 
     migrate.downgrade(url, revision)
     click.echo(f"database at revision {migrate.current(url)}")
@@ -40,6 +40,6 @@ def current(url: str | None) -> None:
     """Print the schema revision.
 
     Example: semjobs db current --url sqlite:///out/semjobs.sqlite"""
-    from db import migrate
+    from semjobs.db import migrate
 
     click.echo(migrate.current(url) or "(empty)")

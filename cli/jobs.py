@@ -9,8 +9,8 @@ import time
 
 import click
 
-from jobs.export_fields import FORMATS, ONLY
-from jobs.schema import MAX_SAMPLES
+from semjobs.jobs.export_fields import FORMATS, ONLY
+from semjobs.jobs.schema import MAX_SAMPLES
 
 EXIT_INVALID_INPUT = 2
 
@@ -40,7 +40,7 @@ def db_option(f):
 
 
 def _config(method, max_new_tokens, temperature, top_p, seed, samples) -> dict:
-    from jobs.submit import job_config
+    from semjobs.jobs.submit import job_config
 
     try:
         config = job_config(method, max_new_tokens, temperature, seed, top_p)
@@ -56,7 +56,7 @@ def _storable(file, samples, validation=None, method=None):
     """FILE's validation; exits 2, saying why nothing was stored, when the job cannot be stored:
     a model path this machine lacks, models that cannot run ``method`` (when given: `run`
     asks its loaded engine instead), or any bad line."""
-    from jobs.submit import InvalidInput, method_problem, missing_model_files, validate
+    from semjobs.jobs.submit import InvalidInput, method_problem, missing_model_files, validate
 
     problems = missing_model_files()
     if not problems and method is not None:
@@ -80,9 +80,9 @@ def _storable(file, samples, validation=None, method=None):
 
 
 def _locate(job: str | None, db_url: str | None) -> tuple[dict, str]:
-    """(the job's status, its database): the job named, else the newest (jobs.locate)."""
-    from jobs.locate import database_url, missing_sqlite_file, newest_job
-    from jobs.status import job_status
+    """(the job's status, its database): the job named, else the newest (semjobs.jobs.locate)."""
+    from semjobs.jobs.locate import database_url, missing_sqlite_file, newest_job
+    from semjobs.jobs.status import job_status
 
     url = database_url(db_url)
     missing = missing_sqlite_file(url)
@@ -110,10 +110,10 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, name, samples
     """Validate FILE, store the job and its items, enqueue them; prints the job id last.
 
     Example: semjobs submit prompts.jsonl --method semspec --n 4 --temperature 0.6 --top-p 0.95"""
-    from jobs.locate import remember
-    from jobs.submit import enqueue_job, store_job
+    from semjobs.jobs.locate import remember
+    from semjobs.jobs.submit import enqueue_job, store_job
     from semjobs.settings import settings
-    from worker.queues import queue_name
+    from semjobs.worker.queues import queue_name
 
     config = _config(method, max_new_tokens, temperature, top_p, seed, samples)
     queue = queue_name()
@@ -121,7 +121,7 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, name, samples
     validation = _storable(file, samples, method=config["method"])
     job_id, n = store_job(file, config, queue=queue, name=name, status="pending", validation=validation,
                           samples=samples)
-    from worker.publish import publisher
+    from semjobs.worker.publish import publisher
 
     try:
         with publisher(queue) as send:
@@ -146,8 +146,8 @@ def status(job, as_json, watch, interval, db_url) -> None:
     """One job's progress (default: the newest job): counts, tokens/s, acceptance, answers.
 
     Example: semjobs status --watch"""
-    from db.models import JOB_ACTIVE
-    from jobs.status import job_status, progress_line, render
+    from semjobs.db.models import JOB_ACTIVE
+    from semjobs.jobs.status import job_status, progress_line, render
 
     st, url = _locate(job, db_url)
     if watch:
@@ -176,8 +176,8 @@ def jobs_command(as_json, limit, db_url) -> None:
     """Recent jobs: state, items, tokens/s, step acceptance, age.
 
     Example: semjobs jobs --limit 5"""
-    from jobs.locate import database_url
-    from jobs.status import fmt_duration, recent_jobs
+    from semjobs.jobs.locate import database_url
+    from semjobs.jobs.status import fmt_duration, recent_jobs
 
     rows = recent_jobs(limit, url=database_url(db_url))
     if as_json:
@@ -219,7 +219,7 @@ def export(job, output, fmt, only, majority, errors, steps, db_url) -> None:
 
 
 def _export(job_id, output, errors, url, steps, **filters) -> None:
-    from jobs.export import export_job
+    from semjobs.jobs.export import export_job
 
     try:
         rep = export_job(job_id, output, errors, url=url, with_steps=steps, **filters)
@@ -249,7 +249,7 @@ def report(job, out_dir, db_url) -> None:
     lengths and of throughput over time, its figures as Markdown, and its manifest.
 
     Example: semjobs report -o out/report"""
-    from jobs.report import write_report
+    from semjobs.jobs.report import write_report
 
     st, url = _locate(job, db_url)
     out = write_report(st["id"], out_dir, url=url)
@@ -268,7 +268,7 @@ def compare(job_a, job_b, no_loglik, db_url) -> None:
     likes B's text), in one line.
 
     Example: semjobs compare AR_JOB SEMSPEC_JOB"""
-    from jobs.compare import NotComparable, compare_jobs
+    from semjobs.jobs.compare import NotComparable, compare_jobs
 
     _, url = _locate(job_a, db_url)
     try:
@@ -284,9 +284,9 @@ def cancel(job, db_url) -> None:
     """Cancel a job: pending items are dropped, running items are stopped within seconds.
 
     Example: semjobs cancel 3f2a9c1b7d4e"""
-    from db import repo
-    from db.models import JOB_ACTIVE
-    from db.session import session_factory
+    from semjobs.db import repo
+    from semjobs.db.models import JOB_ACTIVE
+    from semjobs.db.session import session_factory
 
     st, db_url = _locate(job, db_url)
     if st["status"] not in JOB_ACTIVE:
@@ -306,10 +306,10 @@ def retry(job, include_pending, db_url) -> None:
     """Re-enqueue the job's failed items (only those).
 
     Example: semjobs retry 3f2a9c1b7d4e --pending"""
-    from db import repo
-    from db.session import session_factory
-    from jobs.submit import enqueue_job
-    from worker.publish import publisher
+    from semjobs.db import repo
+    from semjobs.db.session import session_factory
+    from semjobs.jobs.submit import enqueue_job
+    from semjobs.worker.publish import publisher
 
     st, db_url = _locate(job, db_url)
     with session_factory(db_url)() as session:
@@ -352,15 +352,15 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     core.
 
     Example: semjobs run examples/prompts.jsonl -o out/results.jsonl --batch-size 16"""
-    from db import migrate
-    from jobs.locate import missing_sqlite_file, remember
-    from jobs.status import answers_line, job_status
-    from jobs.submit import find_resumable, store_job, unfinished_seqs, validate
+    from semjobs.db import migrate
+    from semjobs.jobs.locate import missing_sqlite_file, remember
+    from semjobs.jobs.status import answers_line, job_status
+    from semjobs.jobs.submit import find_resumable, store_job, unfinished_seqs, validate
     from semjobs.settings import settings
-    from worker import engine_processes
-    from worker.engine import EngineLoadError
-    from worker.queues import EMBEDDED_QUEUE
-    from worker.process import engine_request
+    from semjobs.worker import engine_processes
+    from semjobs.worker.engine import EngineLoadError
+    from semjobs.worker.queues import EMBEDDED_QUEUE
+    from semjobs.worker.process import engine_request
 
     url = db_url or settings.embedded_database_url
     if batch_size is not None:

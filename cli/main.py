@@ -43,15 +43,15 @@ def main() -> None:
     """Bulk chain-of-thought generation with SemanticSpec decoding."""
 
 
-from cli.db import db  # noqa: E402
-from cli.jobs import cancel, compare, export, jobs_command, report, retry, run, status, submit  # noqa: E402
-from cli.recover import recover  # noqa: E402
-from cli.worker import worker  # noqa: E402
+from semjobs.cli.db import db  # noqa: E402
+from semjobs.cli.jobs import cancel, compare, export, jobs_command, report, retry, run, status, submit  # noqa: E402
+from semjobs.cli.recover import recover  # noqa: E402
+from semjobs.cli.worker import worker  # noqa: E402
 
 for _command in (submit, jobs_command, status, compare, export, report, cancel, retry, worker, recover, db, run):
     main.add_command(_command)
 
 # Other command families (engine tooling) register below, one line each:
-main.add_command(__import__("cli.draft", fromlist=["draft"]).draft)  # semjobs draft ...
-main.add_command(__import__("cli.probe", fromlist=["probe"]).probe)  # semjobs probe ...
-main.add_command(__import__("cli.bench", fromlist=["bench"]).bench)  # semjobs bench ...
+main.add_command(__import__("semjobs.cli.draft", fromlist=["draft"]).draft)  # semjobs draft ...
+main.add_command(__import__("semjobs.cli.probe", fromlist=["probe"]).probe)  # semjobs probe ...
+main.add_command(__import__("semjobs.cli.bench", fromlist=["bench"]).bench)  # semjobs bench ...

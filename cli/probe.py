@@ -102,9 +102,9 @@ def _submit(ctx, prompts, cfg) -> None:
     """`collect --submit`: store the calibration's questions and enqueue one task each."""
     from click.core import ParameterSource
 
-    from jobs.calibration import create, pending_questions
-    from worker.publish import calibration_publisher
-    from worker.queues import queue_name
+    from semjobs.jobs.calibration import create, pending_questions
+    from semjobs.worker.publish import calibration_publisher
+    from semjobs.worker.queues import queue_name
 
     options = {"target": "--target", "draft": "--draft", "out_dir": "--out", "device": "--device",
                "threads": "--threads", "max_prefixes": "--max-prefixes"}  # the workers' or per-run
@@ -134,7 +134,7 @@ def status(calibration_id):
     """Questions of a submitted calibration by state, and the prefixes stored so far.
 
     Example: semjobs probe status 3f2a9c1b7d4e"""
-    from jobs.calibration import CalibrationError, counts
+    from semjobs.jobs.calibration import CalibrationError, counts
 
     try:
         click.echo(json.dumps(counts(calibration_id), indent=1))
@@ -155,7 +155,7 @@ def merge(out_dir, sources, calibration_id):
     Example: semjobs probe merge cal/all cal/part1 cal/part2; semjobs probe merge cal/all --calibration ID"""
     import tempfile
 
-    from jobs.calibration import CalibrationError, export
+    from semjobs.jobs.calibration import CalibrationError, export
     from semspec.calibration.store import merge_stores
 
     if not sources and calibration_id is None:

@@ -12,7 +12,7 @@ def recover(db_url) -> None:
 
     Example: semjobs recover"""
     from semjobs.settings import settings
-    from worker.recovery import recover as run_recover
+    from semjobs.worker.recovery import recover as run_recover
 
     released = run_recover(db_url)
     if not released.workers:

@@ -40,12 +40,12 @@ def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, t
     Example: semjobs worker --batch-size 16 --threads 2
     """
     from semjobs.settings import settings
-    from worker.celery import app
-    from worker.engine_processes import plan
-    from worker.queues import queue_name
+    from semjobs.worker.celery import app
+    from semjobs.worker.engine_processes import plan
+    from semjobs.worker.queues import queue_name
 
     if threads is not None:
-        # Applied where the engine loads (worker.engine.set_threads); prefork children
+        # Applied where the engine loads (semjobs.worker.engine.set_threads); prefork children
         # inherit the settings object when they fork.
         settings.threads = threads
     if batch_size is not None:
@@ -74,9 +74,9 @@ def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, t
 
 
 def _supervise(n, threads, queues, hostname, loglevel, max_tasks_per_child) -> int:
-    """Run ``n`` one-process workers of these options under worker.supervisor; its exit code."""
+    """Run ``n`` one-process workers of these options under semjobs.worker.supervisor; its exit code."""
     from semjobs.settings import settings
-    from worker.supervisor import Supervisor
+    from semjobs.worker.supervisor import Supervisor
 
     name, _, host = (hostname or f"semjobs-{os.getpid()}@%h").partition("@")
     common = [sys.executable, "-m", "cli", "worker", "--processes", "1", "--threads", str(threads),

@@ -11,7 +11,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-import migrations
+from semjobs import migrations
 from semjobs.settings import settings
 
 

@@ -5,9 +5,9 @@ Tables: jobs, items (unique per job by input id and sample, and by position), ou
 the unique key makes the commit of a result idempotent), step_log (one row per reasoning
 step, the fields of `semspec.types.StepRecord`), item_stats (per-item throughput, the
 fields of `semspec.types.Counters` plus wall time), workers (one heartbeat row per
-process that runs tasks, so the items of a dead one can be re-enqueued: `worker.recovery`),
+process that runs tasks, so the items of a dead one can be re-enqueued: `semjobs.worker.recovery`),
 and the probe calibrations that workers collect (`semjobs probe collect --submit`:
-calibrations, calibration_questions, calibration_prefixes; `jobs.calibration`).
+calibrations, calibration_questions, calibration_prefixes; `semjobs.jobs.calibration`).
 """
 
 from __future__ import annotations

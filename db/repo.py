@@ -24,7 +24,7 @@ from sqlalchemy import case, delete, exists, func, insert, or_, select, text, up
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from db.models import JOB_ACTIVE, CalibrationQuestion, Item, ItemStats, Job, Output, StepLog, Worker, utcnow
+from semjobs.db.models import JOB_ACTIVE, CalibrationQuestion, Item, ItemStats, Job, Output, StepLog, Worker, utcnow
 from semspec.types import COUNT_FIELDS
 
 # ---------------------------------------------------------------------------- submit
@@ -423,7 +423,7 @@ def beat(session: Session, worker: str) -> None:
 class Released:
     workers: list[str] = field(default_factory=list)  # dead workers, whose rows are deleted
     items: dict[str, list[int]] = field(default_factory=dict)  # job id -> seqs, now pending
-    # calibration id -> question ids they were collecting, now pending (jobs.calibration)
+    # calibration id -> question ids they were collecting, now pending (semjobs.jobs.calibration)
     questions: dict[str, list[str]] = field(default_factory=dict)
 
 
@@ -506,7 +506,7 @@ def release_dead_workers(session: Session, dead_after_s: float, gone: Iterable[s
 
 def cancel_job(session: Session, job_id: str) -> int:
     """Cancel a job: pending items become cancelled now; the workers decoding running ones
-    notice within a second or so and abort them (worker.process)."""
+    notice within a second or so and abort them (semjobs.worker.process)."""
     session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status.in_(JOB_ACTIVE))
@@ -666,7 +666,7 @@ def completions(session: Session, job_id: str) -> list[tuple]:
 
 def jobs_with_unheld_pending(session: Session) -> list[tuple[str, str]]:
     """(job id, queue) of queued or running jobs with pending items no worker holds: each such
-    item is in the broker's queue, or in a message the broker lost (worker.orphans)."""
+    item is in the broker's queue, or in a message the broker lost (semjobs.worker.orphans)."""
     return list(session.execute(
         select(Item.job_id, Job.queue).join(Job, Job.id == Item.job_id)
         .where(Job.status.in_(("queued", "running")), Item.status == "pending", Item.worker.is_(None))

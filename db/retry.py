@@ -3,7 +3,7 @@
 Items in flight keep decoding while the database is away; their results are held in memory
 and committed once it answers again, so an outage of seconds or minutes costs no work. Only
 an outage longer than `settings.database_retry_s` ends the chunk (its task then retries,
-and the heartbeat hands back what it held: worker.holdings).
+and the heartbeat hands back what it held: semjobs.worker.holdings).
 
 A connection lost after the server committed but before it answered makes the work run
 twice: a claim then counts one attempt more, a result is reported as a duplicate (the

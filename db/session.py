@@ -19,7 +19,7 @@ _factories: dict[tuple[str, str], sessionmaker[Session]] = {}
 
 # Roles: "default" for everything; "worker" for the per-item writes. On Postgres the worker's
 # connections commit asynchronously (synchronous_commit=off): each item's commit is visible at
-# once, and `db.repo.finalize_chunk` ends every chunk with one synchronous commit, which
+# once, and `semjobs.db.repo.finalize_chunk` ends every chunk with one synchronous commit, which
 # flushes the WAL of all earlier commits, before Celery acknowledges the task. A Postgres
 # crash can so only lose items of an unacknowledged chunk, which is redelivered and redone.
 ROLES = ("default", "worker")

@@ -26,9 +26,9 @@ from pathlib import Path
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from db import repo
-from db.models import Calibration, CalibrationPrefix, CalibrationQuestion, utcnow
-from db.session import session_factory
+from semjobs.db import repo
+from semjobs.db.models import Calibration, CalibrationPrefix, CalibrationQuestion, utcnow
+from semjobs.db.session import session_factory
 from semjobs.settings import settings
 from semspec.calibration.store import MERGE_KEYS, with_old_defaults
 from semspec.models.identity import identity_sha256

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from jobs.export import iter_inputs
-from jobs.status import job_status
+from semjobs.jobs.export import iter_inputs
+from semjobs.jobs.status import job_status
 from semjobs.settings import settings
 
 

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from db import repo
-from db.models import Item, ItemStats, Job, Output
-from db.session import session_factory
-from jobs import accuracy
-from jobs.export_fields import EXPORT_FIELDS, FORMATS, ONLY, OPTIONAL_FIELDS
-from jobs.schema import OPENAI_BATCH
+from semjobs.db import repo
+from semjobs.db.models import Item, ItemStats, Job, Output
+from semjobs.db.session import session_factory
+from semjobs.jobs import accuracy
+from semjobs.jobs.export_fields import EXPORT_FIELDS, FORMATS, ONLY, OPTIONAL_FIELDS
+from semjobs.jobs.schema import OPENAI_BATCH
 
 
 
@@ -261,7 +261,7 @@ def default_errors_path(out: Path) -> Path:
 def manifest_of(job_id: str, *, url: str | None = None) -> dict:
     """Reproducibility manifest: input file hash, models and their identities (path +
     sha256, probes included), the generation config, counts, timings, answers."""
-    from jobs.status import job_status
+    from semjobs.jobs.status import job_status
 
     st = job_status(job_id, url=url)
     return {

@@ -1,5 +1,5 @@
 """What an export holds, with no imports: the CLI builds its options from these, and
-`jobs.export` its rows and its Parquet schema."""
+`semjobs.jobs.export` its rows and its Parquet schema."""
 
 FORMATS = ("jsonl", "parquet", "batch", "hf")
 ONLY = ("correct", "incorrect")

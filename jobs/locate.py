@@ -15,8 +15,8 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from db import repo
-from db.session import session_factory
+from semjobs.db import repo
+from semjobs.db.session import session_factory
 from semjobs.settings import settings
 
 LAST_RUN_FILE = "last_run.json"

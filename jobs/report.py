@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
 
-from db import repo
-from db.session import session_factory
-from jobs.export import manifest_of
-from jobs.status import answers_line, fmt_duration, job_status, render
+from semjobs.db import repo
+from semjobs.db.session import session_factory
+from semjobs.jobs.export import manifest_of
+from semjobs.jobs.status import answers_line, fmt_duration, job_status, render
 
 MAX_POSITION = 40  # steps further into a trace are rare; they share the last bar
 VERIFIED = ("accepted", "rejected")  # the decisions the acceptance rule made

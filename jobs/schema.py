@@ -335,7 +335,7 @@ def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
                   fits: Callable[[Any, dict | None], str | None] | None = None) -> Validation:
     """Check the whole file without storing anything: every problem, with line and field.
     ``samples``: the job's samples per input, for lines that do not say. ``fits(prompt,
-    template_kwargs)``: the problem with a prompt's length, or None (jobs.context)."""
+    template_kwargs)``: the problem with a prompt's length, or None (semjobs.jobs.context)."""
     path = Path(path)
     n_samples = 0
     hasher = hashlib.sha256()

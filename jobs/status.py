@@ -6,7 +6,7 @@ Raw counts are stored; every ratio here is derived and named for what it is:
 - step_acceptance: accepted drafted steps / drafted steps;
 - token_acceptance: accepted drafted tokens / drafted tokens (no bonus tokens counted);
 - answers: accuracy, pass@k and majority-vote accuracy where inputs had references
-  (`jobs.accuracy`).
+  (`semjobs.jobs.accuracy`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from db import repo
-from jobs import accuracy
-from db.models import JOB_ACTIVE
-from db.session import session_factory
+from semjobs.db import repo
+from semjobs.jobs import accuracy
+from semjobs.db.models import JOB_ACTIVE
+from semjobs.db.session import session_factory
 from semjobs.settings import settings
-from worker.queues import EMBEDDED_QUEUE
+from semjobs.worker.queues import EMBEDDED_QUEUE
 
 
 def _iso(ts: datetime | None) -> str | None:
@@ -32,7 +32,7 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def _answers(session, job_id: str) -> dict[str, Any] | None:
-    """The job's answer figures (jobs.accuracy). With one sample per input they all equal
+    """The job's answer figures (semjobs.jobs.accuracy). With one sample per input they all equal
     the accuracy, counted in the database; with several, each input's samples are read."""
     checked, right, most = repo.answer_totals(session, job_id)
     if checked == 0:

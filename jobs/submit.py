@@ -16,9 +16,9 @@ from semjobs import __version__
 from semjobs.settings import settings
 from semspec.types import METHODS, NGRAM_DRAFT, GenerationConfig
 
-from db import repo
-from db.session import session_factory
-from jobs.schema import InputError, Record, Validation, iter_records, validate_file
+from semjobs.db import repo
+from semjobs.db.session import session_factory
+from semjobs.jobs.schema import InputError, Record, Validation, iter_records, validate_file
 
 
 class InvalidInput(Exception):
@@ -121,8 +121,8 @@ def method_problem(method: str) -> str | None:
 
 
 def validate(path: str | Path, samples: int = 1) -> Validation:
-    """`validate_file` with the settings' limits and the target's context (jobs.context)."""
-    from jobs.context import ContextCheck
+    """`validate_file` with the settings' limits and the target's context (semjobs.jobs.context)."""
+    from semjobs.jobs.context import ContextCheck
 
     check = ContextCheck(settings.target_model, settings.cache_dir) if settings.check_prompt_lengths else None
     validation = validate_file(path, settings.max_line_bytes, samples, fits=check)
@@ -212,7 +212,7 @@ def find_resumable(validation: Validation, config: dict, *, samples: int = 1,
     input, if any."""
     from sqlalchemy import select
 
-    from db.models import JOB_ACTIVE, Job
+    from semjobs.db.models import JOB_ACTIVE, Job
 
     with session_factory(url)() as session:
         for job in session.scalars(
@@ -227,7 +227,7 @@ def find_resumable(validation: Validation, config: dict, *, samples: int = 1,
 def unfinished_seqs(job_id: str, *, url: str | None = None) -> list[int]:
     from sqlalchemy import select
 
-    from db.models import Item
+    from semjobs.db.models import Item
 
     with session_factory(url)() as session:
         return list(session.scalars(

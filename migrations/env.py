@@ -1,12 +1,12 @@
 """Alembic environment: the URL comes from the one settings object unless the caller put
-one into the config (`db.migrate.upgrade(url)` does, for the embedded SQLite file)."""
+one into the config (`semjobs.db.migrate.upgrade(url)` does, for the embedded SQLite file)."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from db.models import Base
+from semjobs.db.models import Base
 from semjobs.settings import settings
 
 config = context.config

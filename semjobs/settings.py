@@ -39,12 +39,12 @@ class Settings(BaseSettings):
     # Engine processes of `semjobs run` and `semjobs worker`, and torch CPU threads in each
     # (torch.set_num_threads before the engine loads). None: on a CPU one process per core
     # (per `threads` cores) with one thread, `run` keeping 8 items a process; on an
-    # accelerator one process, torch's threads (worker.engine_processes.plan). On a 2-core
+    # accelerator one process, torch's threads (semjobs.worker.engine_processes.plan). On a 2-core
     # CPU one thread decoded 3 items 3.7x faster than two; workers x threads <= free cores.
     processes: int | None = Field(default=None, ge=1)
     threads: int | None = Field(default=None, ge=1)
 
-    # vLLM decodes (worker.engine.factory_for: semspec.engine.token_engine for ar and token_sd,
+    # vLLM decodes (semjobs.worker.engine.factory_for: semspec.engine.token_engine for ar and token_sd,
     # semspec.engine.step_engine, a target and a draft engine, for semspec and step_judge): the KV
     # cache's whole budget per engine process, in GiB (a sequence that does not fit waits for
     # room rather than failing), and compiled graphs instead of eager mode.
@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     # Embedded mode (`semjobs run`): no servers, one SQLite file.
     embedded_database_url: str = "sqlite:///semjobs.sqlite"
     # Where `run` and `submit` record the job they stored and its database, so the other
-    # commands find it without flags (jobs.locate); None: cache_dir / "last_run.json".
+    # commands find it without flags (semjobs.jobs.locate); None: cache_dir / "last_run.json".
     last_run_file: Path | None = None
 
     # Worker behaviour (README "Workers that die" says why each exists).
@@ -92,12 +92,12 @@ class Settings(BaseSettings):
     # `semjobs status` calls an active job stalled, and says why, when no item has finished
     # for this long (or for five times its mean time between finishes, if longer).
     stall_after_s: float = Field(default=120.0, gt=0)
-    # A running chunk retries its commits through a database outage this long (db.retry),
+    # A running chunk retries its commits through a database outage this long (semjobs.db.retry),
     # holding finished results in memory; past it the chunk ends and its task retries.
     database_retry_s: float = Field(default=300.0, ge=0)
 
     # Input limits and bulk-insert batch size for `submit`. check_prompt_lengths: refuse at
-    # submit a prompt longer than the target's context (its tokenizer tells; jobs.context).
+    # submit a prompt longer than the target's context (its tokenizer tells; semjobs.jobs.context).
     max_line_bytes: int = 1_000_000
     check_prompt_lengths: bool = True
     insert_batch_size: int = 2000

@@ -5,7 +5,8 @@ Public API (imported from the submodules, so that ``import semspec.types`` stays
 
 - ``semspec.engine.token_engine`` — ``VLLMEngine.load(target, draft, device, cache_dir, dtype,
   batch_size, kv_cache_gb, speculative_tokens)``: ``ar``, and ``token_sd`` with vLLM's own
-  speculation (``semspec.engine.speculation``, the draft head exported by ``semspec.engine.head_plugin``);
+  speculation (``semspec.engine.speculation``; the draft head exported by
+  ``semspec.engine.head_plugin``);
   ``engine.generate(prompt, GenerationConfig) -> GenerationResult``,
   ``engine.generate_many(prompts, config, batch_size)`` (continuous batching, yields
   ``Finished`` as prompts end), ``engine.identities``.
@@ -26,5 +27,11 @@ Public API (imported from the submodules, so that ``import semspec.types`` stays
 - ``semspec.steps`` — ``StepDetector``, ``split_steps``.
 - ``semspec.answers`` — ``final_answer`` / ``extract_answer`` (a text's final answer),
   ``split_reasoning``, ``reference_from``, ``is_correct`` (math-verify, numeric fallback).
+
+What builds artifacts once, apart from what a worker runs:
+
+- ``semspec.calibration`` — probe calibration: ``collect`` samples on the pair, ``labels``
+  judges meaning, ``train`` fits the probes (``semjobs probe``).
+- ``semspec.draft`` — the layer draft's and the draft head's training (``semjobs draft``).
 - ``semspec.benchmark`` — every method side by side, quality beside speed (``semjobs bench``).
 """

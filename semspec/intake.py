@@ -1,7 +1,7 @@
 """How an engine reads ``generate_many``'s request source: one entry at a time, as slots free.
 
 A full batch still reads it, so that an :class:`~semspec.types.Abort` marker reaches the
-engine while every slot decodes: the worker's loop (``worker.batching``) sends nothing else
+engine while every slot decodes: the worker's loop (``semjobs.worker.batching``) sends nothing else
 then. A request read that way waits here for the next free slot, and nothing more is read
 until it has one, so a plain list is still taken one request per free slot (give or take one).
 """

@@ -78,7 +78,7 @@ def pg_url():
     base, _, _ = PG_ADMIN_URL.rpartition("/")
     url = f"{base}/{name}"
     yield url
-    from db.session import forget
+    from semjobs.db.session import forget
 
     forget(url)
     with admin.connect() as conn:
@@ -89,7 +89,7 @@ def pg_url():
 @pytest.fixture
 def pg_db(pg_url):
     """A fresh Postgres database with the schema migrated to head."""
-    from db import migrate
+    from semjobs.db import migrate
 
     migrate.upgrade(pg_url)
     return pg_url
@@ -97,7 +97,7 @@ def pg_db(pg_url):
 
 @pytest.fixture(autouse=True)
 def last_run_file(tmp_path, monkeypatch):
-    """Where this test's commands record their last job (jobs.locate), not the user's cache."""
+    """Where this test's commands record their last job (semjobs.jobs.locate), not the user's cache."""
     from semjobs.settings import settings
 
     path = tmp_path / "last_run.json"
@@ -107,12 +107,12 @@ def last_run_file(tmp_path, monkeypatch):
 
 @pytest.fixture
 def sqlite_db(tmp_path):
-    from db import migrate
+    from semjobs.db import migrate
 
     url = f"sqlite:///{tmp_path / 'semjobs.sqlite'}"
     migrate.upgrade(url)
     yield url
-    from db.session import forget
+    from semjobs.db.session import forget
 
     forget(url)
 
@@ -144,7 +144,7 @@ def queue(redis_url):
 def fake_engine(monkeypatch):
     """In-process: the worker code calls the instant test-double engine."""
     from semjobs.settings import settings
-    from worker import engine as engines
+    from semjobs.worker import engine as engines
 
     monkeypatch.setattr(settings, "engine_factory", FAKE_ENGINE)
     # `semjobs run` decodes in this process (its engine processes are spawned, ~5 s each:

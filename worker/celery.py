@@ -2,12 +2,12 @@
 
 - late acks + prefetch 1: a task is acknowledged after it ran, one reserved at a time;
 - reject_on_worker_lost: a task whose process died is requeued (the attempt cap is kept per
-  item in the database, see `db.repo.claim_item`);
+  item in the database, see `semjobs.db.repo.claim_item`);
 - one visibility timeout for broker and result backend; each task stops starting new items
   after half of it and hands the rest to a new task, so no task outlives it;
-- task events on (Flower), one queue per model pair (`worker.queues.queue_name`).
+- task events on (Flower), one queue per model pair (`semjobs.worker.queues.queue_name`).
 Importing this module loads no model: the engine is loaded lazily in the process that runs
-tasks (`worker.engine.get_engine`).
+tasks (`semjobs.worker.engine.get_engine`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from __future__ import annotations
 from celery import Celery
 
 from semjobs.settings import Settings, settings
-from worker.queues import queue_name
+from semjobs.worker.queues import queue_name
 
 
 def make_app(s: Settings = settings) -> Celery:
-    app = Celery("semjobs", broker=s.redis_url, backend=s.redis_url, include=["worker.tasks"])
+    app = Celery("semjobs", broker=s.redis_url, backend=s.redis_url, include=["semjobs.worker.tasks"])
     vt = s.visibility_timeout_s
     transport = {
         "visibility_timeout": vt,

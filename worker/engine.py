@@ -6,7 +6,7 @@
 and keeps it: a Celery prefork child loads it in the child (never in the parent,
 which must not touch CUDA), `--pool solo` and `semjobs run` load it in their only process.
 The per-item code hands items to the engine through this process's batch loop
-(`worker.batching`), which calls `engine.generate_many`.
+(`semjobs.worker.batching`), which calls `engine.generate_many`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from semjobs.settings import settings
-from worker.batching import forget_loop
+from semjobs.worker.batching import forget_loop
 
 _lock = threading.Lock()  # held while an engine loads (minutes): one load at a time
 _held = threading.Lock()  # the cache and its users, never held for long

@@ -7,7 +7,7 @@ two processes on two cores each keep 0.75-0.9 of a lone process's one-thread spe
 (docs/batching.md, "One engine process per core"). The parent validates and stores the job,
 hands every process a contiguous share of the items, shows one progress bar and exports;
 each child loads its own engine and runs the same per-item code as a worker
-(`worker.process.run_items`: claim, decode, commit), so a child that dies loses only its
+(`semjobs.worker.process.run_items`: claim, decode, commit), so a child that dies loses only its
 items in flight, which the next run of the same command resumes.
 
 Children are spawned, not forked: the parent may have imported torch, and a forked copy of
@@ -26,7 +26,7 @@ import sys
 from typing import Callable
 
 from semjobs.settings import settings
-from worker.engine import EngineLoadError
+from semjobs.worker.engine import EngineLoadError
 
 
 class EngineProcessLost(RuntimeError):
@@ -87,8 +87,8 @@ def die_with_parent() -> None:
 
 def _child(index: int, overrides: dict, request: tuple, inbox, outbox) -> None:
     """One engine process: load, say so, then run the items it is sent."""
-    from worker import engine as engines
-    from worker.process import run_items
+    from semjobs.worker import engine as engines
+    from semjobs.worker.process import run_items
 
     die_with_parent()
 
@@ -125,20 +125,20 @@ class InProcessEngine:
 
     def wait_loaded(self) -> dict[str, str]:
         """Load the engine (kept for run_items, which decodes with it); the methods it
-        cannot run, with why (``worker.engine.method_problems``)."""
-        from worker import engine as engines
+        cannot run, with why (``semjobs.worker.engine.method_problems``)."""
+        from semjobs.worker import engine as engines
 
         return engines.method_problems(engines.get_engine(*self.request))
 
     def run(self, job_id: str, seqs: list[int], url: str, on_item: Callable[[int], None]) -> None:
-        from worker.process import run_items
+        from semjobs.worker.process import run_items
 
         run_items(job_id, seqs, url=url, on_item=lambda _key, seq: on_item(seq))
 
 
 def open_engines(n: int, threads: int | None, request: tuple) -> InProcessEngine | EngineProcesses:
     """Where `semjobs run` decodes a job (``request``: what it asks of the engine,
-    ``worker.process.engine_request``): this process for ``n`` = 1, else ``n`` children."""
+    ``semjobs.worker.process.engine_request``): this process for ``n`` = 1, else ``n`` children."""
     if n == 1:
         if threads is not None:
             settings.threads = threads

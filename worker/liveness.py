@@ -1,6 +1,6 @@
 """Heartbeat and reaper thread of each process that runs tasks.
 
-One heartbeat row per process in Postgres (`db.models.Worker`), not a Redis key with a
+One heartbeat row per process in Postgres (`semjobs.db.models.Worker`), not a Redis key with a
 TTL: the reaper must decide "this worker is dead" and take its items in one transaction
 (row locks), the items that record their worker already live there, and the database's
 clock is the one clock every host shares.
@@ -20,13 +20,13 @@ import time
 from celery.signals import worker_process_init, worker_ready
 from celery.utils.log import get_logger
 
-from db import repo
-from db.retry import one_line
-from db.session import session_factory
+from semjobs.db import repo
+from semjobs.db.retry import one_line
+from semjobs.db.session import session_factory
 from semjobs.settings import settings
-from worker.holdings import holdings
-from worker.orphans import LostChunks, requeue_lost
-from worker.recovery import hand_back_unworked, recover
+from semjobs.worker.holdings import holdings
+from semjobs.worker.orphans import LostChunks, requeue_lost
+from semjobs.worker.recovery import hand_back_unworked, recover
 
 log = get_logger(__name__)
 _name: str | None = None
@@ -55,8 +55,8 @@ def start(worker: str) -> None:
 
 def tick(reap: bool = True) -> None:
     """One beat; the items the database says this process holds but it no longer works on
-    go back out (worker.holdings); with `reap`, one reaper pass over the other workers;
-    then a look for chunks the broker lost (worker.orphans)."""
+    go back out (semjobs.worker.holdings); with `reap`, one reaper pass over the other workers;
+    then a look for chunks the broker lost (semjobs.worker.orphans)."""
     with session_factory()() as session:
         repo.beat(session, _name)
     handed = hand_back_unworked(_name, holdings.keys)

@@ -3,7 +3,7 @@ no longer exist.
 
 A Redis that keeps nothing on disk loses every queued message when it restarts; Postgres
 still has the items, pending and held by no worker, and no worker will ever be handed
-them. Each heartbeat (`worker.liveness`) looks at the queues of active jobs that have such
+them. Each heartbeat (`semjobs.worker.liveness`) looks at the queues of active jobs that have such
 items: a queue with no message, waiting (its lists) or delivered (kombu's `unacked` hash,
 where a message stays from its delivery until its task is acknowledged), has lost them.
 Items seen so on two beats in a row (a message between Redis's list and the unacked hash,
@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from db import repo
-from db.session import session_factory
+from semjobs.db import repo
+from semjobs.db.session import session_factory
 from semjobs.settings import settings
-from worker.queues import EMBEDDED_QUEUE
+from semjobs.worker.queues import EMBEDDED_QUEUE
 
 UNACKED_KEY = "unacked"  # kombu's Redis transport: delivery tag -> [message, exchange, routing key]
 PRIORITY_SEPARATOR = "\x06\x16"  # kombu's separator between a queue's name and a priority step
@@ -79,8 +79,8 @@ def _redis():
 
 def requeue_lost(lost_chunks: LostChunks, url: str | None = None, client=None, publisher=None) -> dict[str, list[int]]:
     """One look (a heartbeat's); enqueue again what was seen lost twice. Returns it."""
-    from jobs.submit import enqueue_job
-    from worker.publish import publisher as default_publisher
+    from semjobs.jobs.submit import enqueue_job
+    from semjobs.worker.publish import publisher as default_publisher
 
     with session_factory(url)() as session:
         if not repo.try_lock(session, LOCK_KEY):  # another process is at it this instant

@@ -1,8 +1,8 @@
 """The per-item code: claim -> engine -> commit, each item on its own, many at once.
 
-The Celery task (`worker.tasks.run_chunk`) and the embedded mode (`semjobs run`) both call
+The Celery task (`semjobs.worker.tasks.run_chunk`) and the embedded mode (`semjobs run`) both call
 `run_items`; nothing here imports Celery. Items decode in this process's batch loop
-(`worker.batching`); every item is claimed when it starts and committed when it finishes,
+(`semjobs.worker.batching`); every item is claimed when it starts and committed when it finishes,
 so a crash loses at most the items in flight, and a redelivered chunk skips what is done.
 """
 
@@ -16,16 +16,16 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
-from db import repo
-from db.retry import retrying
-from db.session import session_factory
-from jobs.submit import item_config
+from semjobs.db import repo
+from semjobs.db.retry import retrying
+from semjobs.db.session import session_factory
+from semjobs.jobs.submit import item_config
 from semjobs.settings import settings
 from semspec.answers import is_correct
 from semspec.types import Cancelled
-from worker import engine as engines
-from worker.batching import batch_loop
-from worker.holdings import holdings
+from semjobs.worker import engine as engines
+from semjobs.worker.batching import batch_loop
+from semjobs.worker.holdings import holdings
 
 _job_configs: dict[str, dict] = {}  # job id -> config (immutable once stored)
 _identities_written: set[str] = set()
@@ -89,7 +89,7 @@ def run_items(
             # Nothing is in flight yet: a database outage here ends the task, which retries.
             repo.mark_job_running(session, job_id, None if job_id in _identities_written
                                   else engines.identities(engine))
-            holdings.hold(job_id, seqs)  # before the database says so: see worker.holdings
+            holdings.hold(job_id, seqs)  # before the database says so: see semjobs.worker.holdings
             try:
                 repo.hold_items(session, job_id, seqs, worker)
                 session.commit()
@@ -107,7 +107,7 @@ def run_items(
 
 
 def engine_request(config: dict | None) -> tuple[str | None, int | None]:
-    """What a job's config asks of the engine (``worker.engine.get_engine``'s arguments): its
+    """What a job's config asks of the engine (``semjobs.worker.engine.get_engine``'s arguments): its
     method and the tokens it drafts per verification."""
     if config is None:
         return None, None

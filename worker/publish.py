@@ -1,6 +1,6 @@
 """Publishing chunk messages for the workers, without importing the task code: submit,
-retry and the dead-worker reaper (`worker.recovery`, run from the heartbeat thread of
-`worker.liveness`) only need the task's name and the broker."""
+retry and the dead-worker reaper (`semjobs.worker.recovery`, run from the heartbeat thread of
+`semjobs.worker.liveness`) only need the task's name and the broker."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Callable, Iterator
 
 from celery.utils import uuid
 
-from worker.celery import app
+from semjobs.worker.celery import app
 
-RUN_CHUNK = "semjobs.run_chunk"  # the task (worker.tasks.run_chunk) each message asks for
-CALIBRATE = "semjobs.calibrate"  # one question of a probe calibration (worker.tasks.calibrate)
+RUN_CHUNK = "semjobs.run_chunk"  # the task (semjobs.worker.tasks.run_chunk) each message asks for
+CALIBRATE = "semjobs.calibrate"  # one question of a probe calibration (semjobs.worker.tasks.calibrate)
 
 
 MAX_LABELS = 8  # input ids shown per chunk; a longer chunk says how many more
@@ -55,7 +55,7 @@ def _sender(queue: str) -> Iterator[Callable[[str, str, tuple, str], None]]:
 
 @contextmanager
 def publisher(queue: str) -> Iterator[Callable[[str, list[int]], None]]:
-    """An `enqueue(job_id, seqs, labels=None)` callable for `jobs.submit.enqueue_job`: one
+    """An `enqueue(job_id, seqs, labels=None)` callable for `semjobs.jobs.submit.enqueue_job`: one
     `run_chunk` message per call."""
     with _sender(queue) as publish:
 
@@ -68,7 +68,7 @@ def publisher(queue: str) -> Iterator[Callable[[str, list[int]], None]]:
 @contextmanager
 def calibration_publisher(queue: str) -> Iterator[Callable[[str, str], None]]:
     """A `send(calibration_id, question_id)` callable: one `calibrate` message per question
-    (`jobs.calibration`), shown in Flower by its calibration and question."""
+    (`semjobs.jobs.calibration`), shown in Flower by its calibration and question."""
     with _sender(queue) as publish:
 
         def send(calibration_id: str, question_id: str) -> None:
@@ -81,7 +81,7 @@ def calibration_publisher(queue: str) -> Iterator[Callable[[str, str], None]]:
 def requeue(queue: str, job_id: str, seqs: list[int]) -> None:
     """Send some of a job's items again as new chunks (a task handing back what it did not
     start), labelled with their input ids like every other chunk."""
-    from jobs.submit import enqueue_job
+    from semjobs.jobs.submit import enqueue_job
 
     with publisher(queue) as send:
         enqueue_job(job_id, send, seqs=seqs)

@@ -2,7 +2,7 @@
 
 A whole worker lost (SIGKILL, a preempted GPU node) cannot reject its task, so Redis hands
 its chunk out again only after the visibility timeout (hours). Instead every live worker
-runs `recover` on each heartbeat (`worker.liveness`), and operators can run it by hand
+runs `recover` on each heartbeat (`semjobs.worker.liveness`), and operators can run it by hand
 (`semjobs recover`): the dead worker's items go back to pending and out as new tasks. The
 late redelivery of the original chunk then finds them done (or claims them like any
 redelivery): outputs stay one per item.
@@ -14,12 +14,12 @@ import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from db import repo
-from db.models import Calibration
-from db.session import session_factory
-from jobs.submit import send_chunks
+from semjobs.db import repo
+from semjobs.db.models import Calibration
+from semjobs.db.session import session_factory
+from semjobs.jobs.submit import send_chunks
 from semjobs.settings import settings
-from worker import publish
+from semjobs.worker import publish
 
 Publisher = Callable[[str], AbstractContextManager[Callable[[str, list[int], list[str]], None]]]
 
@@ -58,7 +58,7 @@ def _enqueue_questions(session, questions: dict[str, list[str]], publisher: Publ
 def hand_back_unworked(me: str, working: Callable[[], set[tuple[str, int]]], url: str | None = None,
                        publisher: Publisher | None = None) -> dict[str, list[int]]:
     """Release and enqueue the items the database says `me` holds but this process no
-    longer works on (`working()`, worker.holdings): no other worker would take them from a
+    longer works on (`working()`, semjobs.worker.holdings): no other worker would take them from a
     worker that beats. The database is read first, then `working()`: a chunk records what
     it holds in the process before the database does, so a chunk starting in between is
     seen working."""

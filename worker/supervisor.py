@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from worker.engine_processes import die_with_parent
+from semjobs.worker.engine_processes import die_with_parent
 
 RESTART_DELAY_S = 1.0
 # A child that dies this soon after starting, this many times in a row, is a broken setup

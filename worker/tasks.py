@@ -10,13 +10,13 @@ from celery.utils.log import get_task_logger
 from sqlalchemy.exc import OperationalError
 
 from semjobs.settings import settings
-from worker import liveness
-from worker.celery import app
-from worker import engine as engines
-from worker.engine import EngineLoadError
-from worker.publish import CALIBRATE, RUN_CHUNK, requeue
-from worker.process import fail_unstarted, job_engine_request, run_items, worker_name
-from worker.queues import queue_name
+from semjobs.worker import liveness
+from semjobs.worker.celery import app
+from semjobs.worker import engine as engines
+from semjobs.worker.engine import EngineLoadError
+from semjobs.worker.publish import CALIBRATE, RUN_CHUNK, requeue
+from semjobs.worker.process import fail_unstarted, job_engine_request, run_items, worker_name
+from semjobs.worker.queues import queue_name
 
 log = get_task_logger(__name__)
 
@@ -43,7 +43,7 @@ RETRYING = dict(bind=True, autoretry_for=(OperationalError,), retry_backoff=5, r
 
 
 def load_or_give_up(task, what: str, request: tuple = ()) -> str | None:
-    """Load this process's engine for ``request`` (``worker.engine.get_engine``'s arguments;
+    """Load this process's engine for ``request`` (``semjobs.worker.engine.get_engine``'s arguments;
     kept for the task's own call); on failure
     retry the task later, up to ``settings.engine_load_attempts`` tries, then return the load
     error for the caller to fail ``what`` with. None when the engine loaded."""
@@ -74,7 +74,7 @@ def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
         # Stop starting new items after half the visibility timeout: a task must end well
         # before Redis would hand its message to a second worker.
         deadline = time.monotonic() + settings.visibility_timeout_s / 2
-        # The name this process beats under, so a dead worker's items are found (worker.recovery).
+        # The name this process beats under, so a dead worker's items are found (semjobs.worker.recovery).
         name = liveness.name() or worker_name()
         report = run_items(job_id, seqs, worker=name, deadline=deadline,
                            should_stop=lambda: _shutting_down)
@@ -103,9 +103,9 @@ _calibrating = threading.Lock()
 
 @app.task(name=CALIBRATE, **RETRYING)
 def calibrate(self, calibration_id: str, question_id: str) -> str:
-    """One question of a probe calibration with this worker's pair (jobs.calibration), on the
+    """One question of a probe calibration with this worker's pair (semjobs.jobs.calibration), on the
     engine the pair's semspec decodes with, storing the layers the calibration reads."""
-    from jobs.calibration import calibration_layers, fail_question, run_question
+    from semjobs.jobs.calibration import calibration_layers, fail_question, run_question
     from semspec.calibration.vllm_models import VLLMModels
     from semspec.engine.step_engine import VLLMStepEngine
 

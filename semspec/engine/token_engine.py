@@ -12,7 +12,7 @@ Results have the step-level methods' shape: the text's steps are cut after decod
 same step rule, each timed by when its tokens came back.
 
 vLLM's synchronous ``LLMEngine`` runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
-the caller's loop (``worker.batching``) adds a request the moment a slot frees and gets each
+the caller's loop (``semjobs.worker.batching``) adds a request the moment a slot frees and gets each
 result the step it finishes, which is what an async engine would give it, without a second
 process per engine or an event loop inside a Celery thread.
 

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from semjobs.cli.main import main
 from tests.conftest import ROOT, require_vllm
 
 
@@ -55,7 +55,7 @@ def test_commands_find_the_job_just_run_without_flags(ran, tmp_path, monkeypatch
     assert res.exit_code == 0 and (tmp_path / "again.jsonl").read_text() == out.read_text()
     # SEMJOBS_DATABASE_URL, when set, wins: the full stack's Postgres
     monkeypatch.setattr(settings, "database_url", f"sqlite:///{tmp_path / 'empty.sqlite'}")
-    from db import migrate
+    from semjobs.db import migrate
 
     migrate.upgrade(settings.database_url)
     res = invoke("status")
@@ -125,7 +125,7 @@ def test_unknown_job_and_bad_method(sqlite_db, tmp_path):
 
 def test_engine_load_failure_is_reported(tmp_path, sqlite_db, monkeypatch):
     from semjobs.settings import settings
-    from worker import engine as engines
+    from semjobs.worker import engine as engines
 
     monkeypatch.setattr(settings, "engine_factory", "no_such_module:Engine.load")
     engines._cache.clear()
@@ -141,7 +141,7 @@ def test_a_refused_run_creates_no_database_and_leaves_an_old_one_as_it_was(refus
     from contextlib import closing
 
     from semjobs.settings import settings
-    from worker import engine as engines
+    from semjobs.worker import engine as engines
 
     src = ROOT / "examples" / "prompts.jsonl"
     if refusal == "bad input":
@@ -168,12 +168,12 @@ def test_a_refused_run_creates_no_database_and_leaves_an_old_one_as_it_was(refus
 def test_run_resumes_an_interrupted_job_without_redoing_items(tmp_path, sqlite_db, fake_engine):
     from sqlalchemy import select
 
-    from db import repo
-    from db.models import Item
-    from db.session import session_factory
-    from jobs.schema import validate_file
-    from jobs.submit import job_config, store_job
-    from worker.process import run_items
+    from semjobs.db import repo
+    from semjobs.db.models import Item
+    from semjobs.db.session import session_factory
+    from semjobs.jobs.schema import validate_file
+    from semjobs.jobs.submit import job_config, store_job
+    from semjobs.worker.process import run_items
 
     src = ROOT / "examples" / "prompts.jsonl"
     config = job_config(None, 8)
@@ -198,7 +198,7 @@ def test_run_resumes_an_interrupted_job_without_redoing_items(tmp_path, sqlite_d
 
 def test_worker_holds_enough_chunks_to_fill_its_batch(monkeypatch):
     from semjobs.settings import settings
-    from worker.celery import app
+    from semjobs.worker.celery import app
 
     seen = []
     monkeypatch.setattr(app, "worker_main", seen.append)
@@ -219,7 +219,7 @@ def test_worker_holds_enough_chunks_to_fill_its_batch(monkeypatch):
 def test_every_command_help_has_an_example():
     import click
 
-    from cli.main import main
+    from semjobs.cli.main import main
 
     def commands(group, prefix=()):
         for name, cmd in group.commands.items():
@@ -239,7 +239,7 @@ def test_a_method_whose_probes_do_not_fit_is_refused_up_front_and_ar_still_runs(
     from semjobs.settings import settings
     from semspec.probes import Probe, ProbePair
     from semspec.testing import tiny_model_dir
-    from worker import engine as engines
+    from semjobs.worker import engine as engines
 
     require_vllm()
     # 64-wide heads, which vLLM's CPU attention runs

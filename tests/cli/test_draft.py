@@ -2,8 +2,8 @@
 
 from click.testing import CliRunner
 
-from cli.draft import _stop_after
-from cli.main import main
+from semjobs.cli.draft import _stop_after
+from semjobs.cli.main import main
 from semspec.draft.config import HeadTrainConfig
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, func, select, pool
 
-from db.models import Item, ItemStats, Job, Output, StepLog
+from semjobs.db.models import Item, ItemStats, Job, Output, StepLog
 from semspec.assets import GSM8K_TEST
 from tests.conftest import ROOT, require_vllm, run_cli
 

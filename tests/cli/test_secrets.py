@@ -9,7 +9,7 @@ import json
 from click.testing import CliRunner
 from sqlalchemy.engine import make_url
 
-from cli.main import main
+from semjobs.cli.main import main
 from tests.conftest import ROOT
 
 SECRET = "s3cret-pw"

@@ -6,8 +6,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, pool, text
 
-from db import migrate
-from db.models import Base
+from semjobs.db import migrate
+from semjobs.db.models import Base
 
 TABLES = {"jobs", "items", "outputs", "step_log", "item_stats", "workers", "calibrations",
           "calibration_questions", "calibration_prefixes"}
@@ -55,7 +55,7 @@ def test_upgrade_downgrade_upgrade(empty_url):
 def test_cli_db_upgrade_reads_url_from_settings(pg_url, monkeypatch):
     from click.testing import CliRunner
 
-    from cli.main import main
+    from semjobs.cli.main import main
     from semjobs.settings import settings
 
     monkeypatch.setattr(settings, "database_url", pg_url)

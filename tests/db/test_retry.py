@@ -1,11 +1,11 @@
-"""db.retry: a unit of database work survives a short outage, gives up after a long one."""
+"""semjobs.db.retry: a unit of database work survives a short outage, gives up after a long one."""
 
 import logging
 
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from db.retry import one_line, retrying
+from semjobs.db.retry import one_line, retrying
 
 
 class FakeSession:
@@ -28,9 +28,9 @@ def flaky(failures: int):
 
 
 def test_work_is_retried_through_an_outage_with_one_warning(monkeypatch, caplog):
-    monkeypatch.setattr("db.retry.time.sleep", lambda s: None)
+    monkeypatch.setattr("semjobs.db.retry.time.sleep", lambda s: None)
     session, (work, calls) = FakeSession(), flaky(3)
-    with caplog.at_level(logging.WARNING, logger="db.retry"):
+    with caplog.at_level(logging.WARNING, logger="semjobs.db.retry"):
         assert retrying(session, work, "storing a result") == "stored"
     assert len(calls) == 4 and session.rollbacks == 3
     assert [r.message.split(",")[0] for r in caplog.records] == [

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jobs.accuracy import Answer, majority, pass_at_k, summary
+from semjobs.jobs.accuracy import Answer, majority, pass_at_k, summary
 
 
 def test_pass_at_k_is_the_unbiased_estimator():
@@ -44,10 +44,10 @@ def test_one_sample_per_input_is_counted_in_the_database_with_the_same_figures(t
 
     from click.testing import CliRunner
 
-    from cli.main import main
-    from db.session import session_factory
-    from jobs import status
-    from jobs.accuracy import Answer, summary
+    from semjobs.cli.main import main
+    from semjobs.db.session import session_factory
+    from semjobs.jobs import status
+    from semjobs.jobs.accuracy import Answer, summary
 
     src = tmp_path / "q.jsonl"
     # the test double answers with the word count: "a b" -> 2

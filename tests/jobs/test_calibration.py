@@ -1,4 +1,4 @@
-"""jobs.calibration on real Postgres, with a stand-in for the collection itself (it writes a
+"""semjobs.jobs.calibration on real Postgres, with a stand-in for the collection itself (it writes a
 calibration directory as `semspec.calibration.collect.collect` does; the real one runs in
 tests/worker/test_calibration_e2e.py): questions stored, run once each, a redelivery stores
 nothing twice, another pair is refused, the attempt cap holds, the export is a directory
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jobs import calibration as cal
+from semjobs.jobs import calibration as cal
 from semspec.calibration.collect import CollectConfig
 from semspec.calibration.store import CalibrationStore, PrefixRecord, prefix_key
 
@@ -113,8 +113,8 @@ def test_a_question_that_keeps_killing_workers_fails_after_the_attempt_cap(pg_db
 
 
 def test_a_question_another_live_worker_runs_is_busy_and_a_failing_one_fails_with_its_reason(pg_db):
-    from db import repo
-    from db.session import session_factory
+    from semjobs.db import repo
+    from semjobs.db.session import session_factory
 
     cal_id = cal.create(PROMPTS, CollectConfig(samples=2), "q", url=pg_db)
     with session_factory(pg_db)() as s:

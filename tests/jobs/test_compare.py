@@ -8,7 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from semjobs.cli.main import main
 from tests.conftest import ROOT
 
 SRC = ROOT / "examples" / "prompts.jsonl"
@@ -37,7 +37,7 @@ def run_job(db, out, *args, src=SRC):
 
 
 def test_a_method_against_ar_on_one_input(scored, sqlite_db, tmp_path):
-    from jobs.compare import compare_jobs
+    from semjobs.jobs.compare import compare_jobs
     from semspec.models.loaded import load_model
     from semspec.quality import target_mean_loglik
 

@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
-from jobs.export_fields import EXPORT_FIELDS
+from semjobs.cli.main import main
+from semjobs.jobs.export_fields import EXPORT_FIELDS
 
 
 def invoke(*args):
@@ -131,7 +131,7 @@ def test_the_readme_documents_every_export_field():
 def test_parquet_batches_share_one_schema(tmp_path):
     import pyarrow.parquet as pq
 
-    from jobs.export import _ParquetSink
+    from semjobs.jobs.export import _ParquetSink
 
     sink = _ParquetSink(tmp_path / "x.parquet", batch=1)  # every row its own batch
     sink.write({"id": 1, "sample": 0, "correct": None, "usage": {"total_tokens": 3}})

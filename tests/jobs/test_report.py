@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from semjobs.cli.main import main
 from tests.conftest import ROOT
 
 
@@ -34,8 +34,8 @@ def _add_steps(url, job_id, steps):
     """Log ``steps`` (step index, author, decision, target tokens, reason) on the job's first item."""
     from sqlalchemy import select
 
-    from db.models import Item, StepLog
-    from db.session import session_factory
+    from semjobs.db.models import Item, StepLog
+    from semjobs.db.session import session_factory
 
     with session_factory(url)() as session:
         item = session.scalars(select(Item).where(Item.job_id == job_id).order_by(Item.id)).first()
@@ -52,8 +52,8 @@ def _run_job(tmp_path, sqlite_db):
 
 
 def test_the_figures_count_why_the_target_wrote_undrafted_steps(tmp_path, sqlite_db, fake_engine):
-    from jobs.report import StepFigures, markdown
-    from jobs.status import job_status
+    from semjobs.jobs.report import StepFigures, markdown
+    from semjobs.jobs.status import job_status
 
     st = job_status(_run_job(tmp_path, sqlite_db), url=sqlite_db)
     figures = StepFigures(decisions=Counter(accepted=1, target_only=3), reasons=Counter(backoff=2, answer=1))
@@ -64,9 +64,9 @@ def test_the_figures_count_why_the_target_wrote_undrafted_steps(tmp_path, sqlite
 
 @pytest.mark.parametrize("database", ["sqlite_db", "pg_db"])
 def test_the_step_figures_are_counted_in_the_database(tmp_path, database, request, fake_engine):
-    from db import repo
-    from db.session import session_factory
-    from jobs.report import MAX_POSITION, StepFigures
+    from semjobs.db import repo
+    from semjobs.db.session import session_factory
+    from semjobs.jobs.report import MAX_POSITION, StepFigures
 
     url = request.getfixturevalue(database)
     job_id = _run_job(tmp_path, url)  # 3 items, each a kept draft at step 0, a rejected one at 1
@@ -92,7 +92,7 @@ def test_the_step_figures_are_counted_in_the_database(tmp_path, database, reques
 def test_the_throughput_bars_are_tokens_per_second_over_each_items_wall_time():
     from datetime import datetime, timedelta, timezone
 
-    from jobs.report import throughput_series
+    from semjobs.jobs.report import throughput_series
 
     t0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
     at = lambda s: t0 + timedelta(seconds=s)  # noqa: E731

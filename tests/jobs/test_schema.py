@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from jobs.schema import OPENAI_BATCH, PLAIN, validate_file
+from semjobs.jobs.schema import OPENAI_BATCH, PLAIN, validate_file
 
 
 def write(tmp_path, lines, name="in.jsonl"):
@@ -146,7 +146,7 @@ def test_empty_file_is_an_error(tmp_path):
 
 
 def _records(path):
-    from jobs.schema import iter_records
+    from semjobs.jobs.schema import iter_records
 
     return list(iter_records(path, 10_000))
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from db import repo
-from db.session import session_factory
-from jobs.status import job_status, progress_line, render
+from semjobs.db import repo
+from semjobs.db.session import session_factory
+from semjobs.jobs.status import job_status, progress_line, render
 from tests.worker.test_process import make_job
 
 

@@ -6,10 +6,10 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
-from cli.main import main
-from db.models import Item, Job
-from db.session import session_factory
-from jobs.submit import job_config, missing_model_files, store_job
+from semjobs.cli.main import main
+from semjobs.db.models import Item, Job
+from semjobs.db.session import session_factory
+from semjobs.jobs.submit import job_config, missing_model_files, store_job
 
 
 def rows(url):
@@ -85,7 +85,7 @@ def test_store_job_streams_items_in_batches(db_url, tmp_path, monkeypatch):
 
 
 def test_each_sample_gets_its_own_reproducible_seed_and_the_template_kwargs():
-    from jobs.submit import item_config, sample_seed
+    from semjobs.jobs.submit import item_config, sample_seed
 
     job = job_config("ar", 8, temperature=0.6, seed=5)
     req = {"id": "q1", "prompt": "x", "chat_template_kwargs": {"enable_thinking": True}}
@@ -100,8 +100,8 @@ def test_each_sample_gets_its_own_reproducible_seed_and_the_template_kwargs():
 
 @pytest.mark.real_model
 def test_a_prompt_beyond_the_context_is_named_and_a_long_one_that_fits_passes(tmp_path):
-    from jobs.context import ContextCheck
-    from jobs.schema import validate_file
+    from semjobs.jobs.context import ContextCheck
+    from semjobs.jobs.schema import validate_file
 
     check = ContextCheck(None, None)  # the embedded target
     p = tmp_path / "long.jsonl"
@@ -117,8 +117,8 @@ def test_a_prompt_beyond_the_context_is_named_and_a_long_one_that_fits_passes(tm
 
 @pytest.mark.real_model
 def test_a_template_that_cannot_render_a_long_prompt_is_a_bad_line_not_a_crash(tmp_path):
-    from jobs.context import ContextCheck
-    from jobs.schema import validate_file
+    from semjobs.jobs.context import ContextCheck
+    from semjobs.jobs.schema import validate_file
 
     p = tmp_path / "kw.jsonl"
     line = {"id": "a", "prompt": " ".join(["apple"] * 300), "chat_template_kwargs": {"tokenize": True}}
@@ -168,7 +168,7 @@ def test_run_with_files_that_cannot_load_stores_nothing(setting, make, words, sq
     """The engine loads before the job is stored: a model that cannot load, or probes the
     asked method needs that cannot, is one error line naming the file, exit 1, zero rows."""
     from semjobs.settings import settings
-    from worker import engine as engines
+    from semjobs.worker import engine as engines
 
     monkeypatch.setattr(settings, setting, make(tmp_path))
     engines._cache.clear()

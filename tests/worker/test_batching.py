@@ -1,4 +1,4 @@
-"""The per-process batch loop (`worker.batching.BatchLoop`) with the instant test-double
+"""The per-process batch loop (`semjobs.worker.batching.BatchLoop`) with the instant test-double
 engine: slots are shared by every caller, a freed slot wakes waiters, a cancel aborts the
 items it names, an engine failure fails what it held and the next item starts a fresh loop."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from semspec.types import Cancelled, GenerationConfig
 from tests.fake_engine import InstantEngine
-from worker.batching import BatchLoop
+from semjobs.worker.batching import BatchLoop
 
 CFG = GenerationConfig(max_new_tokens=8)
 
@@ -95,7 +95,7 @@ def test_forgetting_an_engine_ends_its_loop_once_its_items_are_done():
     import gc
     import weakref
 
-    from worker.batching import batch_loop, forget_loop
+    from semjobs.worker.batching import batch_loop, forget_loop
 
     engine = InstantEngine(delay_s=0.2)
     loop = batch_loop(engine, 2)

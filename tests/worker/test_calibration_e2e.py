@@ -28,8 +28,8 @@ def failures(env, cal_id) -> list[str]:
     """Why the calibration's failed questions failed."""
     from sqlalchemy import select
 
-    from db.models import CalibrationQuestion as Q
-    from db.session import session_factory
+    from semjobs.db.models import CalibrationQuestion as Q
+    from semjobs.db.session import session_factory
 
     with session_factory(env["SEMJOBS_DATABASE_URL"])() as s:
         return list(s.scalars(select(Q.error).where(Q.calibration_id == cal_id, Q.status == "failed")))

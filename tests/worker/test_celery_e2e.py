@@ -13,9 +13,9 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy import func, select
 
-from db import repo
-from db.models import Item, Job, Output, Worker
-from db.session import session_factory
+from semjobs.db import repo
+from semjobs.db.models import Item, Job, Output, Worker
+from semjobs.db.session import session_factory
 from tests.conftest import run_cli, wait_for
 
 pytestmark = pytest.mark.slow

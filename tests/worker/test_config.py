@@ -9,9 +9,9 @@ from tests.conftest import ROOT
 
 def test_celery_settings():
     from semjobs.settings import settings
-    import worker.tasks  # noqa: F401  (registers the task)
-    from worker.celery import app, make_app
-    from worker.queues import queue_name
+    import semjobs.worker.tasks  # noqa: F401  (registers the task)
+    from semjobs.worker.celery import app, make_app
+    from semjobs.worker.queues import queue_name
 
     c = app.conf
     assert c.task_acks_late and c.task_reject_on_worker_lost
@@ -31,7 +31,7 @@ def test_celery_settings():
 
 def test_importing_the_worker_loads_no_engine_and_no_torch():
     code = (
-        "import sys, worker.tasks, worker.engine as e, cli.main;"
+        "import sys, semjobs.worker.tasks, semjobs.worker.engine as e, semjobs.cli.main;"
         "assert not e.loaded();"
         "assert 'torch' not in sys.modules, 'torch imported by the worker parent'"
     )
@@ -39,7 +39,7 @@ def test_importing_the_worker_loads_no_engine_and_no_torch():
 
 
 def test_the_heartbeat_code_does_not_import_the_task_module():
-    """liveness -> recovery -> publish, never back to worker.tasks (which imports liveness),
+    """liveness -> recovery -> publish, never back to semjobs.worker.tasks (which imports liveness),
     not even inside a function."""
     import ast
 
@@ -49,14 +49,14 @@ def test_the_heartbeat_code_does_not_import_the_task_module():
         tree = ast.parse((ROOT / "worker" / f"{module}.py").read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
             a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        assert "worker.tasks" not in imported and "worker.process" not in imported, module
+        assert "semjobs.worker.tasks" not in imported and "semjobs.worker.process" not in imported, module
 
 
 def test_an_outage_is_one_warning_and_beats_back_off_within_the_dead_after_time(monkeypatch, caplog):
     import logging
 
     from semjobs.settings import settings
-    from worker import liveness
+    from semjobs.worker import liveness
 
     monkeypatch.setattr(settings, "heartbeat_interval_s", 5.0)
     monkeypatch.setattr(settings, "worker_dead_after_s", 45.0)

@@ -1,4 +1,4 @@
-"""worker.engine: which engine serves a request, and that one a chunk decodes with is never
+"""semjobs.worker.engine: which engine serves a request, and that one a chunk decodes with is never
 dropped under it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from semjobs.settings import settings
-from worker import engine as engines
+from semjobs.worker import engine as engines
 
 from tests.fake_engine import InstantEngine
 

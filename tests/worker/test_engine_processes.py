@@ -24,7 +24,7 @@ from tests.conftest import FAKE_ENGINE, ROOT, run_cli
 ])
 def test_plan(monkeypatch, cores, cpu, items, processes, threads, expected):
     from semjobs.settings import settings
-    from worker import engine_processes
+    from semjobs.worker import engine_processes
 
     monkeypatch.setattr(engine_processes, "usable_cores", lambda: cores)
     monkeypatch.setattr(engine_processes, "_runs_on_cpu", lambda: cpu)
@@ -40,8 +40,8 @@ def _prompts(path, n, kill=()):
 
 
 def _items(db_path):
-    from db.models import Item
-    from db.session import session_factory
+    from semjobs.db.models import Item
+    from semjobs.db.session import session_factory
 
     with session_factory(f"sqlite:///{db_path}")() as s:
         return s.execute(select(Item.seq, Item.status, Item.attempts, Item.worker)).all()

@@ -17,9 +17,9 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from db import migrate
-from db.models import Item, Job, Output
-from db.session import forget, session_factory
+from semjobs.db import migrate
+from semjobs.db.models import Item, Job, Output
+from semjobs.db.session import forget, session_factory
 from tests.conftest import FAKE_ENGINE, ROOT, Workers, wait_for
 from tests.services import PrivatePostgres, PrivateRedis
 from tests.worker.test_celery_e2e import counts, decoded_by, submit, wait_completed, write_input

@@ -28,7 +28,7 @@ def flower(service_env, tmp_path):
     port = free_port()
     log = open(tmp_path / "flower.log", "w")
     # as the README starts it: the API answers only without auth when told so
-    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "worker.celery:app", "flower",
+    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "semjobs.worker.celery:app", "flower",
                              f"--port={port}", "--address=127.0.0.1"],
                             env={**service_env, "FLOWER_UNAUTHENTICATED_API": "true"}, cwd=ROOT,
                             stdout=log, stderr=subprocess.STDOUT)

@@ -1,4 +1,4 @@
-"""The shared per-item code (`worker.process.run_items`) with the instant test-double engine:
+"""The shared per-item code (`semjobs.worker.process.run_items`) with the instant test-double engine:
 idempotent commits, attempt cap, cooperative cancel, failures, chunk deadline."""
 
 import json
@@ -7,12 +7,12 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from db import repo
-from db.models import Item, ItemStats, Job, Output, StepLog
-from db.session import session_factory
-from jobs.submit import job_config, store_job
+from semjobs.db import repo
+from semjobs.db.models import Item, ItemStats, Job, Output, StepLog
+from semjobs.db.session import session_factory
+from semjobs.jobs.submit import job_config, store_job
 from tests.conftest import wait_for
-from worker.process import run_items
+from semjobs.worker.process import run_items
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -93,7 +93,7 @@ def test_a_second_delivery_in_the_same_process_does_not_decode_the_item_again(db
     is decoding, though to the database both are this worker's."""
     import threading
 
-    from worker import engine as engines
+    from semjobs.worker import engine as engines
 
     monkeypatch.setenv("FAKE_ENGINE_DELAY_S", "0.3")
     engines._cache.clear()
@@ -161,7 +161,7 @@ def test_a_cancel_aborts_the_items_decoding_and_spares_another_jobs(db_url, tmp_
     import threading
 
     from semjobs.settings import settings
-    from worker import engine as engines
+    from semjobs.worker import engine as engines
 
     monkeypatch.setenv("FAKE_ENGINE_DELAY_S", "3")
     monkeypatch.setattr(settings, "batch_size", 4)

@@ -1,4 +1,4 @@
-"""The reaper (`worker.recovery.recover`) on real Postgres: the items a dead worker held are
+"""The reaper (`semjobs.worker.recovery.recover`) on real Postgres: the items a dead worker held are
 released and enqueued exactly once, however many reapers run at the same time; live
 workers' items are left alone; the attempt cap still counts; the late redelivery of the
 dead worker's chunk stores nothing twice."""
@@ -10,12 +10,12 @@ from contextlib import contextmanager
 import pytest
 from sqlalchemy import func, select, text
 
-from db import repo
-from db.models import Item, Output, Worker
-from db.session import session_factory
+from semjobs.db import repo
+from semjobs.db.models import Item, Output, Worker
+from semjobs.db.session import session_factory
 from tests.worker.test_process import make_job
-from worker.process import run_items
-from worker.recovery import recover
+from semjobs.worker.process import run_items
+from semjobs.worker.recovery import recover
 
 DEAD, LIVE = "dead@h:1", "live@h:2"
 
@@ -54,7 +54,7 @@ def crashed(pg_db, tmp_path):
 
 
 def recording_publisher(sent, delay_s=0.0):
-    """Stands in for `worker.publish.publisher`: records (queue, job, seqs) per message."""
+    """Stands in for `semjobs.worker.publish.publisher`: records (queue, job, seqs) per message."""
     lock = threading.Lock()
 
     @contextmanager
@@ -256,7 +256,7 @@ def test_a_worker_hands_back_what_it_holds_but_no_longer_works_on(pg_db, crashed
     """LIVE beats, so no reaper takes its items; its own heartbeat releases those its
     process does not work on (a chunk that ended unsettled, a predecessor of the same name)
     and enqueues them; what it works on stays."""
-    from worker.recovery import hand_back_unworked
+    from semjobs.worker.recovery import hand_back_unworked
 
     sent = []
     released = hand_back_unworked(LIVE, lambda: {(crashed, 5)}, pg_db, recording_publisher(sent))
@@ -281,7 +281,7 @@ def test_liveness_works_on_sqlite_too(sqlite_db, tmp_path):
 def test_the_calibration_questions_of_a_dead_worker_go_back_out(pg_db, crashed):
     """A whole worker killed mid-question: the reaper makes the question pending again and
     sends it to its calibration's queue, as it does the items."""
-    from jobs import calibration as cal
+    from semjobs.jobs import calibration as cal
     from semspec.calibration.collect import CollectConfig
 
     cal_id = cal.create([("q1", "What is 2+2?"), ("q2", "And 3+3?")], CollectConfig(samples=2), "calq", url=pg_db)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from db.models import Item, Output
-from db.session import session_factory
+from semjobs.db.models import Item, Output
+from semjobs.db.session import session_factory
 from tests.conftest import wait_for
 from tests.worker.test_celery_e2e import submit, wait_completed, write_input
 
@@ -77,7 +77,7 @@ def test_two_worker_processes_restart_a_killed_one_and_stop_on_sigterm(service_e
 def test_a_process_that_keeps_dying_at_start_stops_the_supervisor(monkeypatch, capsys):
     import sys
 
-    from worker import supervisor
+    from semjobs.worker import supervisor
 
     monkeypatch.setattr(supervisor, "RESTART_DELAY_S", 0.01)
     sup = supervisor.Supervisor([[sys.executable, "-c", "raise SystemExit(3)"]])

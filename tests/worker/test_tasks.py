@@ -1,9 +1,9 @@
-"""worker.tasks.run_chunk's own decisions, run eagerly (no broker)."""
+"""semjobs.worker.tasks.run_chunk's own decisions, run eagerly (no broker)."""
 
 from __future__ import annotations
 
-from worker import engine as engines
-from worker import tasks
+from semjobs.worker import engine as engines
+from semjobs.worker import tasks
 
 
 def test_a_chunk_whose_engine_is_busy_is_handed_back_whole(monkeypatch):

@@ -189,7 +189,7 @@ def test_cli_bench(engines, probes, prompts_file, tmp_path, monkeypatch):
     probes accepting every step as --probes accept would load them."""
     from click.testing import CliRunner
 
-    from cli.main import main
+    from semjobs.cli.main import main
     from semspec.benchmark import engines as bench_engines
 
     probes(ProbePair.always_accept(HIDDEN, HIDDEN))
@@ -221,7 +221,7 @@ def test_cli_bench(engines, probes, prompts_file, tmp_path, monkeypatch):
 def test_cli_refuses_what_vllm_cannot_serve_before_loading(prompts_file, tmp_path, args, error):
     from click.testing import CliRunner
 
-    from cli.main import main
+    from semjobs.cli.main import main
 
     r = CliRunner().invoke(main, ["bench", "--prompts", str(prompts_file), "--out", str(tmp_path), *args])
     assert r.exit_code == 2 and error in r.output, r.output

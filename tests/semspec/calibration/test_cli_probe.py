@@ -3,7 +3,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from cli.main import main
+from semjobs.cli.main import main
 from semspec.probes import ProbePair
 from semspec.testing import tiny_model_dir
 

@@ -167,7 +167,7 @@ def test_build_is_reproducible_and_serves_token_sd(engines, questions, tmp_path,
 
 def test_cli_trains_a_head(engines, tiny_vllm_dir, questions, tmp_path, monkeypatch):
     """The command starts vLLM itself, for the traces only."""
-    from cli.main import main
+    from semjobs.cli.main import main
 
     engines.close()
     started = []

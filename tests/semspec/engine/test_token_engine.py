@@ -105,9 +105,9 @@ def test_an_abort_ends_its_request_at_once_and_leaves_the_others_alone(engine):
 
 
 def test_the_worker_batch_loop_feeds_it_as_slots_free(engine):
-    """worker.batching hands items over one by one from other threads (a live source that
+    """semjobs.worker.batching hands items over one by one from other threads (a live source that
     says None while nothing is new); every future settles with its own result."""
-    from worker.batching import BatchLoop
+    from semjobs.worker.batching import BatchLoop
 
     loop = BatchLoop(engine, batch_size=2)
     futures = []
