@@ -249,12 +249,10 @@ def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_di
     scorer = []  # the target in float32, loaded once the runs are done
 
     def loglik(prompt, text):
-        from semspec.quality import target_mean_loglik
-        from semspec.models.identity import models_cache
-        from semspec.models.loaded import load_model
+        from semspec.quality import load_scorer, target_mean_loglik
 
         if not scorer:
-            scorer.append(load_model(target, device="cpu", cache_dir=models_cache(cache_dir), dtype=torch.float32))
+            scorer.append(load_scorer(target, cache_dir))
         return target_mean_loglik(scorer[0], prompt, text)
 
     result = run_sweep(load, prompt_list, sweep, progress=say, loglik=loglik if settings.loglik else None)

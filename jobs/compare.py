@@ -83,7 +83,10 @@ def compare_jobs(job_a: str, job_b: str, *, url: str | None = None, loglik: bool
              for st in statuses]
     pairs = _paired_outputs(job_a, job_b, url)
     if loglik and pairs:
-        target = _load_target(targets.pop())
+        from semspec.quality import load_scorer
+
+        spec = targets.pop()
+        target = load_scorer(None if spec in (None, "embedded") else spec, settings.cache_dir)
         for i, side in enumerate(sides):
             side.mean_loglik = _mean_loglik(target, [(prompt, texts[i]) for prompt, texts in pairs])
     return Comparison(sides[0], sides[1], len(pairs))
@@ -101,14 +104,6 @@ def _paired_outputs(job_a: str, job_b: str, url: str | None) -> list[tuple[Any, 
     """(prompt, (A's output, B's output)) of the samples both jobs finished."""
     mine = {key: (prompt, text) for key, prompt, text in _finished(job_a, url)}
     return [(mine[key][0], (mine[key][1], text)) for key, _, text in _finished(job_b, url) if key in mine]
-
-
-def _load_target(spec: str | None):
-    from semspec.models.identity import models_cache
-    from semspec.models.loaded import load_model
-
-    return load_model(None if spec in (None, "embedded") else spec, device="cpu",
-                      cache_dir=models_cache(settings.cache_dir))
 
 
 def _mean_loglik(target, outputs: list[tuple[Any, str]]) -> float | None:

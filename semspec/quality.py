@@ -8,6 +8,16 @@ import torch
 from semspec.prompts import encode_prompt
 
 
+def load_scorer(spec: str | None, cache_dir=None):
+    """The target that scores texts (a ``LoadedModel``): float32 on the CPU whatever the
+    decode ran in, so that scores compare across machines and number types. ``cache_dir``:
+    semjobs' cache directory (None: the default)."""
+    from semspec.models.identity import models_cache
+    from semspec.models.loaded import load_model
+
+    return load_model(spec, device="cpu", cache_dir=models_cache(cache_dir), dtype=torch.float32)
+
+
 @torch.inference_mode()
 def target_mean_loglik(target, prompt: str, text: str) -> float | None:
     """Mean log-probability per token the target gives ``text`` after ``prompt`` (teacher forced)."""
