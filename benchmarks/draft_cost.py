@@ -43,8 +43,8 @@ def load_pair(target_spec: str, draft_spec: str | None, artifact: str | None):
 
     target = load_model(target_spec, device="cpu", dtype=torch.float32)
     if artifact:
-        from semspec.draft import build_draft_model, load_artifact
-        from semspec.draft.embedded import artifact_sha256
+        from semspec.models.draft_artifact import build_draft_model, load_artifact
+        from semspec.models.embedded_draft import artifact_sha256
 
         art = load_artifact(artifact)
         draft = LoadedModel(model=build_draft_model(target.model, art),

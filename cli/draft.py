@@ -126,7 +126,7 @@ def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps
 def _train_layers(cfg, out_dir, target_spec, cache_dir, data_only, log) -> None:
     import torch
 
-    from semspec.draft.artifact import save_artifact
+    from semspec.models.draft_artifact import save_artifact
     from semspec.draft.train import build_training_data, train_draft
     from semspec.models.loaded import load_model
 

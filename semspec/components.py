@@ -29,11 +29,11 @@ def default_probes(draft: str | None, target: str | None) -> str | None:
 def embedded_draft_available() -> bool:
     """Whether the embedded draft's trained artifact is shipped in this install."""
     try:
-        from semspec.draft import artifact, embedded
+        from semspec.models import draft_artifact, embedded_draft
     except ImportError:
         return False
-    art = Path(embedded.ARTIFACT_DIR)
-    return (art / artifact.WEIGHTS_FILE).is_file() and (art / artifact.META_FILE).is_file()
+    art = Path(embedded_draft.ARTIFACT_DIR)
+    return (art / draft_artifact.WEIGHTS_FILE).is_file() and (art / draft_artifact.META_FILE).is_file()
 
 
 def default_draft() -> str | None:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .draft.artifact import check_fingerprint, files_sha256, target_checksums, target_signature
+from .models.draft_artifact import check_fingerprint, files_sha256, target_checksums, target_signature
 from .models.identity import ModelIdentity, derived_sha256
 from .models.loaded import LoadedModel
 from .models.specs import EMBEDDED_PREFIX

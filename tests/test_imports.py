@@ -84,6 +84,18 @@ def test_no_import_circles():
     assert circles(import_graph()) == []
 
 
+def test_what_a_worker_runs_never_imports_what_builds_artifacts_or_the_benchmark():
+    """Draft training and the bench run once, on a workstation: a worker (the service, the
+    engine adapter, the models, the semantic layer) loads none of them. (Probe calibration
+    is a job workers run, so it is not among them.)"""
+    builders = ("semspec.draft", "semspec.benchmark")
+    graph = import_graph()
+    runs_in_a_worker = [m for m in graph if m.startswith(("semjobs.worker", "semjobs.jobs", "semjobs.db", "semspec"))
+                        and not m.startswith(builders) and m != "semspec.testing"]
+    assert {m: sorted(d for d in graph[m] if d.startswith(builders)) for m in runs_in_a_worker
+            if any(d.startswith(builders) for d in graph[m])} == {}
+
+
 def test_the_circle_finder_finds_one():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from semspec.draft.artifact import (
+from semspec.models.draft_artifact import (
     FORMAT,
     VOCAB_TENSOR,
     DraftArtifact,

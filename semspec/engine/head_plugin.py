@@ -43,7 +43,7 @@ def export_head(head_dir: str | os.PathLike, target_dir: str | os.PathLike, out_
     from safetensors.torch import load_file, save_file
     from transformers import AutoConfig
 
-    from semspec.draft.artifact import config_signature, signature_diff
+    from semspec.models.draft_artifact import config_signature, signature_diff
     from semspec.head import HEAD_META, HEAD_WEIGHTS, HeadMismatchError
 
     out = Path(out_dir)

@@ -8,6 +8,8 @@
 - ``gguf``: a GGUF de-quantized once into the model cache;
 - ``loaded``: a transformers model in memory (``load_model``, ``LoadedModel``), for training,
   calibration and quality passes; workers decode on vLLM;
+- ``draft_artifact``: a layer draft's trained layers and how they make a model directory with
+  its target's; ``embedded_draft``: the shipped one, ``embedded:smollm2-135m-draft``;
 - ``reduced_vocab``: a draft that predicts part of the vocabulary only (FR-Spec style);
 - ``dtypes``: which number type a model runs in on this machine.
 """

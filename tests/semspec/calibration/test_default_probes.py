@@ -44,7 +44,7 @@ def test_default_probes_fit_the_embedded_models(pair):
 def test_the_shipped_probes_name_the_embedded_models_by_their_sources(pair, monkeypatch):
     """Identities come from the GGUF and the committed artifacts, so they hold whatever
     transformers release writes the converted and materialised directories."""
-    from semspec.draft import embedded
+    from semspec.models import embedded_draft as embedded
     from semspec.models import gguf
     from semspec.preflight import method_problem
 

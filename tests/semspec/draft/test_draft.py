@@ -4,10 +4,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from semspec.draft import DraftTrainConfig, build_draft_model, load_artifact, materialize_draft, save_artifact
-from semspec.draft.artifact import DraftMismatchError, check_compatible
+from semspec.draft.config import DraftTrainConfig
 from semspec.draft.data import Sequence, clean_reference, load_questions
 from semspec.draft.train import DraftStack, teacher_pass, train_draft
+from semspec.models.draft_artifact import (DraftMismatchError, build_draft_model, check_compatible, load_artifact,
+                                           materialize_draft, save_artifact)
 
 from .conftest import tiny_target
 
@@ -37,7 +38,7 @@ def test_draft_model_matches_trained_stack(target, tokenizer):
         want = stack(item.hidden[2][None])[0] @ target.lm_head.weight.T
         sel = torch.tensor([4, 9, 19])
         torch.testing.assert_close(stack(item.hidden[2][None], select=[sel]) @ target.lm_head.weight.T, want[sel])
-    from semspec.draft.artifact import DraftArtifact, target_checksums, target_signature
+    from semspec.models.draft_artifact import DraftArtifact, target_checksums, target_signature
 
     art = DraftArtifact(meta={"format": "semspec-draft/1", "frozen_layers": 2, "adapter_layers": 1,
                               "adapter_init": [3],

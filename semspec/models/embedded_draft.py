@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from semspec.draft.artifact import META_FILE, WEIGHTS_FILE, files_sha256, materialize_draft
+from semspec.models.draft_artifact import META_FILE, WEIGHTS_FILE, files_sha256, materialize_draft
 from semspec.models.hf import from_pretrained, library_tag
 from semspec.models.identity import derived_sha256
 

@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from semspec.draft import load_artifact
-from semspec.draft.artifact import META_FILE, WEIGHTS_FILE
-from semspec.draft.embedded import ARTIFACT_DIR
+from semspec.models.draft_artifact import META_FILE, WEIGHTS_FILE, load_artifact
+from semspec.models.embedded_draft import ARTIFACT_DIR
 
 
 def test_committed_artifact_shapes_and_size():
