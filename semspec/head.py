@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .models.draft_artifact import check_fingerprint, files_sha256, target_checksums, target_signature
+from .models.draft_artifact import check_fingerprint, files_sha256, read_artifact, target_checksums, target_signature
 from .models.identity import ModelIdentity, derived_sha256
 from .models.loaded import LoadedModel
 from .models.specs import EMBEDDED_PREFIX
@@ -205,18 +205,11 @@ def head_sha256(artifact_dir: str | os.PathLike, target_sha256: str) -> str:
 
 def load_head(artifact_dir: str | os.PathLike, target: LoadedModel, spec: str | None = None) -> LoadedModel:
     """The head in ``artifact_dir`` on ``target`` (checked against it), as a loaded draft."""
-    from safetensors.torch import load_file
-
     d = Path(artifact_dir)
-    meta_path, weights_path = d / HEAD_META, d / HEAD_WEIGHTS
-    if not meta_path.is_file() or not weights_path.is_file():
-        raise FileNotFoundError(f"no draft head in {d} (need {HEAD_META} and {HEAD_WEIGHTS})")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != HEAD_FORMAT:
-        raise HeadMismatchError(f"{meta_path}: not a {HEAD_FORMAT} artifact")
+    meta, tensors, weights_path = read_artifact(d, HEAD_META, HEAD_WEIGHTS, HEAD_FORMAT, HeadMismatchError,
+                                                "draft head")
     check_fingerprint(meta["target"], target.model, int(target.model.config.num_hidden_layers), HeadMismatchError,
                       "the draft head")
-    tensors = load_file(str(weights_path))
     vocab = tensors.pop("vocab_ids", None)
     head = HeadModel(target.model, layers=int(meta["layers"]), init_from_target=False)
     missing, unexpected = head.load_state_dict(tensors, strict=False)

@@ -151,15 +151,23 @@ def save_artifact(artifact: DraftArtifact, out_dir: str | os.PathLike, dtype=tor
     return out
 
 
-def load_artifact(path: str | os.PathLike) -> DraftArtifact:
-    p = Path(path)
-    meta_path, weights_path = p / META_FILE, p / WEIGHTS_FILE
+def read_artifact(directory: str | os.PathLike, meta_file: str, weights_file: str, fmt: str, error: type,
+                  what: str) -> tuple[dict, dict[str, torch.Tensor], Path]:
+    """(metadata, tensors, weights path) of an artifact directory (a layer draft's, a draft
+    head's): ``error`` when its metadata names another format."""
+    d = Path(directory)
+    meta_path, weights_path = d / meta_file, d / weights_file
     if not meta_path.is_file() or not weights_path.is_file():
-        raise FileNotFoundError(f"no draft artifact in {p} (need {META_FILE} and {WEIGHTS_FILE})")
+        raise FileNotFoundError(f"no {what} in {d} (need {meta_file} and {weights_file})")
     meta = json.loads(meta_path.read_text())
-    if meta.get("format") != FORMAT:
-        raise DraftMismatchError(f"{meta_path}: not a {FORMAT} artifact")
-    tensors = load_file(str(weights_path))
+    if meta.get("format") != fmt:
+        raise error(f"{meta_path}: not a {fmt} artifact")
+    return meta, load_file(str(weights_path)), weights_path
+
+
+def load_artifact(path: str | os.PathLike) -> DraftArtifact:
+    meta, tensors, weights_path = read_artifact(path, META_FILE, WEIGHTS_FILE, FORMAT, DraftMismatchError,
+                                                "draft artifact")
     art = DraftArtifact(meta=meta, tensors=tensors)
     expected = {f"layers.{j}." for j in range(art.adapter_layers)}
     found = {k.split(".")[0] + "." + k.split(".")[1] + "." for k in tensors if k.startswith("layers.")}
