@@ -113,6 +113,12 @@ def _submit(ctx, prompts, cfg) -> None:
     if given:
         raise click.UsageError(f"{', '.join(given)} cannot go with --submit: the workers of the deployment's "
                                "pair collect (SEMJOBS_TARGET_MODEL / SEMJOBS_DRAFT_MODEL pick it)")
+    from semjobs.settings import settings
+    from semspec.components import step_draft_problem
+
+    problem = step_draft_problem("semspec", settings.draft_model)  # refused here, not by every worker
+    if problem is not None:
+        raise click.UsageError(problem)
     seen: set[str] = set()
     for qid, _ in prompts:
         if qid in seen:

@@ -41,6 +41,9 @@ def test_workers_collect_what_collect_in_process_collects(service_env, workers, 
     env = {**service_env, "SEMJOBS_ENGINE_FACTORY": "", "SEMJOBS_DTYPE": "float32", "SEMJOBS_THREADS": "1"}
     bad = run_cli(["probe", "collect", *SETTINGS, "--submit", "--out", str(tmp_path / "x")], env, check=False)
     assert bad.returncode == 2 and "--out cannot go with --submit" in bad.stderr
+    head = {**env, "SEMJOBS_DRAFT_MODEL": "embedded:smollm2-135m-head"}  # drafts tokens, not steps
+    bad = run_cli(["probe", "collect", *SETTINGS, "--submit"], head, check=False)
+    assert bad.returncode == 2 and "drafts tokens for token_sd" in bad.stderr
     cal_id = run_cli(["probe", "collect", *SETTINGS, "--submit"], env).stdout.strip().splitlines()[-1]
     workers.env = env
     workers.start("cal")
