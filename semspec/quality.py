@@ -12,10 +12,18 @@ def load_scorer(spec: str | None, cache_dir=None):
     """The target that scores texts (a ``LoadedModel``): float32 on the CPU whatever the
     decode ran in, so that scores compare across machines and number types. ``cache_dir``:
     semjobs' cache directory (None: the default)."""
+    from transformers.utils import logging as transformers_logging
+
     from semspec.models.identity import models_cache
     from semspec.models.loaded import load_model
 
-    return load_model(spec, device="cpu", cache_dir=models_cache(cache_dir), dtype=torch.float32)
+    bars = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()  # a command's one line of output, not a loading bar
+    try:
+        return load_model(spec, device="cpu", cache_dir=models_cache(cache_dir), dtype=torch.float32)
+    finally:
+        if bars:
+            transformers_logging.enable_progress_bar()
 
 
 @torch.inference_mode()
