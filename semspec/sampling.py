@@ -1,4 +1,5 @@
-"""Turning logits into tokens: temperature, top-p, greedy, seeded sampling."""
+"""Sampling outside vLLM: a distribution from logits (temperature, top-p, greedy) for
+transformers' calibration fallback, and the seeded coin semspec's acceptance tosses."""
 
 from __future__ import annotations
 
@@ -33,46 +34,6 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1
     sorted_p = sorted_p.masked_fill(drop, 0.0)
     p = torch.zeros_like(p).scatter_(-1, idx, sorted_p)
     return p / p.sum(-1, keepdim=True)
-
-
-def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """One token id per row of ``probs`` [R, V], by inverse CDF on one uniform per row taken
-    from that row's own generator: a row draws the same token whatever other rows share the
-    call, so outputs do not depend on the batch."""
-    u = torch.stack([torch.rand((), generator=g, device=probs.device) for g in generators])
-    cum = probs.cumsum(-1)
-    x = (u * cum[:, -1]).unsqueeze(-1)
-    # right=True: the first index whose cumulative mass exceeds x, which has mass of its own
-    return torch.searchsorted(cum, x, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
-
-
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token id from a 1-D distribution."""
-    return int(draw(probs[None], [generator])[0])
-
-
-def sample_rows(logits: torch.Tensor, samples) -> list[int]:
-    """The next token of every row of ``logits`` [R, V] under its own :class:`Sample`
-    (temperature, top-p, generator): greedy rows in one argmax, sampled rows grouped by
-    their settings, one host transfer at the end."""
-    out = torch.empty(len(samples), dtype=torch.long, device=logits.device)
-    groups: dict[tuple[float, float], list[int]] = {}
-    for i, s in enumerate(samples):
-        groups.setdefault((s.temperature, s.top_p) if s.temperature > 0 else (0.0, 1.0), []).append(i)
-    for (temperature, top_p), rows in groups.items():
-        idx = torch.tensor(rows, device=logits.device)
-        if temperature <= 0:
-            out[idx] = logits[idx].argmax(-1)
-        else:
-            probs = probs_from_logits(logits[idx], temperature, top_p)
-            out[idx] = draw(probs, [samples[i].generator for i in rows])
-    return out.tolist()
-
-
-def sample_logits(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
-    if temperature <= 0:
-        return int(logits.argmax(-1))
-    return sample(probs_from_logits(logits, temperature, top_p), generator)
 
 
 def uniform(generator: torch.Generator | None, device="cpu") -> float:

