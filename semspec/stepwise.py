@@ -11,12 +11,14 @@ rejected step is "rolled back" by not extending the prefix).
     ar       the target writes every step (``write_step``).
     semspec  the draft writes a step; the target reads it in one prefill, returning the probe
              layer's states over the step; the probes on both models' pooled states decide
-             (``meaning_decision``); kept, the verification's sampled token starts the next
-             step; else the target writes the step itself.
+             (``semspec.acceptance.meaning_decision``); kept, the verification's sampled
+             token starts the next step; else the target writes the step itself.
     step_judge  the draft writes a step; the target reads it with a judging question after it
-             and scores it 0-9 from its log-probabilities of the ten digits.
+             and scores it 0-9 from its log-probabilities of the ten digits
+             (``semspec.acceptance.judge_decision``).
 
-Counting conventions are ``semspec.types``' (``Counters``), as ``semspec.engine.token_engine``'s, so results compare.
+Counting conventions are ``semspec.types``' (``Counters``), as ``semspec.engine.token_engine``'s,
+so results compare.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from typing import Callable, Generator
 
 import torch
 
+from .acceptance import judge_decision, meaning_decision
 from .adaptive import Governor
 from .answers import final_answer, split_reasoning
-from .sampling import make_generator, uniform
+from .sampling import make_generator
 from .steps import IncrementalText, StepDetector
 from .types import ANSWER_BY, Counters, GenerationConfig, GenerationResult, StepRecord
 
@@ -74,30 +77,6 @@ class ModelFacts:
     tokenizer: object
     eos: frozenset[int]
     max_context: int
-
-
-def meaning_decision(probes, pooled_target: torch.Tensor, pooled_draft: torch.Tensor, config: GenerationConfig,
-                     coin: torch.Generator) -> tuple[bool, dict]:
-    """SemanticSpec's rule: keep a drafted step with probability min(1, p_target / p_draft),
-    never when p_target < tau or the ratio is under ``ratio_floor``; and the step log's record."""
-    p_t = probes.target.predict(pooled_target)
-    p_d = probes.draft.predict(pooled_draft)
-    ratio = p_t / max(p_d, 1e-6)
-    accept_prob = min(1.0, ratio)
-    if p_t < config.tau or ratio < config.ratio_floor:
-        accept_prob = 0.0
-    accepted = accept_prob >= 1.0 or uniform(coin) < accept_prob
-    return accepted, {"p_target": p_t, "p_draft": p_d, "accept_prob": accept_prob}
-
-
-def judge_decision(digit_scores: torch.Tensor, threshold: int) -> tuple[bool, dict]:
-    """step_judge's rule from the target's scores of the ten digits (logits or log-probabilities:
-    either gives the same softmax over them): keep the step when the best digit is at least
-    ``threshold``; the step log's record, its ``p_target`` the expected digit scaled to [0, 1]."""
-    score = int(digit_scores.argmax())
-    expected = float((torch.softmax(digit_scores, -1) * torch.arange(10, device=digit_scores.device)).sum())
-    accepted = score >= threshold
-    return accepted, {"judge_score": score, "p_target": expected / 9.0, "accept_prob": 1.0 if accepted else 0.0}
 
 
 def common_prefix(a: list, b: list) -> int:
