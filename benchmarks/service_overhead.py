@@ -43,13 +43,13 @@ def main() -> None:
         env = env_for(url, queue, SEMJOBS_CHUNK_SIZE=str(args.chunk_size))
         path = write_prompts(Path(tmp) / "in.jsonl", args.items)
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "cli", "submit", str(path)], env=env,
+        out = subprocess.run([sys.executable, "-m", "semjobs.cli", "submit", str(path)], env=env,
                              cwd=ROOT, capture_output=True, text=True, check=True)
         submit_s = time.perf_counter() - t0
         job_id = out.stdout.strip().splitlines()[-1]
         log = open(Path(tmp) / "worker.log", "w")
         worker = subprocess.Popen(
-            [sys.executable, "-m", "cli", "worker", "-l", "WARNING", "-n", f"bench-{queue}@%h"],
+            [sys.executable, "-m", "semjobs.cli", "worker", "-l", "WARNING", "-n", f"bench-{queue}@%h"],
             env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + args.timeout

@@ -65,17 +65,17 @@ def main() -> None:
         del env["SEMJOBS_ENGINE_FACTORY"]  # the real engine
 
         run_db = f"sqlite:///{tmp}/run.sqlite"
-        subprocess.run([sys.executable, "-m", "cli", "run", str(path), "-o", f"{tmp}/run.jsonl", "--db", run_db,
+        subprocess.run([sys.executable, "-m", "semjobs.cli", "run", str(path), "-o", f"{tmp}/run.jsonl", "--db", run_db,
                         *common], env=env, cwd=ROOT, check=True, capture_output=True, text=True)
         run_items, run_rate = items_per_s(run_db)
 
         log = open(Path(tmp) / "worker.log", "w")
-        worker = subprocess.Popen([sys.executable, "-m", "cli", "worker", "-l", "WARNING"], env=env, cwd=ROOT,
+        worker = subprocess.Popen([sys.executable, "-m", "semjobs.cli", "worker", "-l", "WARNING"], env=env, cwd=ROOT,
                                   stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + a.timeout
 
         def submit_and_wait(inputs: Path, *options: str) -> str:
-            out = subprocess.run([sys.executable, "-m", "cli", "submit", str(inputs), *options], env=env, cwd=ROOT,
+            out = subprocess.run([sys.executable, "-m", "semjobs.cli", "submit", str(inputs), *options], env=env, cwd=ROOT,
                                  check=True, capture_output=True, text=True)
             job_id = out.stdout.strip().splitlines()[-1]
             while True:

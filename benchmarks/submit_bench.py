@@ -33,7 +33,7 @@ def main() -> None:
         path = write_prompts(Path(tmp) / "in.jsonl", args.items)
         env = env_for(url, queue)
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "cli", "submit", str(path)], env=env,
+        proc = subprocess.run([sys.executable, "-m", "semjobs.cli", "submit", str(path)], env=env,
                               cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         if proc.returncode != 0:

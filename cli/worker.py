@@ -79,7 +79,7 @@ def _supervise(n, threads, queues, hostname, loglevel, max_tasks_per_child) -> i
     from semjobs.worker.supervisor import Supervisor
 
     name, _, host = (hostname or f"semjobs-{os.getpid()}@%h").partition("@")
-    common = [sys.executable, "-m", "cli", "worker", "--processes", "1", "--threads", str(threads),
+    common = [sys.executable, "-m", "semjobs.cli", "worker", "--processes", "1", "--threads", str(threads),
               "--batch-size", str(settings.batch_size), "-l", loglevel]
     for q in queues:
         common += ["-Q", q]

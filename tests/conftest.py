@@ -174,7 +174,7 @@ def service_env(pg_db, redis_url, queue, last_run_file):
 
 
 def semjobs_cmd() -> list[str]:
-    return [sys.executable, "-m", "cli"]
+    return [sys.executable, "-m", "semjobs.cli"]
 
 
 def run_cli(args: list[str], env: dict, check: bool = True, timeout: float = 120):
