@@ -106,8 +106,6 @@ def calibrate(self, calibration_id: str, question_id: str) -> str:
     """One question of a probe calibration with this worker's pair (semjobs.jobs.calibration), on the
     engine the pair's semspec decodes with, storing the layers the calibration reads."""
     from semjobs.jobs.calibration import calibration_layers, fail_question, run_question
-    from semspec.calibration.vllm_models import VLLMModels
-    from semspec.engine.step_engine import VLLMStepEngine
 
     layers = calibration_layers(calibration_id)
     if layers is None:  # no such calibration (deleted meanwhile)
@@ -119,11 +117,12 @@ def calibrate(self, calibration_id: str, question_id: str) -> str:
             return fail_question(calibration_id, question_id, load_error)
         # held: a job's chunk asking for another engine meanwhile gets EngineBusy, not this one dropped
         with engines.in_use(*request) as engine:
-            if not isinstance(engine, VLLMStepEngine):
+            models = calibration_models(engine)
+            if models is None:
                 return fail_question(calibration_id, question_id, f"this worker's engine ({type(engine).__name__}) "
                                      "cannot sample for a calibration")
             with _calibrating:
-                outcome = run_question(calibration_id, question_id, VLLMModels(engine),
+                outcome = run_question(calibration_id, question_id, models,
                                        worker=liveness.name() or worker_name())
     except engines.EngineBusy as e:  # a job's chunks decode with the engine this would drop
         log.info("calibration %s question %s: %s; trying again in %ss", calibration_id, question_id, e,
@@ -135,3 +134,17 @@ def calibrate(self, calibration_id: str, question_id: str) -> str:
     if outcome == "busy":  # a worker that beats runs it: look again once it could be dead
         raise self.retry(countdown=settings.worker_dead_after_s, max_retries=None)
     return outcome
+
+
+def calibration_models(engine):
+    """The pair as a calibration samples it, when ``engine`` is vLLM's step engine; else None
+    (another engine factory's, or no vLLM here: the question fails with the reason, never
+    with an import error that no retry mends)."""
+    from semspec.engine.token_engine import vllm_installed
+
+    if not vllm_installed():
+        return None
+    from semspec.calibration.vllm_models import VLLMModels
+    from semspec.engine.step_engine import VLLMStepEngine
+
+    return VLLMModels(engine) if isinstance(engine, VLLMStepEngine) else None

@@ -21,3 +21,14 @@ def test_a_chunk_whose_engine_is_busy_is_handed_back_whole(monkeypatch):
     result = tasks.run_chunk.apply(args=("job-1", [3, 4, 5])).get()
     assert result == {"done": 0, "failed": 0}
     assert sent == [(tasks.queue_name(), "job-1", [3, 4, 5])]
+
+
+def test_only_the_step_engine_samples_for_a_calibration(monkeypatch):
+    """Another engine (a test double, another factory's) or no vLLM: None, and the question
+    fails with the reason rather than an import error."""
+    from semjobs.worker.tasks import calibration_models
+    from semspec.engine import token_engine
+
+    assert calibration_models(object()) is None
+    monkeypatch.setattr(token_engine, "vllm_installed", lambda: False)
+    assert calibration_models(object()) is None
