@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -27,13 +28,14 @@ def draft_sha256(target_sha256: str, artifact_dir: str | os.PathLike = ARTIFACT_
     return derived_sha256("semspec-draft", artifact_sha256(artifact_dir), target_sha256)
 
 
-def materialized_draft_dir(cache_root: str | os.PathLike, target_dir: Path,
+def materialized_draft_dir(cache_root: str | os.PathLike, target_dir: Callable[[], Path],
                            artifact_dir: str | os.PathLike = ARTIFACT_DIR) -> Path:
     """The draft's model directory in ``cache_root``, built on first use (atomically) from
-    the target's model directory ``target_dir``."""
+    the target's model directory, which ``target_dir()`` gives (asked only then: it may
+    convert the target's GGUF)."""
     final = Path(cache_root) / f"{NAME}-{artifact_sha256(artifact_dir)[:16]}-{library_tag()}"
     if (final / "semspec_draft.json").is_file():
         return final
-    target, tokenizer = from_pretrained(target_dir, torch.float32)
+    target, tokenizer = from_pretrained(target_dir(), torch.float32)
     materialize_draft(target, tokenizer, artifact_dir, final)
     return final

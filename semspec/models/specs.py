@@ -39,8 +39,8 @@ class EmbeddedModel:
 
 
 def _locate_draft(cache_dir: Path | None) -> Path:
-    target_dir, _ = model_directory(DEFAULT_TARGET, cache_dir)
-    return embedded_draft.materialized_draft_dir(cache_root(cache_dir), target_dir)
+    return embedded_draft.materialized_draft_dir(cache_root(cache_dir),
+                                                 lambda: model_directory(DEFAULT_TARGET, cache_dir)[0])
 
 
 def _draft_sha256(cache_dir: Path) -> str:
