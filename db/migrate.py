@@ -1,6 +1,6 @@
 """Run the Alembic migrations from code (`semjobs db upgrade`, the embedded mode, tests).
 
-The script location is the installed `migrations` package, so this works without the
+The script location is the installed `semjobs.migrations` package, so this works without the
 repository's alembic.ini (which exists for the plain `alembic` command).
 """
 

@@ -1,7 +1,7 @@
 """Where a drafted step is accepted: the rules that keep or reject a step the draft wrote,
 from what the target's one pass over it returned. The methods (``semspec.stepwise``) apply
-them; probe calibration scores ``meaning_decision`` on held-out steps
-(``semspec.calibration.rule_eval``)."""
+them; probe calibration scores the same rule, vectorised, on held-out steps
+(``semspec.calibration.rule_eval.acceptance_probability``)."""
 
 from __future__ import annotations
 

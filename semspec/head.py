@@ -9,7 +9,7 @@ are not known yet. Position 0 reads a zero state.
 
 The head is trained here (``HeadModel.unrolled_forward``, ``semspec.draft.head_train``) and
 drafts in vLLM, exported to its EAGLE method (``semspec.engine.head_plugin``). It is loaded as a
-:class:`semspec.models.LoadedModel` whose model is a :class:`HeadModel`: it shares the
+:class:`semspec.models.loaded.LoadedModel` whose model is a :class:`HeadModel`: it shares the
 target's embedding, rotary embedding, LM head and tokenizer (``get_decoder()`` with
 ``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``, plus ``fuse_inputs``).
 
@@ -226,7 +226,7 @@ def load_head(artifact_dir: str | os.PathLike, target: LoadedModel, spec: str | 
 
 def load_draft(spec: str, target: LoadedModel, **load_kwargs) -> LoadedModel:
     """A draft by spec: a draft head onto ``target``, or any other model through
-    ``semspec.models.load_model(spec, **load_kwargs)``."""
+    ``semspec.models.loaded.load_model(spec, **load_kwargs)``."""
     head_dir = resolve_head(spec)
     if head_dir is not None:
         return load_head(head_dir, target, spec=spec)

@@ -3,7 +3,7 @@
 ``semjobs submit`` asks before it stores a job for workers to load: a job of ``semspec``
 whose probes were calibrated for other models, or whose draft is missing, would otherwise
 fail every item on every worker. No weights are loaded: probe metadata is read and the
-models' identities are hashed from their sources (``semspec.models.spec_sha256``, memoised).
+models' identities are hashed from their sources (``semspec.models.specs.spec_sha256``, memoised).
 The engines check the same again when they load (``method_problem`` of each).
 """
 

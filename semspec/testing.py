@@ -2,7 +2,7 @@
 
 ``tiny_model_dir(path, ...)`` writes a complete Hugging Face directory (Llama, Qwen2 or Qwen3
 config, random weights, a small byte-level BPE tokenizer trained on a fixed text, a chat template) that
-:func:`semspec.models.load_model` loads like any real model.
+:func:`semspec.models.loaded.load_model` loads like any real model.
 """
 
 from __future__ import annotations

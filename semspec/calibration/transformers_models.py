@@ -2,7 +2,7 @@
 installed, and the reference the vLLM path is measured against
 (benchmarks/calibration_vllm.py).
 
-`TransformersModels(target, draft)` wraps two `semspec.models.LoadedModel`s (`draft` None
+`TransformersModels(target, draft)` wraps two `semspec.models.loaded.LoadedModel`s (`draft` None
 for the target's half alone) as `semspec.calibration.collect.CalibrationModels`.
 """
 
