@@ -24,11 +24,19 @@ def test_a_chunk_whose_engine_is_busy_is_handed_back_whole(monkeypatch):
 
 
 def test_only_the_step_engine_samples_for_a_calibration(monkeypatch):
-    """Another engine (a test double, another factory's) or no vLLM: None, and the question
-    fails with the reason rather than an import error."""
-    from semjobs.worker.tasks import calibration_models
-    from semspec.engine import token_engine
+    """vLLM's step engine gives the pair; another engine (a test double, another factory's)
+    gives None, and so does a worker without vLLM, without importing vLLM's modules: the
+    question then fails with the reason rather than an import error no retry mends."""
+    import sys
 
-    assert calibration_models(object()) is None
+    from semspec.calibration import vllm_models
+    from semspec.engine import token_engine
+    from semspec.engine.step_engine import VLLMStepEngine
+
+    monkeypatch.setattr(vllm_models, "VLLMModels", lambda engine: ("pair of", engine))
+    step_engine = object.__new__(VLLMStepEngine)
+    assert tasks.calibration_models(step_engine) == ("pair of", step_engine)
+    assert tasks.calibration_models(object()) is None
     monkeypatch.setattr(token_engine, "vllm_installed", lambda: False)
-    assert calibration_models(object()) is None
+    monkeypatch.setitem(sys.modules, "semspec.engine.step_engine", None)  # importing it now raises
+    assert tasks.calibration_models(step_engine) is None
