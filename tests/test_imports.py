@@ -85,9 +85,11 @@ def test_no_import_circles():
 
 
 def test_what_a_worker_runs_never_imports_what_builds_artifacts_or_the_benchmark():
-    """Draft training and the bench run once, on a workstation: a worker (the service, the
-    engine adapter, the models, the semantic layer) loads none of them. (Probe calibration
-    is a job workers run, so it is not among them.)"""
+    """Draft training and the bench run once, on a workstation: no module a worker runs (its
+    tasks, jobs and database code, the engine adapter, the models, the semantic layer)
+    imports them. (Probe calibration is a job workers run, so it is not among them. The
+    `semjobs` command itself registers `semjobs draft`, whose options take their defaults
+    from semspec.draft.config, a module of dataclasses, in every semjobs process.)"""
     builders = ("semspec.draft", "semspec.benchmark")
     graph = import_graph()
     runs_in_a_worker = [m for m in graph if m.startswith(("semjobs.worker", "semjobs.jobs", "semjobs.db", "semspec"))
@@ -103,5 +105,5 @@ def test_the_circle_finder_finds_one():
 
 def test_the_graph_counts_imports_inside_functions_and_the_packages_around_them():
     graph = import_graph()
-    assert "semspec.engine.step_engine" in graph["semjobs.worker.tasks"]  # imported inside calibrate() only
+    assert "semspec.engine.step_engine" in graph["semjobs.worker.tasks"]  # imported inside calibration_models() only
     assert {"semspec.models", "semspec"} <= graph["semspec.head"]  # around semspec.models.loaded

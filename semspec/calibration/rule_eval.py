@@ -1,8 +1,9 @@
 """How the acceptance rule behaves on held-out steps that the draft sampled.
 
 The engine keeps a drafted step with probability min(1, p_T / p_D), and rejects it outright
-when p_T is below the floor τ or the ratio below ``ratio_floor`` (the paper's rule; both 0
-by default; `semspec.acceptance.meaning_decision`). For every
+when p_T is below the floor τ or the ratio below ``ratio_floor`` (the paper's rule;
+``semspec.types.GenerationConfig``: τ 0, ``ratio_floor`` 0.6 by default;
+`semspec.acceptance.meaning_decision`). For every
 held-out step the draft sampled in calibration we know the label estimates of both
 probabilities (L_T, L_D: the shares of each model's N samples in the step's meaning
 cluster), so the rule can be scored twice, once with the probes' predictions and once with
