@@ -141,6 +141,9 @@ def start_engine(args: Any) -> Any:
     """vLLM's ``LLMEngine`` in this process, from ``EngineArgs``."""
     from vllm.v1.engine.llm_engine import LLMEngine
 
+    from semspec.engine import vllm_cpu_fixes
+
+    vllm_cpu_fixes.apply()  # sampling on vLLM's CPU build (also its plugin, for engine processes of its own)
     # an engine dropped but not yet collected would, when collected, tear down the
     # per-process parallel state this one is about to share
     gc.collect()
