@@ -99,11 +99,12 @@ def test_greedy_text_is_the_targets_own(engine, tiny_vllm_greedy):
 
 
 def test_sampled_requests_follow_their_seeds(engine):
-    """Seeds select the draws: two seeds, two texts. (What vLLM's CPU build does not give: a
-    rerun of a seeded sample writes another text once drafts are verified, which is why auto
-    keeps sampled token_sd off it; docs/benchmarks.md.)"""
+    """Seeds select the draws: a rerun of a seeded sample writes the same text (on vLLM's CPU
+    build only with semspec.engine.vllm_cpu_fixes: its drafted positions' temperatures were
+    read from uninitialised memory), another seed another text."""
     sampled = GenerationConfig(**{**GREEDY.__dict__, "temperature": 1.0, "top_p": 0.95, "seed": 11})
     first = engine.generate(PROMPTS[2], sampled)
+    assert engine.generate(PROMPTS[2], sampled).text == first.text
     reseeded = engine.generate(PROMPTS[2], GenerationConfig(**{**sampled.__dict__, "seed": 12}))
     assert first.text != reseeded.text and first.counters.generated_tokens > 0
 
