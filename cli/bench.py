@@ -79,6 +79,10 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--adaptive", default=None,
               help="semspec's adaptive speculation (draft only while it pays), e.g. on,off; crossed with "
                    "--taus, --ratio-floors and --attempts (default: the engine's, on).")
+@click.option("--token-speculation", default=None,
+              help="semspec's own writing (rewritten steps, paused batches, answers) speculating tokens with "
+                   "the target's token draft, e.g. on,off; crossed with the others (default: on where the "
+                   "engine has a token draft, as the embedded target's head).")
 @click.option("--target", default=None, help="Target model spec (default: the embedded SmolLM2).")
 @click.option("--draft", default=None,
               help="Draft spec (default: the embedded draft for step_judge and semspec, the embedded head for "
@@ -115,7 +119,7 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--kv-cache-gb", type=click.FloatRange(min=0, min_open=True), default=None,
               help="vLLM's KV cache budget in GiB, per engine (default: SEMJOBS_KV_CACHE_GB).")
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
-          ratio_floors, adaptive, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens,
+          ratio_floors, adaptive, token_speculation, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens,
           judge_threshold, threads, device, cache_dir, no_warmup, no_loglik, quiet, batch_sizes,
           draft_max_batch, dtype, kv_cache_gb) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
@@ -140,7 +144,7 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
         prompts=prompts, limit=limit, offset=offset,
         methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
         taus=_floats(taus), attempts=_ints(attempts), ratio_floors=_floats(ratio_floors),
-        adaptive=_switches(adaptive),
+        adaptive=_switches(adaptive), token_speculation=_switches(token_speculation),
         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
         step_delimiter=_unescape(step_delimiter), max_step_tokens=max_step_tokens, draft_tokens=draft_tokens,
         judge_threshold=judge_threshold,
@@ -163,7 +167,7 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     try:
         plan_runs(settings.methods, settings.taus, settings.temperature, attempts=settings.attempts,
                   ratio_floors=settings.ratio_floors, adaptive=settings.adaptive,
-                  compare_drafts=settings.compare_drafts)
+                  token_speculation=settings.token_speculation, compare_drafts=settings.compare_drafts)
         prompt_list = load_prompts(prompts, limit, offset)
         # refused before anything loads: a draft vLLM cannot load, probes that do not parse
         engines = load_engines(settings, target, draft, probes, device=device, cache_dir=cache_dir, dtype=dtype,

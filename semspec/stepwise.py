@@ -37,6 +37,9 @@ from .steps import IncrementalText, StepDetector
 from .types import ANSWER_BY, Counters, GenerationConfig, GenerationResult, StepRecord
 
 TARGET, DRAFT = "target", "draft"
+# The phase of the target's own writing: a step it writes, a write-ahead (what the engine may
+# speculate on at token level, GenerationConfig.token_speculation)
+WRITE_PHASE = "target_write"
 # While drafting is paused for the batch, the target writes this many tokens per request and
 # they are cut into steps afterwards: one request per step would cost a prefill of the
 # uncached tail of the prefix each (up to a KV block), and a paused method should cost what ar
@@ -191,7 +194,7 @@ class StepProgram:
     def write_step(self, decision: str, **extra) -> Program:
         """The target writes the open step itself."""
         tokens, end = yield from self.continue_step(TARGET, self.target, self.ids, self.ids[self.step_start:],
-                                                    "target_write")
+                                                    WRITE_PHASE)
         self.ids.extend(tokens)
         if end == "eos":
             self.finish("eos")
@@ -208,7 +211,7 @@ class StepProgram:
         the next write-ahead goes on with it, and before the draft writes a step the target
         finishes it (``DraftingProgram.advance``), so drafting starts at a step's beginning,
         as after any step the target writes. Returns how many steps it closed."""
-        reply = yield Call(TARGET, self.ids, max(1, min(self.remaining(), tokens)), "target_write")
+        reply = yield Call(TARGET, self.ids, max(1, min(self.remaining(), tokens)), WRITE_PHASE)
         before = len(self.steps)
         written = self.ids[self.step_start:] + reply.tokens
         del self.ids[self.step_start:]

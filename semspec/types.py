@@ -79,6 +79,11 @@ class GenerationConfig:
     # untested); 0: no limit. Outputs then depend on the batch's occupancy.
     # The service's default: SEMJOBS_DRAFT_MAX_BATCH.
     draft_max_batch: int | None = None
+    # semspec and step_judge: the target's own writing (steps it rewrites, steps written while
+    # drafting pauses, answers) speculates tokens too, with the step engine's token draft
+    # (vLLM's speculative decoding, lossless: semspec.engine.step_engine's writer), where the
+    # engine loaded one (by default the embedded target's draft head).
+    token_speculation: bool = True
     # Extra arguments of the tokenizer's chat template (e.g. {"enable_thinking": True}).
     chat_template_kwargs: dict[str, Any] | None = None
 

@@ -137,7 +137,8 @@ def _load_lane(engines: BenchEngines, lane: str | None, target, draft, probes, m
     if stepping:
         # ar alone needs the target alone: no draft engine to start
         step_draft, step_probes = ("none", "none") if stepping == ["ar"] else (draft, probes)
-        engine, problem = _step_engine(target, step_draft, step_probes, options, keep_target=lane is None)
+        engine, problem = _step_engine(target, step_draft, step_probes, {**options, "draft_tokens": draft_tokens},
+                                       keep_target=lane is None)
         for method in stepping:
             why = problem if method != "ar" and problem else engine.method_problem(method)
             _record(engines, (lane, method), engine, why)

@@ -57,6 +57,8 @@ class BenchSettings:
     attempts: tuple[int, ...] | None = None  # semspec draft attempts per step; None: the default only
     ratio_floors: tuple[float, ...] | None = None  # semspec's p_T/p_D floor (the paper's rule); None: the default
     adaptive: tuple[bool, ...] | None = None  # semspec's adaptive speculation on/off; None: the default
+    # semspec's own writing speculating tokens (GenerationConfig.token_speculation) on/off; None: the default
+    token_speculation: tuple[bool, ...] | None = None
     temperature: float = SAMPLING_TEMPERATURE
     top_p: float = SAMPLING_TOP_P
     max_new_tokens: int = 256
@@ -83,7 +85,8 @@ def draft_name(spec: str) -> str:
 
 
 # semspec's settings the bench crosses: GenerationConfig field -> its name in run labels
-SEMSPEC_GRID = {"tau": "tau", "ratio_floor": "ratio_floor", "draft_attempts": "attempts", "adaptive": "adaptive"}
+SEMSPEC_GRID = {"tau": "tau", "ratio_floor": "ratio_floor", "draft_attempts": "attempts", "adaptive": "adaptive",
+                "token_speculation": "token_sd"}
 
 
 @dataclass
@@ -132,11 +135,12 @@ def load_prompts(path: str | os.PathLike = DEFAULT_PROMPTS, limit: int | None = 
 
 def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
               default_tau: float | None = None, attempts=None, compare_drafts=(), ratio_floors=None,
-              adaptive=None) -> list[MethodRun]:
+              adaptive=None, token_speculation=None) -> list[MethodRun]:
     """The labelled runs: ``ar`` always (speed-ups are against it), ``ar_2`` when sampling,
     ``semspec`` once per combination of ``taus`` x ``ratio_floors`` x draft ``attempts`` x ``adaptive``
-    (the engine's defaults are labelled plain ``semspec``, others by what differs, e.g.
-    ``semspec@tau=0.1`` or ``semspec@ratio_floor=0.6,attempts=3``), and each drafting method
+    x ``token_speculation`` (the engine's defaults are labelled plain ``semspec``, others by
+    what differs, e.g. ``semspec@tau=0.1``, ``semspec@ratio_floor=0.6,attempts=3`` or
+    ``semspec@token_sd=0``), and each drafting method
     at its defaults once more per draft of ``compare_drafts``."""
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
@@ -149,7 +153,8 @@ def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
     grid = {"tau": [float(t) for t in taus or [defaults.tau]],
             "ratio_floor": [float(r) for r in ratio_floors or [defaults.ratio_floor]],
             "draft_attempts": [int(k) for k in attempts or [defaults.draft_attempts]],
-            "adaptive": [bool(a) for a in adaptive or [defaults.adaptive]]}
+            "adaptive": [bool(a) for a in adaptive or [defaults.adaptive]],
+            "token_speculation": [bool(a) for a in token_speculation or [defaults.token_speculation]]}
     runs = [MethodRun("ar", "ar")]
     if temperature > 0:
         runs.append(MethodRun("ar_2", "ar", seed_offset=AR2_SEED_OFFSET))
@@ -339,7 +344,7 @@ def run_bench(engines: "BenchEngines", settings: BenchSettings, prompts: list[di
     prompts = prompts if prompts is not None else load_prompts(settings.prompts, settings.limit, settings.offset)
     plan = plan_runs(settings.methods, settings.taus, settings.temperature, attempts=settings.attempts,
                      ratio_floors=settings.ratio_floors, adaptive=settings.adaptive,
-                     compare_drafts=settings.compare_drafts)
+                     token_speculation=settings.token_speculation, compare_drafts=settings.compare_drafts)
     from .report import git_commit
 
     br = BenchRun(settings, prompts, plan, started_at=time.time(), git_commit=git_commit())

@@ -34,11 +34,12 @@ from semspec.models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cac
 from semspec.models.specs import DEFAULT_TARGET, model_directory
 from semspec.probes import ProbePair, pool, resolve_probes
 from semspec.prompts import MethodUnavailable, judge_prompt, prompt_ids
-from semspec.stepwise import TARGET, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
+from semspec.stepwise import TARGET, WRITE_PHASE, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
 from semspec.steps import detect_think_end
-from semspec.types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Finished,
-                    GenerationConfig)
+from semspec.types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, VLLM_STEP_METHODS, Abort,
+                           Cancelled, Finished, GenerationConfig)
 from semspec.engine.token_engine import DEFAULT_KV_CACHE_GB, configure_process, engine_arguments, model_files, start_engine
+from semspec.engine.speculation import draft_problem, speculative_config
 from semspec.engine.states import STATES, STATES_FROM, final_norm
 
 STEP_METHODS = {"ar": StepProgram, "semspec": SemSpecProgram, "step_judge": StepJudgeProgram}
@@ -49,6 +50,14 @@ STEP_METHODS = {"ar": StepProgram, "semspec": SemSpecProgram, "step_judge": Step
 VLLM_DRAFT_COST = {EMBEDDED_DRAFT: 0.29}
 # The draft's share of the KV cache budget: its cache per token is a few of the target's layers.
 DRAFT_KV_SHARE = 0.25
+# token_draft naming no token-level speculation of the target's own writing
+NO_TOKEN_DRAFT = "none"
+
+
+def layers_from_probes(pair: ProbePair | None, layers: dict) -> bool:
+    """Whether the engine decodes (the layers its probes read) rather than serving probe
+    calibration (layers it was asked for), which needs no writer."""
+    return pair is not None and layers == {"target": pair.target.layer, "draft": pair.draft.layer}
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,7 @@ class Served:
     layer: int | None = None  # the hidden_states index whose states it stores
     steps: int = 0  # engine steps taken
     in_flight: dict[str, "_Live"] = field(default_factory=dict)
+    token_draft: ModelIdentity | None = None  # what it speculates tokens with, when it does
 
     def features(self, rows: torch.Tensor, pooling: str = "mean") -> torch.Tensor:
         """A step's states ``[n, hidden]`` pooled as ``semspec.probes.pool`` pools them."""
@@ -89,6 +99,7 @@ class _Live:
     program: StepProgram
     gen: Any
     call: Call | None = None
+    served: Served | None = None  # the engine serving the call
     call_t0: float = 0.0
     call_step: int = 0
     calls: int = 0
@@ -124,9 +135,10 @@ class ModelFiles:
         return cls(str(spec), Path(directory), tokenizer, config, eos, shape)
 
     def serve(self, layer: int | None, kv_cache_gb: float, device: str, dtype: str, batch_size: int,
-              compile: bool, seed: int) -> Served:
+              compile: bool, seed: int, speculation: dict | None = None) -> Served:
         """A vLLM engine of this model, storing ``layer``'s states (a ``hidden_states`` index,
-        negative from the end) when given."""
+        negative from the end) when given, else speculating with ``speculation`` (vLLM's
+        ``speculative_config``) when given."""
         from vllm import EngineArgs
 
         if layer is not None:
@@ -138,7 +150,8 @@ class ModelFiles:
                 raise ValueError(f"{self.spec} has {self.shape.num_layers} layers: no hidden_states[{layer}]")
         # logprobs after the allowed-token mask: a judge's over the ten digits alone
         args = EngineArgs(**engine_arguments(self.directory, device, dtype, batch_size, kv_cache_gb, compile, seed,
-                                             states_layer=layer), logprobs_mode="processed_logprobs")
+                                             speculative_config=speculation, states_layer=layer),
+                          logprobs_mode="processed_logprobs")
         llm = start_engine(args)
         norm = None
         if layer == self.shape.num_layers:
@@ -149,9 +162,12 @@ class ModelFiles:
 
 class VLLMStepEngine:
     def __init__(self, target: Served, draft: Served | None, probes: ProbePair | None, dtype: str, version: str,
-                 threads: int, draft_cost: float | None):
+                 threads: int, draft_cost: float | None, writer: Served | None = None):
+        """``writer``: the target again, speculating tokens, for the drafting methods' own
+        writing (``token_speculation``)."""
         self.target = target
         self.draft = draft
+        self.writer = writer
         self.probes = probes
         self.dtype = dtype
         self.version = version
@@ -165,14 +181,19 @@ class VLLMStepEngine:
     def load(cls, target: str | None = None, draft: str | None = None, probes: str | None = None,
              device: str = "auto", cache_dir: str | os.PathLike | None = None, dtype: str = "auto",
              batch_size: int = 32, kv_cache_gb: float = DEFAULT_KV_CACHE_GB, compile: bool = False,
-             seed: int = 0, layers: dict[str, int] | tuple | None = None) -> "VLLMStepEngine":
+             seed: int = 0, layers: dict[str, int] | tuple | None = None, token_draft: str | None = None,
+             draft_tokens: int = GenerationConfig.draft_tokens) -> "VLLMStepEngine":
         """The target and its draft in two vLLM engines, each storing the layer its probe
         reads (defaults: the embedded target, its layer draft and their probes,
         ``semspec.components.resolve_components``). ``kv_cache_gb``: the target's KV budget; the draft gets
         ``DRAFT_KV_SHARE`` of it more. Without probes semspec is refused, without a draft
         step_judge too. ``layers`` ({"target": i, "draft": j}, transformers' ``hidden_states``
         indices, negative from the end, or its items): the layers stored instead of the probes'
-        (which are then not loaded), for probe calibration to read the states decoding reads."""
+        (which are then not loaded), for probe calibration to read the states decoding reads.
+        ``token_draft``: what the target's own writing in the drafting methods speculates with,
+        ``draft_tokens`` tokens per verification, in a third engine (the writer): a draft head
+        or ngram, as for token_sd (``semspec.engine.speculation``; default: the embedded
+        target's head; "none": the target writes alone)."""
         configure_process()
         import vllm
 
@@ -194,16 +215,26 @@ class VLLMStepEngine:
         options = dict(device=device, dtype=dtype, batch_size=batch_size, compile=compile, seed=seed)
         served_t = t.serve(layers.get("target"), kv_cache_gb, **options)
         served_d = d.serve(layers.get("draft"), kv_cache_gb * DRAFT_KV_SHARE, **options) if d else None
+        writer = None
+        if served_d is not None and layers_from_probes(pair, layers) and token_draft != NO_TOKEN_DRAFT \
+                and draft_problem(token_draft, target) is None:
+            spec, identity = speculative_config(token_draft, target, draft_tokens, t.directory,
+                                                t.shape.identity.sha256, cache)
+            writer = t.serve(None, kv_cache_gb, **options, speculation=spec)
+            writer.token_draft = identity
         cost = VLLM_DRAFT_COST.get(str(draft)) if target in (None, DEFAULT_TARGET) else None
         if d is not None and cost is None:  # a decoding pass is memory-bound: the weights it reads
             cost = (d.config.num_hidden_layers * d.config.hidden_size ** 2) / (
                 t.config.num_hidden_layers * t.config.hidden_size ** 2)
         engine = cls(served_t, served_d, pair, str(served_t.llm.model_config.dtype).removeprefix("torch."),
-                     vllm.__version__, threads, cost)
+                     vllm.__version__, threads, cost, writer)
         # a few tokens through every kind of call now: a model vLLM loads but cannot run fails
         # the load, not every item, and the first item does not pay the first passes' set-up
         method = "semspec" if pair else "step_judge" if d else "ar"
         engine.generate("Hi", GenerationConfig(method=method, max_new_tokens=8, max_step_tokens=4, draft_max_batch=0))
+        if writer is not None:  # which the probes may not have rejected a step for
+            engine.generate("Hi", GenerationConfig(method=method, max_new_tokens=8, max_step_tokens=4,
+                                                   draft_max_batch=0, adaptive=False, tau=1.0))
         return engine
 
     # ------------------------------------------------------------------ what it serves
@@ -214,6 +245,8 @@ class VLLMStepEngine:
             ids["draft"] = str(self.draft.shape.identity)
         if self.probes is not None:
             ids.update(self.probes.identities())
+        if self.writer is not None:
+            ids["token_draft"] = str(self.writer.token_draft)
         ids.update(dtype=self.dtype, engine=f"vllm {self.version}")
         return ids
 
@@ -277,7 +310,7 @@ class VLLMStepEngine:
         default = config or GenerationConfig(method="semspec")
         intake = Intake(prompts)
         live: dict[Any, _Live] = {}
-        served = [s for s in (self.target, self.draft) if s is not None]
+        served = [s for s in (self.target, self.writer, self.draft) if s is not None]
         try:
             while True:
                 fresh: list[_Live] = []
@@ -325,7 +358,7 @@ class VLLMStepEngine:
     def _resume(self, item: _Live, reply: Reply | None) -> Finished | None:
         """Send ``reply`` to the program and submit its next call; its Finished when it ends."""
         if reply is not None:
-            served = self._served(item.call.model)
+            served = item.served
             c = item.program.counters
             c.phase_seconds[item.call.phase] = c.phase_seconds.get(item.call.phase, 0.0) + time.perf_counter() - item.call_t0
             if item.call.model == TARGET:
@@ -352,15 +385,20 @@ class VLLMStepEngine:
             logprobs = {t: lp.logprob for t, lp in completion.logprobs[0].items()}
         return Reply(list(completion.token_ids), (out.kv_transfer_params or {}).get(STATES), logprobs)
 
-    def _served(self, model: str) -> Served:
-        return self.target if model == TARGET else self.draft
+    def _served(self, call: Call, cfg: GenerationConfig) -> Served:
+        """The engine that serves ``call``: the writer for a drafting method's own writing
+        (when it has one and the job speculates tokens), else the call's model's."""
+        if call.model != TARGET:
+            return self.draft
+        speculating = self.writer is not None and cfg.token_speculation and cfg.method in VLLM_STEP_METHODS
+        return self.writer if speculating and call.phase == WRITE_PHASE else self.target
 
     def _submit(self, item: _Live, call: Call) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        served = self._served(call.model)
         cfg = item.program.cfg
+        served = self._served(call, cfg)
         stop = [cfg.step_delimiter] + ([item.program.think_end] if item.program.think_end else [])
         extra = {"kv_transfer_params": {STATES_FROM: call.states_from}} if call.states_from is not None else None
         sampled = cfg.temperature > 0 and not call.scored  # a judge reads its scores greedily
@@ -375,7 +413,7 @@ class VLLMStepEngine:
             allowed_token_ids=list(call.scored) or None, logprobs=len(call.scored) or None,
         )
         request_id = self.request_id()
-        item.call, item.call_t0, item.call_step = call, time.perf_counter(), served.steps
+        item.call, item.served, item.call_t0, item.call_step = call, served, time.perf_counter(), served.steps
         item.calls += 1
         served.llm.add_request(request_id, served.llm.renderer.render_cmpl([{"prompt_token_ids": call.ids}])[0],
                                params)
@@ -387,7 +425,7 @@ class VLLMStepEngine:
         return str(self._next_id)
 
     def _drop(self, item: _Live) -> None:
-        for s in (self.target, self.draft):
+        for s in (self.target, self.writer, self.draft):
             if s is None:
                 continue
             for rid in [r for r, it in s.in_flight.items() if it is item]:

@@ -1,0 +1,80 @@
+"""The step engine's writer (semspec.engine.step_engine): the target's own writing in the
+drafting methods speculates tokens in a third engine (here with vLLM's ngram drafting, on a
+tiny random target that is also its own draft)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from semspec.probes import ProbePair
+from semspec.types import NGRAM_DRAFT, GenerationConfig
+from tests.conftest import require_vllm
+
+PROMPTS = ["What is 2+2? 2+2 is 4. What is 2+2?", "Name a colour.", "Count to three: one two three.", "Say hi."]
+
+
+def config(method: str, **kw) -> GenerationConfig:
+    kw = {"draft_max_batch": 0, "adaptive": False, "max_new_tokens": 30, "max_step_tokens": 7, "temperature": 0.0,
+          **kw}
+    return GenerationConfig(method=method, **kw)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_vllm_dir, tmp_path_factory, tiny_cache):
+    require_vllm()
+    from semspec.engine.step_engine import VLLMStepEngine
+
+    probes = ProbePair.always_reject(256, 256).save(tmp_path_factory.mktemp("probes"))
+    eng = VLLMStepEngine.load(str(tiny_vllm_dir), draft=str(tiny_vllm_dir), probes=str(probes), device="cpu",
+                              cache_dir=tiny_cache, dtype="float32", batch_size=4, kv_cache_gb=0.1,
+                              token_draft=NGRAM_DRAFT, draft_tokens=3)
+    yield eng
+    del eng
+    gc.collect()
+
+
+def texts(engine, cfg):
+    done = {d.key: d for d in engine.generate_many(PROMPTS, cfg, batch_size=4)}
+    assert all(d.error is None for d in done.values()), [d.error for d in done.values()]
+    return [done[i].result.text for i in range(len(PROMPTS))]
+
+
+def test_the_targets_rewrites_go_to_the_writer_and_stay_the_targets_own(engine):
+    """Every step rejected: the target rewrites each, on the speculating writer; greedy and
+    lossless, the text is ar's (which never uses the writer)."""
+    assert engine.identities["token_draft"].startswith(f"{NGRAM_DRAFT}@sha256:")
+    before = (engine.writer.steps, engine.target.steps)
+    ar = texts(engine, config("ar"))
+    assert engine.writer.steps == before[0] and engine.target.steps > before[1]
+    assert texts(engine, config("semspec")) == ar
+    assert engine.writer.steps > before[0]
+
+
+def test_a_job_can_leave_the_writer_out(engine):
+    before = engine.writer.steps
+    plain = texts(engine, config("semspec", token_speculation=False))
+    assert engine.writer.steps == before
+    assert plain == texts(engine, config("semspec"))
+
+
+def test_a_seeded_sample_through_the_writer_reruns_alike(engine):
+    sampled = config("semspec", temperature=0.8, top_p=0.95, seed=5)
+    assert texts(engine, sampled) == texts(engine, sampled)
+
+
+def test_no_writer_without_a_token_draft(tiny_vllm_dir, tmp_path_factory, tiny_cache, engine):
+    """'none', or a target with no token draft of its own (no embedded head fits it)."""
+    from semspec.engine.step_engine import VLLMStepEngine
+
+    probes = ProbePair.always_reject(256, 256).save(tmp_path_factory.mktemp("probes-none"))
+    for token_draft in ("none", None):
+        eng = VLLMStepEngine.load(str(tiny_vllm_dir), draft=str(tiny_vllm_dir), probes=str(probes), device="cpu",
+                                  cache_dir=tiny_cache, dtype="float32", batch_size=4, kv_cache_gb=0.1,
+                                  token_draft=token_draft)
+        try:
+            assert eng.writer is None and "token_draft" not in eng.identities
+        finally:
+            del eng
+            gc.collect()
