@@ -21,11 +21,20 @@ break-even the target writes the next steps itself, 2 at first, doubling up to 3
 speculation keeps failing; then one step is drafted again to look (back-off). The costs are
 fixed per job (settings of the GenerationConfig, recorded with it), not read off the clock,
 so a rerun with the same seed makes the same decisions and the same text.
+
+Unless the job leaves its costs to the engine (``GenerationConfig.draft_cost`` None): then
+they are what the running engine measures (:class:`LiveCosts`), per-request overheads
+included, and in units of the target's own writing as it is done (with token-level
+speculation a written token is cheaper, and drafting must beat that): drafting pays while
+
+    a > (L * draft_seconds_per_token + seconds_per_verification) / (L * write_seconds_per_token)
+
+Decisions then follow the machine's speed as well as the seed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PRIOR_ACCEPTANCE = 0.5  # a fresh sequence drafts: nothing is known of its steps yet
 PRIOR_WEIGHT = 1.0  # the prior counts as this many verified steps
@@ -34,10 +43,52 @@ SMOOTHING = 0.3  # weight of the newest step in the step-length estimate, and at
 FIRST_BACKOFF, MAX_BACKOFF = 2, 32
 
 
+# weight of the newest call in a meter's moving averages
+METER_SMOOTHING = 0.05
+
+
+@dataclass
+class Meter:
+    """Seconds per unit of one kind of call, as moving averages of seconds and of units (so
+    a call of many tokens weighs more than a call of one)."""
+
+    seconds: float = 0.0
+    units: float = 0.0
+    calls: int = 0
+
+    def observe(self, seconds: float, units: float = 1.0) -> None:
+        w = max(METER_SMOOTHING, 1.0 / (self.calls + 1))
+        self.seconds += w * (seconds - self.seconds)
+        self.units += w * (units - self.units)
+        self.calls += 1
+
+    def per_unit(self) -> float | None:
+        return self.seconds / self.units if self.calls and self.units > 0 else None
+
+
+@dataclass(frozen=True)
+class LiveCosts:
+    """What a sequence's drafting costs on the running engine: seconds per token the target's
+    own writing takes (as it is routed: speculating or not), per drafted token (the step's
+    draft calls and the read of its states), per verification."""
+
+    write: Meter
+    draft: Meter
+    verify: Meter
+
+    def ratios(self) -> tuple[float, float] | None:
+        """(a drafted token, a verification) in written tokens, once each was measured."""
+        w, d, v = self.write.per_unit(), self.draft.per_unit(), self.verify.per_unit()
+        if not (w and d is not None and v is not None):
+            return None
+        return d / w, v / w
+
+
 @dataclass
 class Governor:
     draft_cost: float  # one draft pass, in target decoding passes
     verify_cost_per_token: float  # a verification pass's cost over a decoding pass, per token
+    live: LiveCosts | None = field(default=None, repr=False)  # the engine's measured costs, over the above
     acceptance: float = PRIOR_ACCEPTANCE
     step_tokens: float = PRIOR_STEP_TOKENS
     verified: int = 0  # drafted steps verified so far
@@ -47,6 +98,10 @@ class Governor:
     def break_even(self) -> float:
         """The acceptance rate above which drafting a step pays for itself."""
         n = max(self.step_tokens, 1.0)
+        measured = self.live.ratios() if self.live is not None else None
+        if measured is not None:
+            draft, verification = measured
+            return min(1.0, (n * draft + verification) / n)
         return min(1.0, (n * self.draft_cost + 1.0 + self.verify_cost_per_token * n) / n)
 
     def should_speculate(self) -> bool:

@@ -30,7 +30,7 @@ from typing import Callable, Generator
 import torch
 
 from .acceptance import judge_decision, meaning_decision
-from .adaptive import Governor
+from .adaptive import Governor, LiveCosts
 from .answers import final_answer, split_reasoning
 from .sampling import make_generator
 from .steps import IncrementalText, StepDetector
@@ -263,7 +263,10 @@ class StepProgram:
 class DraftingProgram(StepProgram):
     """What the methods that draft steps share; the draft shares the target's tokenizer."""
 
-    def __init__(self, prompt, config, target, think_end, identities, in_flight=lambda: 1, *, draft: ModelFacts):
+    def __init__(self, prompt, config, target, think_end, identities, in_flight=lambda: 1, *, draft: ModelFacts,
+                 live_costs: LiveCosts | None = None):
+        """``live_costs``: the engine's measured costs, which the adaptive rule then decides on
+        instead of the config's (``semspec.adaptive``)."""
         super().__init__(prompt, config, target, think_end, identities, in_flight)
         if config.draft_max_batch is not None and config.draft_max_batch < 0:
             raise ValueError("draft_max_batch must be at least 0 (0: no limit)")
@@ -273,7 +276,7 @@ class DraftingProgram(StepProgram):
             raise ValueError("draft_cost and verify_cost_per_token must be at least 0")
         self.draft = draft
         if config.adaptive:
-            self.governor = Governor(config.draft_cost, config.verify_cost_per_token)
+            self.governor = Governor(config.draft_cost, config.verify_cost_per_token, live_costs)
 
     def draft_out_of_room(self, extra: int = 0) -> bool:
         room = len(self.ids) + self.cfg.max_step_tokens + 8
@@ -375,10 +378,10 @@ class SemSpecProgram(DraftingProgram):
     method = "semspec"
 
     def __init__(self, prompt, config, target, think_end, identities, in_flight=lambda: 1, *, draft: ModelFacts,
-                 probes, pool_states: Callable[[str, torch.Tensor], torch.Tensor]):
+                 probes, pool_states: Callable[[str, torch.Tensor], torch.Tensor], live_costs: LiveCosts | None = None):
         """``pool_states(model, rows)``: the probe's features of a step from the states the
         engine returned for it (``semspec.engine.step_engine``)."""
-        super().__init__(prompt, config, target, think_end, identities, in_flight, draft=draft)
+        super().__init__(prompt, config, target, think_end, identities, in_flight, draft=draft, live_costs=live_costs)
         self.probes = probes
         self.pool_states = pool_states
         self.coin = make_generator(config.seed + 1_000_003, "cpu")
@@ -410,8 +413,8 @@ class StepJudgeProgram(DraftingProgram):
     method = "step_judge"
 
     def __init__(self, prompt, config, target, think_end, identities, in_flight=lambda: 1, *, draft: ModelFacts,
-                 suffix: list[int], digits: tuple[int, ...]):
-        super().__init__(prompt, config, target, think_end, identities, in_flight, draft=draft)
+                 suffix: list[int], digits: tuple[int, ...], live_costs: LiveCosts | None = None):
+        super().__init__(prompt, config, target, think_end, identities, in_flight, draft=draft, live_costs=live_costs)
         self.suffix = suffix
         self.digits = digits
 

@@ -70,11 +70,12 @@ class GenerationConfig:
     adaptive: bool = True
     draft_cost: float | None = None
     verify_cost_per_token: float = 0.066
-    # semspec, step_judge and token_sd: draft only while at most this many sequences are in
-    # flight. With more, the target's pass runs on every tick for the others anyway, and a
-    # drafted step saves no pass: it only adds draft passes (docs/batching.md). The target
-    # writes meanwhile (semspec and step_judge log reason "batch"; token_sd's steps show no
-    # drafted tokens), and drafting resumes as the batch thins out at the end of a job.
+    # semspec and step_judge: draft (and speculate tokens in the target's own writing) only
+    # while at most this many sequences are in flight. With more, the target's pass runs on
+    # every tick for the others anyway, and a drafted step saves no pass: it only adds draft
+    # passes (docs/batching.md). The target writes meanwhile (steps logged with reason
+    # "batch"), and drafting resumes as the batch thins out at the end of a job. (token_sd
+    # speculates for every request of its engine, at any batch: vLLM's way.)
     # None: the engine's choice (1 on a CPU, as measured; no limit on an accelerator,
     # untested); 0: no limit. Outputs then depend on the batch's occupancy.
     # The service's default: SEMJOBS_DRAFT_MAX_BATCH.

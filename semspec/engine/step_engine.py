@@ -32,6 +32,7 @@ from semspec.components import EMBEDDED_DRAFT, resolve_components, same_tokenize
 from semspec.intake import Intake
 from semspec.models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cache
 from semspec.models.specs import DEFAULT_TARGET, model_directory
+from semspec.adaptive import LiveCosts, Meter
 from semspec.probes import ProbePair, pool, resolve_probes
 from semspec.prompts import MethodUnavailable, judge_prompt, prompt_ids
 from semspec.stepwise import TARGET, WRITE_PHASE, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
@@ -82,6 +83,9 @@ class Served:
     layer: int | None = None  # the hidden_states index whose states it stores
     steps: int = 0  # engine steps taken
     in_flight: dict[str, "_Live"] = field(default_factory=dict)
+    # seconds per token of its writing calls (target, writer) or drafting calls (draft), over
+    # every sequence's: the adaptive rule's measured costs (semspec.adaptive.LiveCosts)
+    meter: Meter = field(default_factory=Meter)
     token_draft: ModelIdentity | None = None  # what it speculates tokens with, when it does
 
     def features(self, rows: torch.Tensor, pooling: str = "mean") -> torch.Tensor:
@@ -100,6 +104,7 @@ class _Live:
     gen: Any
     call: Call | None = None
     served: Served | None = None  # the engine serving the call
+    alone: bool = True  # whether the call was made while the sequence could draft (``_alone``)
     call_t0: float = 0.0
     call_step: int = 0
     calls: int = 0
@@ -176,6 +181,7 @@ class VLLMStepEngine:
         self.think_end_marker = detect_think_end(target.facts.tokenizer)
         self.on_cpu = target.llm.vllm_config.device_config.device_type == "cpu"
         self._next_id = 0
+        self.verify_meter = Meter()  # seconds per verification (or judgement) of a drafted step
 
     @classmethod
     def load(cls, target: str | None = None, draft: str | None = None, probes: str | None = None,
@@ -235,6 +241,7 @@ class VLLMStepEngine:
         if writer is not None:  # which the probes may not have rejected a step for
             engine.generate("Hi", GenerationConfig(method=method, max_new_tokens=8, max_step_tokens=4,
                                                    draft_max_batch=0, adaptive=False, tau=1.0))
+        engine.reset_meters()  # first passes pay set-up no later pass pays
         return engine
 
     # ------------------------------------------------------------------ what it serves
@@ -280,6 +287,7 @@ class VLLMStepEngine:
         if problem is not None:
             raise MethodUnavailable(problem)
         cfg = self.resolve(config)
+        live = self.live_costs(cfg) if config.draft_cost is None else None  # else the job fixed them
         t = self.target.facts
         ids = prompt_ids(t.tokenizer, prompt, cfg.chat_template_kwargs, t.max_context)
         think_end = self.think_end_marker if cfg.think_end == "auto" else (cfg.think_end or None)
@@ -287,9 +295,20 @@ class VLLMStepEngine:
             return StepProgram(ids, cfg, t, think_end, self.identities, in_flight)
         if cfg.method == "step_judge":
             return StepJudgeProgram(ids, cfg, t, think_end, self.identities, in_flight, draft=self.draft.facts,
-                                    suffix=self.judge[0], digits=self.judge[1])
+                                    suffix=self.judge[0], digits=self.judge[1], live_costs=live)
         return SemSpecProgram(ids, cfg, t, think_end, self.identities, in_flight, draft=self.draft.facts,
-                              probes=self.probes, pool_states=self._features)
+                              probes=self.probes, pool_states=self._features, live_costs=live)
+
+    def reset_meters(self) -> None:
+        for s in (self.target, self.writer, self.draft):
+            if s is not None:
+                s.meter = Meter()
+        self.verify_meter = Meter()
+
+    def live_costs(self, cfg: GenerationConfig) -> LiveCosts:
+        """The running engine's measured costs for a job of ``cfg``: its writing as routed."""
+        writes = self.writer if self._speculates(cfg) else self.target
+        return LiveCosts(write=writes.meter, draft=self.draft.meter, verify=self.verify_meter)
 
     @functools.cached_property
     def judge(self) -> tuple[list[int], tuple[int, ...]]:
@@ -360,7 +379,10 @@ class VLLMStepEngine:
         if reply is not None:
             served = item.served
             c = item.program.counters
-            c.phase_seconds[item.call.phase] = c.phase_seconds.get(item.call.phase, 0.0) + time.perf_counter() - item.call_t0
+            seconds = time.perf_counter() - item.call_t0
+            c.phase_seconds[item.call.phase] = c.phase_seconds.get(item.call.phase, 0.0) + seconds
+            if item.alone:  # what drafting is weighed against, where it is weighed
+                self._measure(item.call, served, seconds, len(reply.tokens))
             if item.call.model == TARGET:
                 c.target_forward_passes += served.steps - item.call_step
             else:
@@ -385,20 +407,43 @@ class VLLMStepEngine:
             logprobs = {t: lp.logprob for t, lp in completion.logprobs[0].items()}
         return Reply(list(completion.token_ids), (out.kv_transfer_params or {}).get(STATES), logprobs)
 
-    def _served(self, call: Call, cfg: GenerationConfig) -> Served:
+    def _speculates(self, cfg: GenerationConfig) -> bool:
+        """Whether a job of ``cfg`` has its own writing speculate tokens (on the writer)."""
+        return self.writer is not None and cfg.token_speculation and cfg.method in VLLM_STEP_METHODS
+
+    def _served(self, call: Call, program: StepProgram) -> Served:
         """The engine that serves ``call``: the writer for a drafting method's own writing
-        (when it has one and the job speculates tokens), else the call's model's."""
+        (when it has one and the job speculates tokens) while drafting would not pause for the
+        batch (token-level speculation loses beside other sequences on a CPU as drafting
+        does: token_sd made 0.93x ar at 4 in flight, docs/benchmarks.md), else the call's
+        model's."""
         if call.model != TARGET:
             return self.draft
-        speculating = self.writer is not None and cfg.token_speculation and cfg.method in VLLM_STEP_METHODS
-        return self.writer if speculating and call.phase == WRITE_PHASE else self.target
+        speculating = self._speculates(program.cfg) and call.phase == WRITE_PHASE
+        return self.writer if speculating and self._alone(program) else self.target
+
+    @staticmethod
+    def _alone(program: StepProgram) -> bool:
+        """Whether ``program``'s sequence may draft: few enough in flight (draft_max_batch)."""
+        limit = program.cfg.draft_max_batch
+        return not limit or program.in_flight() <= limit
+
+    def _measure(self, call: Call, served: Served, seconds: float, tokens: int) -> None:
+        """Book a finished call's seconds for the adaptive rule: per token written or drafted
+        (a read of drafted states adds its seconds to the draft's, no token), per verification."""
+        if call.phase == WRITE_PHASE:
+            served.meter.observe(seconds, tokens)
+        elif call.model != TARGET:
+            served.meter.observe(seconds, 0 if call.states_from is not None else tokens)
+        elif call.phase in ("verify", "judge"):
+            self.verify_meter.observe(seconds)
 
     def _submit(self, item: _Live, call: Call) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         cfg = item.program.cfg
-        served = self._served(call, cfg)
+        served = self._served(call, item.program)
         stop = [cfg.step_delimiter] + ([item.program.think_end] if item.program.think_end else [])
         extra = {"kv_transfer_params": {STATES_FROM: call.states_from}} if call.states_from is not None else None
         sampled = cfg.temperature > 0 and not call.scored  # a judge reads its scores greedily
@@ -414,6 +459,7 @@ class VLLMStepEngine:
         )
         request_id = self.request_id()
         item.call, item.served, item.call_t0, item.call_step = call, served, time.perf_counter(), served.steps
+        item.alone = self._alone(item.program)
         item.calls += 1
         served.llm.add_request(request_id, served.llm.renderer.render_cmpl([{"prompt_token_ids": call.ids}])[0],
                                params)

@@ -49,3 +49,22 @@ def test_the_first_steps_move_the_estimate_as_a_mean_would():
     assert g.acceptance == pytest.approx(0.5)  # (0.5 + 1 + 0) / 3
     g.observe_verification(False)
     assert g.acceptance == pytest.approx(0.5 * 0.7)  # from here an exponential average
+
+
+def test_measured_costs_decide_once_each_is_known():
+    """A job that leaves its costs to the engine decides on what the engine measured, in units
+    of its own writing: a writer twice as fast doubles what a drafted token costs."""
+    from semspec.adaptive import LiveCosts, Meter
+
+    write, draft, verify = Meter(), Meter(), Meter()
+    g = Governor(draft_cost=0.16, verify_cost_per_token=0.066, step_tokens=20, live=LiveCosts(write, draft, verify))
+    fixed = (20 * 0.16 + 1 + 0.066 * 20) / 20
+    assert g.break_even() == pytest.approx(fixed)  # nothing measured yet: the config's
+    draft.observe(0.2, 20)   # a 20-token step drafted in 0.2 s, and a read of its states (seconds, no token)
+    draft.observe(0.04, 0)   # so 0.012 s a drafted token
+    verify.observe(0.05)
+    assert g.break_even() == pytest.approx(fixed)  # the writing not yet
+    write.observe(0.6, 20)   # 0.03 s a written token
+    assert g.break_even() == pytest.approx((20 * 0.012 / 0.03 + 0.05 / 0.03) / 20)
+    write.observe(0.3, 20)   # faster writing (0.0225 s a token over both calls) raises the bar
+    assert g.break_even() == pytest.approx((20 * 0.012 / 0.0225 + 0.05 / 0.0225) / 20)

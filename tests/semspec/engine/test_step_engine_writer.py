@@ -64,8 +64,20 @@ def test_a_seeded_sample_through_the_writer_reruns_alike(engine):
     assert texts(engine, sampled) == texts(engine, sampled)
 
 
+def test_the_engine_measures_what_the_adaptive_rule_weighs(engine):
+    """Per written token on the writer, per drafted token, per verification: booked from the
+    calls themselves, and handed to a job that leaves its costs to the engine."""
+    engine.reset_meters()
+    texts(engine, config("semspec"))
+    costs = engine.live_costs(config("semspec"))
+    assert costs.write is engine.writer.meter and costs.draft is engine.draft.meter
+    assert costs.ratios() is not None and all(r > 0 for r in costs.ratios())
+    assert engine.live_costs(config("semspec", token_speculation=False)).write is engine.target.meter
+
+
 def test_no_writer_without_a_token_draft(tiny_vllm_dir, tmp_path_factory, tiny_cache, engine):
-    """'none', or a target with no token draft of its own (no embedded head fits it)."""
+    """'none', or a target with no token draft of its own (no embedded head fits it). Last:
+    dropping an engine tears down vLLM's per-process state the module's engine runs on."""
     from semspec.engine.step_engine import VLLMStepEngine
 
     probes = ProbePair.always_reject(256, 256).save(tmp_path_factory.mktemp("probes-none"))
