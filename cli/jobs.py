@@ -259,22 +259,23 @@ def report(job, out_dir, db_url) -> None:
 
 @click.command()
 @click.argument("job_a")
-@click.argument("job_b")
+@click.argument("others", metavar="JOB_B [JOB_C ...]", nargs=-1, required=True)
 @click.option("--no-loglik", is_flag=True, help="Skip the target's log-likelihood of the outputs.")
 @db_option
-def compare(job_a, job_b, no_loglik, db_url) -> None:
-    """JOB_B against JOB_A, run on the same input: tokens/s, the share of drafted steps kept,
-    and the target's log-likelihood of each job's outputs (the gap: how much less the target
-    likes B's text), in one line.
+def compare(job_a, others, no_loglik, db_url) -> None:
+    """Each job against JOB_A, all run on the same input: tokens/s, the share of drafted steps
+    kept, and the target's log-likelihood of each job's outputs (the gap: how much less the
+    target likes that job's text), one line per job.
 
-    Example: semjobs compare AR_JOB SEMSPEC_JOB"""
+    Example: semjobs compare AR_JOB TOKEN_SD_JOB SEMSPEC_JOB"""
     from semjobs.jobs.compare import NotComparable, compare_jobs
 
     _, url = _locate(job_a, db_url)
-    try:
-        click.echo(compare_jobs(job_a, job_b, url=url, loglik=not no_loglik).line())
-    except NotComparable as e:
-        raise click.ClickException(str(e)) from e
+    for other in others:
+        try:
+            click.echo(compare_jobs(job_a, other, url=url, loglik=not no_loglik).line())
+        except NotComparable as e:
+            raise click.ClickException(str(e)) from e
 
 
 @click.command()

@@ -1,5 +1,6 @@
-"""Two jobs over the same input side by side (`semjobs compare A B`): the speed a method
-bought and what it cost the text, e.g. semspec (B) against ar (A).
+"""Jobs over the same input side by side (`semjobs compare A B [C ...]`, each against A): the
+speed a method bought and what it cost the text, e.g. token_sd (B) and semspec (C) against
+ar (A).
 
 - tokens/s: each job's generated tokens over its elapsed time (what a deployment pays for);
 - steps kept: B's drafted steps kept (its step acceptance);
@@ -10,6 +11,7 @@ bought and what it cost the text, e.g. semspec (B) against ar (A).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -83,13 +85,19 @@ def compare_jobs(job_a: str, job_b: str, *, url: str | None = None, loglik: bool
              for st in statuses]
     pairs = _paired_outputs(job_a, job_b, url)
     if loglik and pairs:
-        from semspec.quality import load_scorer
-
-        spec = targets.pop()
-        target = load_scorer(None if spec in (None, "embedded") else spec, settings.cache_dir)
+        target = _scorer(targets.pop())
         for i, side in enumerate(sides):
             side.mean_loglik = _mean_loglik(target, [(prompt, texts[i]) for prompt, texts in pairs])
     return Comparison(sides[0], sides[1], len(pairs))
+
+
+@functools.cache
+def _scorer(spec: str | None):
+    """The target that scores outputs, loaded once per process (a compare of several jobs
+    scores each against the first with it)."""
+    from semspec.quality import load_scorer
+
+    return load_scorer(None if spec in (None, "embedded") else spec, settings.cache_dir)
 
 
 def _finished(job_id: str, url: str | None) -> Iterator[tuple[tuple[str, int], Any, str]]:

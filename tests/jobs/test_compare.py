@@ -71,3 +71,13 @@ def test_jobs_of_other_inputs_are_refused_and_the_score_can_be_skipped(scored, s
     again = run_job(sqlite_db, tmp_path / "c.jsonl", "--method", "step_judge")
     res = invoke("compare", first, again, "--db", sqlite_db, "--no-loglik")
     assert res.exit_code == 0 and "target log-likelihood not measured" in res.output
+
+
+def test_several_jobs_each_against_the_first(scored, sqlite_db, tmp_path):
+    ar = run_job(sqlite_db, tmp_path / "ar.jsonl")
+    token_sd = run_job(sqlite_db, tmp_path / "token_sd.jsonl", "--method", "token_sd")
+    semspec = run_job(sqlite_db, tmp_path / "semspec.jsonl", "--method", "semspec")
+    res = invoke("compare", ar, token_sd, semspec, "--db", sqlite_db)
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.strip().splitlines()
+    assert [line.split(" on ")[0] for line in lines] == ["token_sd vs ar", "semspec vs ar"]
