@@ -32,7 +32,7 @@ from semspec.components import EMBEDDED_DRAFT, resolve_components, same_tokenize
 from semspec.intake import Intake
 from semspec.models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cache
 from semspec.models.specs import DEFAULT_TARGET, model_directory
-from semspec.adaptive import LiveCosts, Meter
+from semspec.adaptive import LiveCosts, Meter, Rate
 from semspec.probes import ProbePair, pool, resolve_probes
 from semspec.prompts import MethodUnavailable, judge_prompt, prompt_ids
 from semspec.stepwise import TARGET, WRITE_PHASE, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
@@ -182,6 +182,7 @@ class VLLMStepEngine:
         self.on_cpu = target.llm.vllm_config.device_config.device_type == "cpu"
         self._next_id = 0
         self.verify_meter = Meter()  # seconds per verification (or judgement) of a drafted step
+        self.kept = Rate()  # the share of drafted steps kept, every sequence's
 
     @classmethod
     def load(cls, target: str | None = None, draft: str | None = None, probes: str | None = None,
@@ -303,12 +304,12 @@ class VLLMStepEngine:
         for s in (self.target, self.writer, self.draft):
             if s is not None:
                 s.meter = Meter()
-        self.verify_meter = Meter()
+        self.verify_meter, self.kept = Meter(), Rate()
 
     def live_costs(self, cfg: GenerationConfig) -> LiveCosts:
         """The running engine's measured costs for a job of ``cfg``: its writing as routed."""
         writes = self.writer if self._speculates(cfg) else self.target
-        return LiveCosts(write=writes.meter, draft=self.draft.meter, verify=self.verify_meter)
+        return LiveCosts(write=writes.meter, draft=self.draft.meter, verify=self.verify_meter, kept=self.kept)
 
     @functools.cached_property
     def judge(self) -> tuple[list[int], tuple[int, ...]]:

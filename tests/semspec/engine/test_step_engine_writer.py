@@ -9,16 +9,11 @@ import gc
 import pytest
 
 from semspec.probes import ProbePair
-from semspec.types import NGRAM_DRAFT, GenerationConfig
+from semspec.types import NGRAM_DRAFT
 from tests.conftest import require_vllm
+from tests.semspec.engine.test_step_engine import config
 
 PROMPTS = ["What is 2+2? 2+2 is 4. What is 2+2?", "Name a colour.", "Count to three: one two three.", "Say hi."]
-
-
-def config(method: str, **kw) -> GenerationConfig:
-    kw = {"draft_max_batch": 0, "adaptive": False, "max_new_tokens": 30, "max_step_tokens": 7, "temperature": 0.0,
-          **kw}
-    return GenerationConfig(method=method, **kw)
 
 
 @pytest.fixture(scope="module")
