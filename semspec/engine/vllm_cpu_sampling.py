@@ -20,6 +20,11 @@ exponential noise row over the vocabulary per request for recovering rejected dr
 generator is spared anyway. The step engine's target stores probe states through
 ``extract_hidden_states``, a speculative method that drafts nothing: that noise cost it 3 ms
 of a 30 ms step at 4 in flight (semspec paused for the batch made 0.84x ``ar`` at T 0.6).
+
+**No processed log-probabilities nobody asked for.** An engine started with
+``logprobs_mode="processed_logprobs"`` (the step engine's target: a judge reads the ten digits'
+log-probabilities after the allowed-token mask) computes a log-softmax over the vocabulary for
+every row of every step; now only for a step in which some request asks for log-probabilities.
 """
 
 from __future__ import annotations
@@ -83,5 +88,27 @@ def apply() -> bool:
 
     topk_topp_sampler.apply_top_k_top_p_pytorch = apply_top_k_top_p_pytorch
     rejection_sampler.sample_recovered_tokens = sample_recovered_tokens
+    _skip_unasked_logprobs()
     _applied = True
     return True
+
+
+def _skip_unasked_logprobs() -> None:
+    from vllm.v1.sample.sampler import Sampler
+
+    forward = Sampler.forward
+
+    @functools.wraps(forward)
+    def sampler_forward(self, logits, sampling_metadata, *args, **kwargs):
+        asked = sampling_metadata.max_num_logprobs is not None or sampling_metadata.logprob_token_ids
+        if asked or not str(self.logprobs_mode).startswith("processed"):
+            return forward(self, logits, sampling_metadata, *args, **kwargs)
+        inner = self.topk_topp_sampler
+        modes = self.logprobs_mode, inner.logprobs_mode
+        self.logprobs_mode = inner.logprobs_mode = "raw_logprobs"  # computes none unless asked
+        try:
+            return forward(self, logits, sampling_metadata, *args, **kwargs)
+        finally:
+            self.logprobs_mode, inner.logprobs_mode = modes
+
+    Sampler.forward = sampler_forward
