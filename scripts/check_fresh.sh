@@ -3,9 +3,9 @@
 # pyproject.toml's ranges allow (not requirements/cpu.lock's)? In a throw-away virtualenv and
 # an empty HOME (both in one mktemp dir) it
 #   1. installs as scripts/install.sh does, without the lock (INSTALL_LOCK=none),
-#   2. runs README command 1 as scripts/demo.sh does (`semjobs run examples/prompts.jsonl`, then
-#      with `--method semspec`, then `semjobs compare`; outputs in the temp dir) and checks every
-#      item came out of both runs,
+#   2. runs README command 1 as scripts/demo.sh does (`semjobs run examples/prompts.jsonl
+#      --batch-size 1` with ar, token_sd and semspec, then `semjobs compare`; outputs in the temp
+#      dir) and checks every item came out of every run,
 #   3. runs the tests that load the real embedded models: `pytest -m real_model` (they need
 #      Postgres on 127.0.0.1:5432 and Redis on 127.0.0.1:6379; a missing one fails),
 # then prints the versions that differ from the lock (package lock -> newest) and PASS/FAIL with
@@ -75,13 +75,13 @@ skip() { NAMES+=("$1") RESULTS+=(SKIP) TIMES+=("-") NOTES+=("(install failed)");
 fresh_install() { INSTALL_VENV="$tmp/venv" INSTALL_LOCK=none bash scripts/install.sh; }
 
 readme_run() {
-    local db="sqlite:///$tmp/out/semjobs.sqlite" first second
-    first=$(semjobs run examples/prompts.jsonl -o "$tmp/out/results.jsonl" --db "$db" | tail -n 1) || return
-    all_results "$tmp/out/results" || return
-    second=$(semjobs run examples/prompts.jsonl -o "$tmp/out/semspec.jsonl" --db "$db" --method semspec \
-             | tail -n 1) || return
-    all_results "$tmp/out/semspec" || return
-    semjobs compare "$first" "$second" --db "$db"
+    local db="sqlite:///$tmp/out/semjobs.sqlite" method jobs=()
+    for method in ar token_sd semspec; do
+        jobs+=("$(semjobs run examples/prompts.jsonl -o "$tmp/out/$method.jsonl" --db "$db" --batch-size 1 \
+                  --method "$method" | tail -n 1)") || return
+        all_results "$tmp/out/$method" || return
+    done
+    semjobs compare "${jobs[@]}" --db "$db"
 }
 
 # every input of examples/prompts.jsonl has a result in OUT.jsonl, and nothing failed

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Installs everything (scripts/install.sh), then runs the main job end to end on the embedded
 # defaults: no servers, a SQLite file, the embedded models, results in out/. The same questions
-# then go through SemanticSpec, and one line compares the two (semjobs compare): what semjobs
-# is for, whatever the small embedded pair makes of it. Extra arguments go to both runs.
+# then go through token-level speculation (token_sd) and SemanticSpec (semspec), and one line
+# each compares them with the first run (semjobs compare): what semjobs is for, whatever the
+# small embedded pair makes of it. Extra arguments go to every run.
+#
+# One question at a time per engine process (--batch-size 1): on a CPU speculation pays only
+# for a sequence decoding alone, so semspec pauses drafting beside others (docs/batching.md)
+# and would show nothing drafted; pass --batch-size 8 to see the batched throughput instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -10,8 +15,10 @@ bash scripts/install.sh
 mkdir -p out
 DB=sqlite:///out/semjobs.sqlite
 # semjobs run prints its job's id last on stdout (its progress goes to stderr)
-first=$(semjobs run examples/prompts.jsonl -o out/results.jsonl --db "$DB" "$@" | tail -n 1)
-echo "results: out/results.jsonl"
-second=$(semjobs run examples/prompts.jsonl -o out/semspec.jsonl --db "$DB" "$@" --method semspec | tail -n 1)
-echo "results: out/semspec.jsonl"
-semjobs compare "$first" "$second" --db "$DB"
+jobs=()
+for method in ar token_sd semspec; do
+    out=out/$([ "$method" = ar ] && echo results || echo "$method").jsonl
+    jobs+=("$(semjobs run examples/prompts.jsonl -o "$out" --db "$DB" --batch-size 1 "$@" --method "$method" | tail -n 1)")
+    echo "results: $out"
+done
+semjobs compare "${jobs[@]}" --db "$DB"
