@@ -66,30 +66,15 @@ class Meter:
         return self.seconds / self.units if self.calls and self.units > 0 else None
 
 
-@dataclass
-class Rate:
-    """A moving average of outcomes (1 kept, 0 not), weighted as ``Meter``'s."""
-
-    value: float | None = None
-    count: int = 0
-
-    def observe(self, outcome: float) -> None:
-        w = max(METER_SMOOTHING, 1.0 / (self.count + 1))
-        self.value = outcome if self.value is None else self.value + w * (outcome - self.value)
-        self.count += 1
-
-
 @dataclass(frozen=True)
 class LiveCosts:
     """What a sequence's drafting costs on the running engine: seconds per token the target's
     own writing takes (as it is routed: speculating or not), per drafted token (the step's
-    draft calls and the read of its states), per verification; and how often the engine's
-    drafted steps were kept, every sequence's, which a new sequence starts from."""
+    draft calls and the read of its states), per verification."""
 
     write: Meter
     draft: Meter
     verify: Meter
-    kept: Rate = field(default_factory=Rate)
 
     def ratios(self) -> tuple[float, float] | None:
         """(a drafted token, a verification) in written tokens, once each was measured."""
@@ -109,15 +94,6 @@ class Governor:
     verified: int = 0  # drafted steps verified so far
     backoff: int = FIRST_BACKOFF  # steps the target writes on the next back-off
     waiting: int = 0  # target-written steps left in the current back-off
-
-    def __post_init__(self) -> None:
-        # on a running engine a new sequence starts from its acceptance (as one step's worth),
-        # backed off when that does not pay: each first look at a sequence that will not pay
-        # costs a drafted step
-        if self.live is not None and self.live.kept.value is not None:
-            self.acceptance = self.live.kept.value
-            if self.acceptance < self.break_even():
-                self.waiting, self.backoff = FIRST_BACKOFF, 2 * FIRST_BACKOFF
 
     def break_even(self) -> float:
         """The acceptance rate above which drafting a step pays for itself."""
@@ -147,8 +123,6 @@ class Governor:
     def observe_verification(self, accepted: bool) -> None:
         """A drafted step was verified: update the estimate, back off when below break-even."""
         self.verified += 1
-        if self.live is not None:
-            self.live.kept.observe(float(accepted))
         weight = max(SMOOTHING, 1.0 / (self.verified + PRIOR_WEIGHT))
         self.acceptance += weight * (float(accepted) - self.acceptance)
         if self.acceptance >= self.break_even():

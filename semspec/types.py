@@ -63,10 +63,12 @@ class GenerationConfig:
     # than the target writing it (semspec.adaptive): the target writes the next steps itself
     # while the sequence's acceptance rate is below the break-even of these unit costs, in
     # target decoding passes (one draft pass; a verification pass's extra cost per token).
-    # Fixed per job, so reruns decide alike. draft_cost None: the loaded draft's
-    # (the engine's draft_cost: measured for the embedded drafts, else estimated from the weights
-    # a pass reads); verify_cost_per_token is the embedded target's, measured at batch 1
-    # (docs/benchmarks.md).
+    # draft_cost None: what the running engine measures (per written, per drafted token, per
+    # verification; semspec.adaptive.LiveCosts), so decisions follow the machine's speed too;
+    # before it has measured, the loaded draft's (measured for the embedded drafts, else
+    # estimated from the weights a pass reads). A job that sets draft_cost fixes both costs,
+    # so its reruns decide alike; verify_cost_per_token is the embedded target's, measured at
+    # batch 1 (docs/benchmarks.md).
     adaptive: bool = True
     draft_cost: float | None = None
     verify_cost_per_token: float = 0.066

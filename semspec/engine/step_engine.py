@@ -32,7 +32,7 @@ from semspec.components import EMBEDDED_DRAFT, resolve_components, same_tokenize
 from semspec.intake import Intake
 from semspec.models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cache
 from semspec.models.specs import DEFAULT_TARGET, model_directory
-from semspec.adaptive import LiveCosts, Meter, Rate
+from semspec.adaptive import LiveCosts, Meter
 from semspec.probes import ProbePair, pool, resolve_probes
 from semspec.prompts import MethodUnavailable, judge_prompt, prompt_ids
 from semspec.stepwise import TARGET, WRITE_PHASE, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
@@ -53,12 +53,6 @@ VLLM_DRAFT_COST = {EMBEDDED_DRAFT: 0.29}
 DRAFT_KV_SHARE = 0.25
 # token_draft naming no token-level speculation of the target's own writing
 NO_TOKEN_DRAFT = "none"
-
-
-def layers_from_probes(pair: ProbePair | None, layers: dict) -> bool:
-    """Whether the engine decodes (the layers its probes read) rather than serving probe
-    calibration (layers it was asked for), which needs no writer."""
-    return pair is not None and layers == {"target": pair.target.layer, "draft": pair.draft.layer}
 
 
 @dataclass(frozen=True)
@@ -182,7 +176,6 @@ class VLLMStepEngine:
         self.on_cpu = target.llm.vllm_config.device_config.device_type == "cpu"
         self._next_id = 0
         self.verify_meter = Meter()  # seconds per verification (or judgement) of a drafted step
-        self.kept = Rate()  # the share of drafted steps kept, every sequence's
 
     @classmethod
     def load(cls, target: str | None = None, draft: str | None = None, probes: str | None = None,
@@ -214,7 +207,7 @@ class VLLMStepEngine:
         d = ModelFiles.read(draft, cache) if draft else None
         if d is not None and not same_tokenizer(t.tokenizer, d.tokenizer):
             raise MethodUnavailable("the step-level methods on vLLM need a draft with the target's tokenizer")
-        pair = None
+        pair, calibrating = None, layers is not None  # probe calibration reads states: no writer
         if layers is None and d is not None and probes:
             pair = ProbePair.load(resolve_probes(probes), t.shape, d.shape, name=str(probes))
             layers = {"target": pair.target.layer, "draft": pair.draft.layer}
@@ -223,7 +216,7 @@ class VLLMStepEngine:
         served_t = t.serve(layers.get("target"), kv_cache_gb, **options)
         served_d = d.serve(layers.get("draft"), kv_cache_gb * DRAFT_KV_SHARE, **options) if d else None
         writer = None
-        if served_d is not None and layers_from_probes(pair, layers) and token_draft != NO_TOKEN_DRAFT \
+        if served_d is not None and not calibrating and token_draft != NO_TOKEN_DRAFT \
                 and draft_problem(token_draft, target) is None:
             spec, identity = speculative_config(token_draft, target, draft_tokens, t.directory,
                                                 t.shape.identity.sha256, cache)
@@ -288,28 +281,32 @@ class VLLMStepEngine:
         if problem is not None:
             raise MethodUnavailable(problem)
         cfg = self.resolve(config)
-        live = self.live_costs(cfg) if config.draft_cost is None else None  # else the job fixed them
+        # the engine's measured costs, unless the job fixed them
+        live = self.live_costs(cfg) if config.draft_cost is None and cfg.method in VLLM_STEP_METHODS else None
         t = self.target.facts
         ids = prompt_ids(t.tokenizer, prompt, cfg.chat_template_kwargs, t.max_context)
         think_end = self.think_end_marker if cfg.think_end == "auto" else (cfg.think_end or None)
+        identities = self.identities
+        if not self._speculates(cfg):  # the writer takes no part in this job's text
+            identities.pop("token_draft", None)
         if cfg.method == "ar":
-            return StepProgram(ids, cfg, t, think_end, self.identities, in_flight)
+            return StepProgram(ids, cfg, t, think_end, identities, in_flight)
         if cfg.method == "step_judge":
-            return StepJudgeProgram(ids, cfg, t, think_end, self.identities, in_flight, draft=self.draft.facts,
+            return StepJudgeProgram(ids, cfg, t, think_end, identities, in_flight, draft=self.draft.facts,
                                     suffix=self.judge[0], digits=self.judge[1], live_costs=live)
-        return SemSpecProgram(ids, cfg, t, think_end, self.identities, in_flight, draft=self.draft.facts,
+        return SemSpecProgram(ids, cfg, t, think_end, identities, in_flight, draft=self.draft.facts,
                               probes=self.probes, pool_states=self._features, live_costs=live)
 
     def reset_meters(self) -> None:
         for s in (self.target, self.writer, self.draft):
             if s is not None:
                 s.meter = Meter()
-        self.verify_meter, self.kept = Meter(), Rate()
+        self.verify_meter = Meter()
 
     def live_costs(self, cfg: GenerationConfig) -> LiveCosts:
         """The running engine's measured costs for a job of ``cfg``: its writing as routed."""
         writes = self.writer if self._speculates(cfg) else self.target
-        return LiveCosts(write=writes.meter, draft=self.draft.meter, verify=self.verify_meter, kept=self.kept)
+        return LiveCosts(write=writes.meter, draft=self.draft.meter, verify=self.verify_meter)
 
     @functools.cached_property
     def judge(self) -> tuple[list[int], tuple[int, ...]]:
@@ -436,8 +433,10 @@ class VLLMStepEngine:
             served.meter.observe(seconds, tokens)
         elif call.model != TARGET:
             served.meter.observe(seconds, 0 if call.states_from is not None else tokens)
-        elif call.phase in ("verify", "judge"):
+        elif call.phase == "judge" or call.states_from is not None:  # a step's verification
             self.verify_meter.observe(seconds)
+        elif call.phase == "verify":  # step_judge's token after a kept step: the same verification's
+            self.verify_meter.observe(seconds, 0)
 
     def _submit(self, item: _Live, call: Call) -> None:
         from vllm import SamplingParams

@@ -53,13 +53,16 @@ def expansion_is_broken() -> bool:
 
 
 def rewinds_by_offset() -> bool:
-    """Whether vLLM's model runner rewinds a discarded sample's generator with ``set_offset``."""
+    """Whether vLLM's model runner rewinds a discarded sample's generator with ``set_offset``, in
+    the shape the correction is written for (0.32.0's: a ``discard_request_mask``)."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     try:
-        return "set_offset" in inspect.getsource(GPUModelRunner._bookkeeping_sync)
+        source = inspect.getsource(GPUModelRunner._bookkeeping_sync)
     except (AttributeError, OSError, TypeError):
         return False
+    # the correction reads the discarded rows where this runner keeps them
+    return "set_offset" in source and "discard_request_mask" in source and hasattr(GPUModelRunner, "_sample")
 
 
 def _fix_expansion() -> None:

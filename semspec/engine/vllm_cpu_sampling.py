@@ -66,8 +66,10 @@ def apply() -> bool:
     from vllm.v1.sample import rejection_sampler
     from vllm.v1.sample.ops import topk_topp_sampler
 
-    if _applied or not current_platform.is_cpu() or topk_topp_sampler.HAS_TRITON:
-        return _applied
+    shaped = all(hasattr(module, name) for module, name in (
+        (topk_topp_sampler, "apply_top_k_top_p_pytorch"), (rejection_sampler, "sample_recovered_tokens")))
+    if _applied or not current_platform.is_cpu() or getattr(topk_topp_sampler, "HAS_TRITON", True) or not shaped:
+        return _applied  # a GPU build, or a vLLM whose sampler is not the one this was written for
     sorting = topk_topp_sampler.apply_top_k_top_p_pytorch
     recovering = rejection_sampler.sample_recovered_tokens
 
@@ -100,8 +102,9 @@ def _skip_unasked_logprobs() -> None:
 
     @functools.wraps(forward)
     def sampler_forward(self, logits, sampling_metadata, *args, **kwargs):
-        asked = sampling_metadata.max_num_logprobs is not None or sampling_metadata.logprob_token_ids
-        if asked or not str(self.logprobs_mode).startswith("processed"):
+        asked = sampling_metadata.max_num_logprobs is not None or getattr(sampling_metadata, "logprob_token_ids", None)
+        if asked or not str(self.logprobs_mode).startswith("processed") \
+                or not hasattr(self.topk_topp_sampler, "logprobs_mode"):
             return forward(self, logits, sampling_metadata, *args, **kwargs)
         inner = self.topk_topp_sampler
         modes = self.logprobs_mode, inner.logprobs_mode

@@ -68,21 +68,3 @@ def test_measured_costs_decide_once_each_is_known():
     assert g.break_even() == pytest.approx((20 * 0.012 / 0.03 + 0.05 / 0.03) / 20)
     write.observe(0.3, 20)   # faster writing (0.0225 s a token over both calls) raises the bar
     assert g.break_even() == pytest.approx((20 * 0.012 / 0.0225 + 0.05 / 0.0225) / 20)
-
-
-def test_a_new_sequence_starts_from_the_engines_acceptance():
-    """Kept or not, every sequence's verifications feed the engine's rate; a sequence started
-    where drafting has not paid starts backed off, where it has, drafting."""
-    from semspec.adaptive import LiveCosts, Meter, Rate
-
-    live = LiveCosts(Meter(), Meter(), Meter(), Rate())
-    first = Governor(draft_cost=0.16, verify_cost_per_token=0.066, step_tokens=20, live=live)
-    assert first.acceptance == 0.5 and first.should_speculate()  # nothing known yet
-    for _ in range(3):
-        first.observe_verification(False)
-    assert live.kept.value == 0.0 and live.kept.count == 3
-    cautious = Governor(draft_cost=0.16, verify_cost_per_token=0.066, step_tokens=20, live=live)
-    assert cautious.acceptance == 0.0 and not cautious.should_speculate() and cautious.waiting == FIRST_BACKOFF - 1
-    for _ in range(30):
-        first.observe_verification(True)
-    assert Governor(draft_cost=0.16, verify_cost_per_token=0.066, step_tokens=20, live=live).should_speculate()

@@ -47,6 +47,13 @@ def test_the_targets_rewrites_go_to_the_writer_and_stay_the_targets_own(engine):
     assert engine.writer.steps > before[0]
 
 
+def test_only_a_job_the_writer_wrote_for_names_its_draft(engine):
+    models = {m: engine.generate(PROMPTS[1], config(m, **kw)).models
+              for m, kw in (("ar", {}), ("semspec", {}), ("step_judge", {"token_speculation": False}))}
+    assert "token_draft" in models["semspec"]
+    assert "token_draft" not in models["ar"] and "token_draft" not in models["step_judge"]
+
+
 def test_a_job_can_leave_the_writer_out(engine):
     before = engine.writer.steps
     plain = texts(engine, config("semspec", token_speculation=False))
