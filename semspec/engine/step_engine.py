@@ -412,9 +412,9 @@ class VLLMStepEngine:
     def _served(self, call: Call, program: StepProgram) -> Served:
         """The engine that serves ``call``: the writer for a drafting method's own writing
         (when it has one and the job speculates tokens) while drafting would not pause for the
-        batch (token-level speculation loses beside other sequences on a CPU as drafting
-        does: token_sd made 0.93x ar at 4 in flight, docs/benchmarks.md), else the call's
-        model's."""
+        batch (token-level speculation loses beside other sequences on a CPU as drafting does:
+        token_sd made 0.88x and 0.45x ar at 4 and 32 in flight, T 0.6, docs/benchmarks.md),
+        else the call's model's."""
         if call.model != TARGET:
             return self.draft
         speculating = self._speculates(program.cfg) and call.phase == WRITE_PHASE

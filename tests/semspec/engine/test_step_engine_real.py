@@ -55,7 +55,10 @@ def test_the_embedded_defaults_load_and_decode(engine):
     assert engine.draft is not None and (engine.probes is not None) == embedded_probes_available()
     if engine.probes is None:
         pytest.skip("no probes shipped in this install")
-    assert set(engine.identities) == {"target", "draft", "target_probe", "draft_probe", "dtype", "engine"}
+    # the embedded head speculates tokens in the target's own writing (the writer)
+    assert set(engine.identities) == {"target", "draft", "target_probe", "draft_probe", "token_draft", "dtype",
+                                      "engine"}
+    assert engine.writer is not None and engine.identities["token_draft"].startswith("embedded:smollm2-135m-head@")
     r = engine.generate(QUESTIONS[0], GenerationConfig(method="semspec", max_new_tokens=16, step_delimiter="\n",
                                                       max_step_tokens=8, draft_max_batch=0))
     assert r.counters.generated_tokens == 16 and r.counters.steps_drafted > 0
