@@ -341,8 +341,8 @@ class VLLMStepEngine:
                         continue
                     try:
                         program = self.new_program(req.prompt, req.config or default, lambda: len(live))
-                    except ValueError as e:  # a bad prompt (PromptError) or config
-                        yield Finished(req.key, None, e)
+                    except Exception as e:  # noqa: BLE001 -- whatever one request raises (a bad prompt or
+                        yield Finished(req.key, None, e)  # config, a template that throws) fails it alone
                         continue
                     live[req.key] = _Live(req.key, program, program.program())
                     fresh.append(live[req.key])
@@ -393,7 +393,7 @@ class VLLMStepEngine:
             return Finished(item.key, None, e)
         try:
             self._submit(item, call)
-        except ValueError as e:  # vLLM refused the request (longer than its context, say)
+        except Exception as e:  # noqa: BLE001 -- vLLM refused the request (longer than its context, say)
             return Finished(item.key, None, e)
         return None
 

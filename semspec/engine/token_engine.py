@@ -286,8 +286,8 @@ class VLLMEngine:
                         continue
                     try:
                         self._add(req.key, req.prompt, req.config or default, running)
-                    except ValueError as e:  # a bad prompt (PromptError) or config
-                        yield Finished(req.key, None, e)
+                    except Exception as e:  # noqa: BLE001 -- whatever one request raises (a bad prompt or
+                        yield Finished(req.key, None, e)  # config, a template that throws) fails it alone
                 if not running:
                     if intake.exhausted:
                         return
@@ -299,7 +299,7 @@ class VLLMEngine:
                     self._take(run, out)
                     if out.finished:
                         del running[out.request_id]
-                        yield Finished(run.key, self._result(run, out.outputs[0]))
+                        yield self._finished(run, out.outputs[0])
         finally:  # the caller stopped early (or failed): free vLLM of what is left
             if running:
                 self.llm.abort_request(list(running))
@@ -325,8 +325,10 @@ class VLLMEngine:
         )
         request_id = str(self._next_id)
         self._next_id += 1
-        running[request_id] = _Running(key, config, len(ids), time.perf_counter())
+        t0 = time.perf_counter()
         self.llm.add_request(request_id, self.llm.renderer.render_cmpl([{"prompt_token_ids": ids}])[0], params)
+        # only once vLLM holds it: a request it refused would be waited for for ever
+        running[request_id] = _Running(key, config, len(ids), t0)
 
     @staticmethod
     def _take(run: _Running, out: Any) -> None:
@@ -334,6 +336,12 @@ class VLLMEngine:
         if new:
             run.ids.extend(new)
             run.arrivals.append((len(run.ids), time.perf_counter()))
+
+    def _finished(self, run: _Running, output: Any) -> Finished:
+        try:
+            return Finished(run.key, self._result(run, output))
+        except Exception as e:  # noqa: BLE001 -- a result that cannot be made fails its item alone
+            return Finished(run.key, None, e)
 
     def _result(self, run: _Running, output: Any) -> GenerationResult:
         """The result of a finished request (``output``: its last ``CompletionOutput``)."""

@@ -173,6 +173,27 @@ def test_a_bad_prompt_fails_alone(engine):
     assert errors[0] is not None and errors[1] is None
 
 
+def test_a_request_that_raises_anything_fails_alone_beside_other_jobs(engine, monkeypatch):
+    """Not only a bad prompt's ValueError: a template that throws a TypeError on one line fails
+    that item; another job's items in the same batch finish as if alone."""
+    from semspec.engine import step_engine
+
+    real = step_engine.prompt_ids
+
+    def prompt_ids(tokenizer, messages, *args):
+        if messages == "poison":
+            raise TypeError("the template choked")
+        return real(tokenizer, messages, *args)
+
+    monkeypatch.setattr(step_engine, "prompt_ids", prompt_ids)
+    poisoned = Request("poison", config("ar"), key="bad")
+    others = [Request("Say hi.", config("semspec"), key="a"), Request("Count to three.", config("ar"), key="b")]
+    done = {d.key: d for d in engine.generate_many([others[0], poisoned, others[1]], batch_size=3)}
+    assert isinstance(done["bad"].error, TypeError)
+    alone = {d.key: d for d in engine.generate_many(others, batch_size=1)}
+    assert {k: done[k].result.text for k in "ab"} == {k: alone[k].result.text for k in "ab"}
+
+
 def test_an_abort_ends_its_prompt_and_the_others_go_on(engine):
     from semspec.testing import aborting_source
 

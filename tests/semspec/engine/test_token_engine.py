@@ -121,6 +121,45 @@ def test_the_worker_batch_loop_feeds_it_as_slots_free(engine):
     assert [f.result().text for f in futures] == [alone[i].result.text for i in range(len(PROMPTS))]
 
 
+POISON = "a line whose chat template throws"
+
+
+@pytest.fixture
+def poisoned_rendering(monkeypatch):
+    """Rendering POISON raises a TypeError (not the ValueError of a bad prompt), as a template
+    or tokenizer that chokes on one line's contents would."""
+    from semspec.engine import token_engine
+
+    real = token_engine.prompt_ids
+
+    def prompt_ids(tokenizer, messages, *args):
+        if messages == POISON:
+            raise TypeError("the template choked")
+        return real(tokenizer, messages, *args)
+
+    monkeypatch.setattr(token_engine, "prompt_ids", prompt_ids)
+
+
+def test_a_request_that_raises_anything_fails_alone_in_a_batch_of_other_jobs(engine, poisoned_rendering):
+    """A poisoned line fails its own future; the other jobs' items, handed to the same batch
+    before and after it, decode as if it were not there."""
+    from semjobs.worker.batching import BatchLoop
+
+    jobs = [(PROMPTS[0], GREEDY), (POISON, GREEDY), (PROMPTS[1], SAMPLED), (PROMPTS[3], GREEDY)]
+    loop = BatchLoop(engine, batch_size=4)
+    futures = []
+    for prompt, config in jobs:
+        while not loop.try_reserve():
+            loop.wait(loop.version, 0.05)
+        futures.append(loop.submit(prompt, config))
+    done, _ = wait(futures, timeout=120)
+    assert len(done) == len(jobs)
+    assert isinstance(futures[1].exception(), TypeError)
+    for (prompt, config), future in zip(jobs, futures):
+        if future is not futures[1]:
+            assert future.result().text == _results(engine, [prompt], config)[0].result.text
+
+
 @pytest.fixture(scope="module")
 def tight_engine(engine, tiny_vllm_dir, tiny_cache):
     """The same model with a KV budget of 768 tokens: less than a third of what the batch
