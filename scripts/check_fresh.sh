@@ -8,6 +8,7 @@
 #      dir) and checks every item came out of every run,
 #   3. runs the tests that load the real embedded models: `pytest -m real_model` (they need
 #      Postgres on 127.0.0.1:5432 and Redis on 127.0.0.1:6379; a missing one fails),
+#   4. checks that requirements/cuda.lock (the GPU install) still resolves on PyPI,
 # then prints the versions that differ from the lock (package lock -> newest) and PASS/FAIL with
 # the time of each stage, after the tail of each failed stage's log. Exits 1 when a stage failed.
 # Run it before every stop; when it passes with new versions, `bash scripts/lock.sh` takes them.
@@ -134,7 +135,15 @@ for r in rows:
 EOF
 }
 
+# the GPU install's lock still resolves on PyPI (metadata only; no pip configuration of this
+# machine: its caps and local CPU wheels are not what a GPU box sees)
+cuda_lock_resolves() {
+    (cd "$REPO" && env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL PIP_CONFIG_FILE=/dev/null \
+        "$tmp/venv/bin/pip" install --dry-run --ignore-installed -c requirements/cuda.lock ".[vllm]")
+}
+
 if stage "install (newest versions)" "$tmp/logs/install.log" fresh_install; then
+    stage "requirements/cuda.lock resolves" "$tmp/logs/cuda_lock.log" cuda_lock_resolves
     DIFF=$(diff_lock) || DIFF="versions: could not compare with the lock"
     stage "README command 1 (semjobs run)" "$tmp/logs/run.log" readme_run
     stage "pytest -m real_model" "$tmp/logs/tests.log" real_model_tests
@@ -143,6 +152,7 @@ if stage "install (newest versions)" "$tmp/logs/install.log" fresh_install; then
     [ -z "$counts" ] || NOTES[${#NOTES[@]} - 1]="($counts)"
 else
     DIFF="versions: not compared (install failed)"
+    skip "requirements/cuda.lock resolves"
     skip "README command 1 (semjobs run)"
     skip "pytest -m real_model"
 fi
