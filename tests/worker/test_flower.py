@@ -4,9 +4,11 @@ running while it runs and as succeeded after."""
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import pytest
@@ -18,8 +20,15 @@ from tests.worker.test_celery_e2e import submit, wait_completed, write_input
 pytestmark = pytest.mark.slow
 
 
-def _get(port: int, path: str):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+AUTH = ("admin", "flower-test")
+
+
+def _get(port: int, path: str, auth: tuple[str, str] | None = AUTH):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+    if auth is not None:
+        token = base64.b64encode(":".join(auth).encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(request, timeout=5) as r:
         return json.loads(r.read())
 
 
@@ -27,11 +36,10 @@ def _get(port: int, path: str):
 def flower(service_env, tmp_path):
     port = free_port()
     log = open(tmp_path / "flower.log", "w")
-    # as the README starts it: the API answers only without auth when told so
+    # as the README starts it: on loopback, pages and API behind basic auth
     proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "semjobs.worker.celery:app", "flower",
-                             f"--port={port}", "--address=127.0.0.1"],
-                            env={**service_env, "FLOWER_UNAUTHENTICATED_API": "true"}, cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT)
+                             f"--port={port}", "--address=127.0.0.1", f"--basic-auth={':'.join(AUTH)}"],
+                            env=service_env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
     def up():
         try:
@@ -46,6 +54,12 @@ def flower(service_env, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=15)
+
+
+def test_flower_refuses_whoever_lacks_the_password(flower):
+    for auth in (None, ("admin", "guess")):
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            _get(flower, "/api/workers", auth)
 
 
 def test_flower_sees_the_worker_and_its_running_tasks(service_env, workers, pg_db, tmp_path, flower):
