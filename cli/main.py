@@ -31,7 +31,7 @@ class _Main(click.Group):
 
 
 def _bad_setting(error: dict) -> str:
-    """A settings error (an environment variable or .env line) as one sentence."""
+    """A settings error (an environment variable or a SEMJOBS_ENV_FILE line) as one sentence."""
     if not error["loc"]:  # a rule across settings
         return f"bad settings: {error['msg'].removeprefix('Value error, ')}"
     key = f"SEMJOBS_{str(error['loc'][0]).upper()}"

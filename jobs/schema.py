@@ -4,14 +4,20 @@
 `InputError` (line number, field, message) for each problem found. `validate_file` runs the
 whole file through it before anything is stored, keeping only the ids (for the duplicate
 check) and a running sha256 in memory.
+
+Whatever a line holds that would be stored is checked against what its column takes (lengths
+from `semjobs.db.models`, text without NUL or lone surrogates, finite numbers), so that a bad
+line is refused here, with its line and field, and never fails the insert of a whole job.
 """
 
 from __future__ import annotations
 
 import codecs
+import functools
 import hashlib
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -22,8 +28,17 @@ BATCH_URLS = ("/v1/chat/completions",)
 ROLES = ("system", "developer", "user", "assistant")
 # Per-item decoding parameters a line may carry; they override the job's settings.
 PARAM_TYPES = {"max_new_tokens": int, "temperature": float, "top_p": float, "seed": int}
-MAX_ID_CHARS = 512
 MAX_SAMPLES = 64  # samples per input (`n`): more is many jobs' worth of one prompt
+# Seeds reach torch's generator (vLLM seeds a request's own; it takes 0 to 2^64 - 1, and vLLM
+# reads -1 as "no seed"); kept to signed 64 bits so that every reader of the stored request
+# (a BIGINT, pandas, JSON readers of int64) reads the same number back.
+MAX_SEED = 2**63 - 1
+# Token counts are stored in INTEGER (32-bit) columns (item_stats); the engines cap
+# max_new_tokens at the context anyway.
+MAX_TOKENS = 2**31 - 1
+# Levels of nested objects and lists in a line: messages with content parts need 6; deeper
+# is no metadata but a way to make every reader of the stored request recurse.
+MAX_DEPTH = 32
 # Fields of a plain line that ask for something rather than being kept as its metadata.
 CONTROL_FIELDS = ("id", "prompt", "messages", "n", "chat_template_kwargs", *PARAM_TYPES)
 MAX_REPORTED_ERRORS = 50
@@ -59,6 +74,7 @@ class Record:
     n: int | None = None  # samples asked for by the line itself (else the job's)
     reference: str | None = None  # the answer to check outputs against, when the line has one
     chat_template_kwargs: dict[str, Any] | None = None
+    size: int = 0  # the line's bytes, which each of its samples stores again
 
     @property
     def key(self) -> str:
@@ -66,6 +82,13 @@ class Record:
 
     def samples(self, default: int) -> int:
         return self.n if self.n is not None else default
+
+    def field_name(self, part: str) -> str:
+        """The line's own name for ``part`` ("prompt": its prompt or messages, "n",
+        "chat_template_kwargs"): a Batch line holds them in its body."""
+        if part == "prompt" and self.prompt is None:
+            part = "messages"
+        return f"body.{part}" if self.format == OPENAI_BATCH else part
 
     def request(self) -> dict[str, Any]:
         """The normalised request stored in items.request (the same for each sample)."""
@@ -106,6 +129,70 @@ class _Bad(Exception):
         self.field, self.message = field, message
 
 
+@functools.cache
+def column_chars(model: str, column: str) -> int:
+    """The length of a VARCHAR column of ``semjobs.db.models`` (read there, not copied here;
+    imported on first use, as the CLI imports this module for every command)."""
+    from semjobs.db import models
+
+    return getattr(models, model).__table__.c[column].type.length
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored as text, or None: Postgres refuses NUL in text (and in
+    JSON read back as text), and a lone surrogate (JSON's "\\ud800") is no UTF-8 at all."""
+    if "\x00" in text:
+        return "holds U+0000 (NUL), which the database cannot store as text"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"holds a lone surrogate (U+{ord(text[e.start]):04X}), which is not valid Unicode text"
+    return None
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a job's name (the jobs.name column), or None."""
+    limit = column_chars("Job", "name")
+    if len(name) > limit:
+        return f"longer than {limit} characters"
+    return text_problem(name)
+
+
+def _check_storable(value: Any, depth: int = 0) -> None:
+    """Refuse the first value of a parsed line that the database would refuse or could not
+    read back: text with NUL or lone surrogates (values and keys), NaN and Infinity (Python
+    reads them, Postgres' JSON does not), nesting deeper than MAX_DEPTH. The field's name is
+    put together on the way out, so that a good line pays for none."""
+    if isinstance(value, str):
+        problem = text_problem(value)
+        if problem:
+            raise _Bad("", problem)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise _Bad("", f"{value} is not a number JSON can store")
+    elif isinstance(value, (dict, list)):
+        if depth >= MAX_DEPTH:
+            raise _Bad("", f"nested deeper than {MAX_DEPTH} levels")
+        for key, child in value.items() if isinstance(value, dict) else enumerate(value):
+            try:
+                problem = text_problem(key) if isinstance(key, str) else None
+                if problem:
+                    raise _Bad("", f"the key {problem}")
+                _check_storable(child, depth + 1)
+            except _Bad as e:
+                e.field = _field_path(key, e.field)
+                raise
+
+
+def _field_path(key: str | int, inner: str) -> str:
+    """``inner`` (a field's name within the value at ``key``) named from the parent: "k.inner",
+    "k[1]"."""
+    if isinstance(key, int):
+        outer = f"[{key}]"
+    else:  # a key that cannot be printed (or stored) is named by repr's escapes
+        outer = key if text_problem(key) is None else repr(key)[1:-1]
+    return outer + (inner if not inner or inner.startswith("[") else "." + inner)
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -117,14 +204,13 @@ def _is_number(v: Any) -> bool:
 def _check_id(value: Any, name: str) -> str | int:
     if value is None:
         raise _Bad(name, "missing")
-    if _is_int(value):
-        return value
-    if not isinstance(value, str):
+    if not _is_int(value) and not isinstance(value, str):
         raise _Bad(name, f"must be a string or an integer, got {type(value).__name__}")
-    if not value.strip():
+    if isinstance(value, str) and not value.strip():
         raise _Bad(name, "must not be empty")
-    if len(value) > MAX_ID_CHARS:
-        raise _Bad(name, f"longer than {MAX_ID_CHARS} characters")
+    limit = column_chars("Item", "item_id")  # stored as text: an integer by its digits
+    if len(str(value)) > limit:
+        raise _Bad(name, f"longer than {limit} characters")
     return value
 
 
@@ -166,8 +252,11 @@ def _check_param(obj: dict, key: str, name: str, kind: type) -> Any:
     if kind is int:
         if not _is_int(value):
             raise _Bad(name, f"must be an integer, got {type(value).__name__}")
-        if key != "seed" and value <= 0:
-            raise _Bad(name, "must be positive")
+        low, high = (0, MAX_SEED) if key == "seed" else (1, MAX_TOKENS)
+        if value < low:
+            raise _Bad(name, "must not be negative" if key == "seed" else "must be positive")
+        if value > high:
+            raise _Bad(name, f"must be at most {high}")
         return value
     if not _is_number(value):
         raise _Bad(name, f"must be a number, got {type(value).__name__}")
@@ -187,8 +276,15 @@ def _check_n(value: Any, name: str) -> int:
 
 
 def _check_template_kwargs(value: Any, name: str) -> dict[str, Any]:
+    """The allow-list lives with the engines' rendering (semspec.prompts), which checks it too."""
+    from semspec.prompts import TemplateKwargsError, check_template_kwargs
+
     if not isinstance(value, dict):
         raise _Bad(name, f"must be an object, got {type(value).__name__}")
+    try:
+        check_template_kwargs(value)
+    except TemplateKwargsError as e:
+        raise _Bad(f"{name}.{e.key}", e.reason) from None
     return value
 
 
@@ -286,11 +382,16 @@ def parse_line(raw: bytes, line: int) -> Record:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise _Bad(None, f"malformed JSON: {e.msg} (column {e.colno})") from None
+    except RecursionError:
+        raise _Bad(None, f"nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError:  # Python's guard against quadratic int parsing
+        raise _Bad(None, f"a number of more than {sys.get_int_max_str_digits()} digits") from None
     if not isinstance(obj, dict):
         raise _Bad(None, f"each line must be a JSON object, got {type(obj).__name__}")
-    if "custom_id" in obj or "body" in obj:
-        return _parse_batch(obj, line)
-    return _parse_plain(obj, line)
+    _check_storable(obj)
+    rec = _parse_batch(obj, line) if "custom_id" in obj or "body" in obj else _parse_plain(obj, line)
+    rec.size = len(raw.rstrip(b"\r\n"))
+    return rec
 
 
 def iter_lines(path: Path, max_line_bytes: int, hasher=None) -> Iterator[tuple[int, bytes | None]]:
@@ -323,7 +424,8 @@ def iter_lines(path: Path, max_line_bytes: int, hasher=None) -> Iterator[tuple[i
 def iter_records(path: Path, max_line_bytes: int, hasher=None) -> Iterator[Record | InputError]:
     for lineno, raw in iter_lines(path, max_line_bytes, hasher):
         if raw is None:
-            yield InputError(lineno, None, f"line longer than {max_line_bytes} bytes")
+            yield InputError(lineno, None, f"line longer than {max_line_bytes} bytes "
+                             "(SEMJOBS_MAX_LINE_BYTES raises the limit)")
             continue
         try:
             yield parse_line(raw, lineno)
@@ -331,19 +433,39 @@ def iter_records(path: Path, max_line_bytes: int, hasher=None) -> Iterator[Recor
             yield InputError(lineno, e.field, e.message)
 
 
+def _file_problem(path: Path, max_bytes: int | None) -> str | None:
+    """Why the file cannot be a job before a line is read: over ``max_bytes``, or a path the
+    job's manifest cannot store (a file name of bytes that are no UTF-8)."""
+    size = path.stat().st_size
+    if max_bytes is not None and size > max_bytes:
+        return (f"the file is {size} bytes, more than the limit of {max_bytes} bytes per job "
+                "(SEMJOBS_MAX_JOB_BYTES raises it)")
+    problem = text_problem(str(path.resolve()))
+    return f"its path {problem}" if problem else None
+
+
 def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
-                  fits: Callable[[Any, dict | None], str | None] | None = None) -> Validation:
+                  fits: Callable[[Any, dict | None], tuple[str, str] | None] | None = None, *,
+                  max_items: int | None = None, max_bytes: int | None = None) -> Validation:
     """Check the whole file without storing anything: every problem, with line and field.
     ``samples``: the job's samples per input, for lines that do not say. ``fits(prompt,
-    template_kwargs)``: the problem with a prompt's length, or None (semjobs.jobs.context)."""
+    template_kwargs)``: the part at fault ("prompt" or "chat_template_kwargs") and the
+    problem when the target's chat template cannot render it or it overflows the context,
+    else None (semjobs.jobs.context). ``max_items``: items (inputs x samples) a job may hold;
+    ``max_bytes``: the bytes a job may store, each line once per sample (a file larger than
+    that is refused before a line is read)."""
     path = Path(path)
+    problem = _file_problem(path, max_bytes)
+    if problem:
+        return Validation(path, None, 0, "", [InputError(0, None, problem)], 1)
     n_samples = 0
     hasher = hashlib.sha256()
     seen: dict[str, int] = {}
     errors: list[InputError] = []
     n_errors = 0
     fmt: str | None = None
-    n = 0
+    n = stored_bytes = 0
+    too_many = too_big = False
 
     def err(e: InputError) -> None:
         nonlocal n_errors
@@ -367,14 +489,25 @@ def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
             err(InputError(rec.line, name, f"duplicate id {key!r} (first on line {seen[key]})"))
             continue
         seen[key] = rec.line
-        too_long = fits(rec.prompt if rec.prompt is not None else rec.messages,
-                        rec.chat_template_kwargs) if fits else None
-        if too_long:
-            field = "prompt" if rec.prompt is not None else ("body.messages" if rec.format == OPENAI_BATCH else "messages")
-            err(InputError(rec.line, field, too_long))
+        problem = fits(rec.prompt if rec.prompt is not None else rec.messages,
+                       rec.chat_template_kwargs) if fits else None
+        if problem:
+            part, message = problem
+            err(InputError(rec.line, rec.field_name(part), message))
             continue
         n += 1
         n_samples += rec.samples(samples)
+        stored_bytes += rec.size * rec.samples(samples)
+        if max_bytes is not None and stored_bytes > max_bytes and not too_big:
+            too_big = True  # said once, at the line that crosses the limit
+            err(InputError(rec.line, rec.field_name("n") if rec.n is not None else None,
+                           f"the job would store more than {max_bytes} bytes (each line once per "
+                           "sample; SEMJOBS_MAX_JOB_BYTES raises the limit)"))
+        if max_items is not None and n_samples > max_items and not too_many:
+            too_many = True  # said once, at the line that crosses the limit
+            err(InputError(rec.line, rec.field_name("n") if rec.n is not None else None,
+                           f"the job would hold more than {max_items} items (inputs x samples; "
+                           "SEMJOBS_MAX_JOB_ITEMS raises the limit)"))
     if n == 0 and n_errors == 0:
         err(InputError(0, None, "the file holds no items"))
     return Validation(path, fmt, n, hasher.hexdigest(), errors, n_errors, n_samples)

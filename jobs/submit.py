@@ -18,7 +18,8 @@ from semspec.types import METHODS, NGRAM_DRAFT, GenerationConfig
 
 from semjobs.db import repo
 from semjobs.db.session import session_factory
-from semjobs.jobs.schema import InputError, Record, Validation, iter_records, validate_file
+from semjobs.jobs.schema import (InputError, Record, Validation, column_chars, iter_records, name_problem,
+                                 validate_file)
 
 
 class InvalidInput(Exception):
@@ -125,7 +126,8 @@ def validate(path: str | Path, samples: int = 1) -> Validation:
     from semjobs.jobs.context import ContextCheck
 
     check = ContextCheck(settings.target_model, settings.cache_dir) if settings.check_prompt_lengths else None
-    validation = validate_file(path, settings.max_line_bytes, samples, fits=check)
+    validation = validate_file(path, settings.max_line_bytes, samples, fits=check,
+                               max_items=settings.max_job_items, max_bytes=settings.max_job_bytes)
     validation.context_unchecked = check.unavailable if check is not None else None
     return validation
 
@@ -178,8 +180,12 @@ def store_job(
 ) -> tuple[str, int]:
     """Validate `path` completely (unless `validation` of it is given), then store job +
     items: `samples` per input (a line's own `n` wins). Raises InvalidInput (and writes
-    nothing) when any line is bad. Returns (job id, number of items)."""
+    nothing) when any line is bad, ValueError when ``name`` cannot be stored. Returns (job id,
+    number of items)."""
     path = Path(path)
+    problem = name_problem(name) if name is not None else None
+    if problem:
+        raise ValueError(f"job name {problem}")
     if validation is None:
         validation = validate(path, samples)
     if not validation.ok:
@@ -189,7 +195,7 @@ def store_job(
         n = repo.create_job(
             session,
             job_id=job_id,
-            name=name or path.name,
+            name=name or path.name[:column_chars("Job", "name")],  # the full path is in the manifest
             method=config["method"],
             input_format=validation.format,
             queue=queue,

@@ -7,6 +7,7 @@ service passes plain values into the engine.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -14,8 +15,14 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+# A file of SEMJOBS_* lines is read only when named: a `.env` that happens to sit in the
+# working directory (a shared folder, a cloned repository) must not point the service at
+# another database or make it import code (engine_factory).
+ENV_FILE = os.environ.get("SEMJOBS_ENV_FILE") or None
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SEMJOBS_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="SEMJOBS_", env_file=ENV_FILE, extra="ignore")
 
     # Storage: Postgres in production; the embedded mode (`semjobs run`) uses SQLite.
     database_url: str = "postgresql+psycopg://postgres@127.0.0.1:5432/semjobs"
@@ -63,7 +70,7 @@ class Settings(BaseSettings):
     # semspec, step_judge and token_sd draft only while at most this many sequences are in flight
     # (GenerationConfig.draft_max_batch); None: the engine's choice (1 on a CPU), 0: always.
     draft_max_batch: int | None = Field(default=None, ge=0)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)  # a line's seed takes the same (jobs.schema.MAX_SEED)
 
     # Embedded mode (`semjobs run`): no servers, one SQLite file.
     embedded_database_url: str = "sqlite:///semjobs.sqlite"
@@ -92,15 +99,34 @@ class Settings(BaseSettings):
     # `semjobs status` calls an active job stalled, and says why, when no item has finished
     # for this long (or for five times its mean time between finishes, if longer).
     stall_after_s: float = Field(default=120.0, gt=0)
+    # What a worker acts on (stall_after_s only reports): an engine that holds items but has
+    # not turned (asked for work, handed back a result) for progress_timeout_s is hung; the
+    # item it hung on fails with that reason, the worker hands back the rest and stops
+    # (semjobs.worker.batching). A job left pending (stored, never enqueued: its submit died
+    # or met a broker that was down) is enqueued by a worker's orphan scan once seen so for
+    # pending_grace_s, so a submit that is still enqueueing is not raced (semjobs.worker.orphans).
+    progress_timeout_s: float = Field(default=600.0, gt=0)
+    pending_grace_s: float = Field(default=60.0, ge=0)
     # A running chunk retries its commits through a database outage this long (semjobs.db.retry),
     # holding finished results in memory; past it the chunk ends and its task retries.
     database_retry_s: float = Field(default=300.0, ge=0)
 
     # Input limits and bulk-insert batch size for `submit`. check_prompt_lengths: refuse at
     # submit a prompt longer than the target's context (its tokenizer tells; semjobs.jobs.context).
-    max_line_bytes: int = 1_000_000
+    # The limits keep one job from filling the database and the broker that every job shares
+    # (each sample stores its input's request: a 1 MB line with n 64 stores 64 MB); a job over
+    # one is refused whole at validation, naming the limit. Raise them per deployment.
+    max_line_bytes: int = Field(default=1_000_000, ge=1)  # one input line
+    max_job_items: int = Field(default=1_000_000, ge=1)  # items of a job: inputs x samples
+    max_job_bytes: int = Field(default=1 << 30, ge=1)  # what a job stores: its lines' bytes x samples
     check_prompt_lengths: bool = True
     insert_batch_size: int = 2000
+
+    @model_validator(mode="after")
+    def _env_file_exists(self) -> Settings:
+        if ENV_FILE is not None and not Path(ENV_FILE).is_file():  # pydantic skips a missing one silently
+            raise ValueError(f"SEMJOBS_ENV_FILE names {ENV_FILE}, which is not a file")
+        return self
 
     @model_validator(mode="after")
     def _dead_after_spans_beats(self) -> Settings:

@@ -15,6 +15,34 @@ class MethodUnavailable(ValueError):
     """The method needs a model or probes the engine was not given."""
 
 
+# The chat template variables a request may set (its ``chat_template_kwargs``): the switches
+# reasoning models' templates read (Qwen3's ``enable_thinking``, DeepSeek-V3.1's ``thinking``,
+# gpt-oss's ``reasoning_effort``), each a scalar. Any other key reaches
+# ``apply_chat_template`` as an argument of its own: ``tokenize`` breaks decoding, ``chat_template``
+# runs the submitter's own Jinja, ``add_generation_prompt`` is the engine's to set (``render_prompt``).
+TEMPLATE_KWARGS = ("enable_thinking", "thinking", "reasoning_effort")
+TEMPLATE_VALUE_TYPES = (str, int, float, bool, type(None))
+
+
+class TemplateKwargsError(ValueError):
+    """A chat_template_kwargs key outside ``TEMPLATE_KWARGS``, or a value that is not a scalar."""
+
+    def __init__(self, key: str, message: str):
+        # repr's escapes: a key read back from an older row may hold what no error column takes
+        super().__init__(f"chat_template_kwargs.{repr(key)[1:-1]}: {message}")
+        self.key, self.reason = key, message
+
+
+def check_template_kwargs(kwargs: dict) -> None:
+    """Raise TemplateKwargsError at the first key a request may not pass to the chat template.
+    The validator calls it at submit, the engines again before each render."""
+    for key, value in kwargs.items():
+        if key not in TEMPLATE_KWARGS:
+            raise TemplateKwargsError(key, f"not allowed (the chat template takes {', '.join(TEMPLATE_KWARGS)})")
+        if not isinstance(value, TEMPLATE_VALUE_TYPES):
+            raise TemplateKwargsError(key, f"must be a string, number, boolean or null, got {type(value).__name__}")
+
+
 def render_prompt(tokenizer, messages: list[dict] | str, add_generation_prompt: bool = True,
                   template_kwargs: dict | None = None) -> str:
     """The prompt text for ``messages`` (a string is one user message), through the
@@ -24,6 +52,7 @@ def render_prompt(tokenizer, messages: list[dict] | str, add_generation_prompt: 
         messages = [{"role": "user", "content": messages}]
     if not messages or not any(str(m.get("content") or "").strip() for m in messages):
         raise ValueError("empty prompt: no message has any content")
+    check_template_kwargs(template_kwargs or {})
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                              **(template_kwargs or {}))

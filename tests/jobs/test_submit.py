@@ -28,6 +28,15 @@ BAD_FILES = {
     "over_long": ['{"id": 1, "prompt": "ok"}', json.dumps({"id": 2, "prompt": "x" * 3000})],
     # about 9,000 tokens for SmolLM2, whose context is 8,192 (the embedded target's tokenizer tells)
     "beyond_context": ['{"id": 1, "prompt": "ok"}', json.dumps({"id": 2, "prompt": " ".join(["apple"] * 9000)})],
+    # issue 46: each of these passed validation and failed the insert or the decode
+    "id_of_600_digits": ['{"id": 1, "prompt": "ok"}', '{"id": %s, "prompt": "x"}' % ("9" * 600)],
+    "nul_in_id": ['{"id": 1, "prompt": "ok"}', json.dumps({"id": "a\u0000", "prompt": "x"})],
+    "nul_in_prompt": ['{"id": 1, "prompt": "ok"}', json.dumps({"id": 2, "prompt": "x\u0000"})],
+    "surrogate_in_meta": ['{"id": 1, "prompt": "ok"}', '{"id": 2, "prompt": "x", "note": "\\ud800"}'],
+    "nan_in_meta": ['{"id": 1, "prompt": "ok"}', '{"id": 2, "prompt": "x", "score": NaN}'],
+    "seed_of_2_64": ['{"id": 1, "prompt": "ok"}', json.dumps({"id": 2, "prompt": "x", "seed": 2**64})],
+    "template_tokenize": ['{"id": 1, "prompt": "ok"}',
+                          json.dumps({"id": 2, "prompt": "x", "chat_template_kwargs": {"tokenize": True}})],
 }
 
 
@@ -116,15 +125,80 @@ def test_a_prompt_beyond_the_context_is_named_and_a_long_one_that_fits_passes(tm
 
 
 @pytest.mark.real_model
-def test_a_template_that_cannot_render_a_long_prompt_is_a_bad_line_not_a_crash(tmp_path):
+def test_the_real_template_renders_every_allowed_kwargs_set_and_tokenize_never_reaches_it(tmp_path):
     from semjobs.jobs.context import ContextCheck
     from semjobs.jobs.schema import validate_file
 
     p = tmp_path / "kw.jsonl"
-    line = {"id": "a", "prompt": " ".join(["apple"] * 300), "chat_template_kwargs": {"tokenize": True}}
-    p.write_text(json.dumps(line) + "\n")
-    v = validate_file(p, 1_000_000, fits=ContextCheck(None, None))
-    assert not v.ok and v.errors[0].field == "prompt" and "chat template cannot render" in v.errors[0].message
+    lines = [{"id": "a", "prompt": "q", "chat_template_kwargs": {"enable_thinking": False}},
+             {"id": "b", "prompt": "q", "chat_template_kwargs": {"reasoning_effort": "high", "thinking": None}},
+             {"id": "c", "prompt": " ".join(["apple"] * 300), "chat_template_kwargs": {"tokenize": True}}]
+    p.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    check = ContextCheck(None, None)
+    v = validate_file(p, 1_000_000, fits=check)
+    assert v.n_items == 2 and [(e.line, e.field) for e in v.errors] == [(3, "chat_template_kwargs.tokenize")]
+    assert check.unavailable is None and check.max_context == 8192  # the two sets were rendered
+
+
+class RefusingTemplate:
+    """A target tokenizer whose chat template refuses a reasoning_effort it does not know and
+    any prompt holding "BAD"; counts its renders."""
+
+    chat_template = "..."
+
+    def __init__(self):
+        self.renders = 0
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt, **kwargs):
+        self.renders += 1
+        text = " ".join(m["content"] for m in messages)
+        if kwargs.get("reasoning_effort") not in (None, "low", "high") or "BAD" in text:
+            raise ValueError("the template raised")  # as a Jinja raise_exception does
+        return text
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": text.split()}
+
+
+@pytest.fixture
+def refusing_target(monkeypatch):
+    """ContextCheck's target: RefusingTemplate, context 1000 tokens; counts tokenizer loads."""
+    from semspec.models import specs
+
+    tok, loads = RefusingTemplate(), []
+    monkeypatch.setattr(specs, "load_tokenizer", lambda spec, cache: loads.append(spec) or (tok, 1000))
+    return tok, loads
+
+
+def test_every_distinct_kwargs_set_is_rendered_at_submit_once(refusing_target, tmp_path):
+    from semjobs.jobs.context import ContextCheck
+    from semjobs.jobs.schema import validate_file
+    from tests.jobs.test_schema import batch_line, write
+
+    tok, loads = refusing_target
+    p = write(tmp_path, [{"id": 1, "prompt": "short, no kwargs: never rendered"},
+                         {"id": 2, "prompt": "q", "chat_template_kwargs": {"reasoning_effort": "low"}},
+                         {"id": 3, "prompt": "q", "chat_template_kwargs": {"reasoning_effort": "low"}},
+                         {"id": 4, "prompt": "q", "chat_template_kwargs": {"reasoning_effort": "maximal"}},
+                         {"id": 5, "prompt": "BAD", "chat_template_kwargs": {"reasoning_effort": "high"}}])
+    v = validate_file(p, 10_000, fits=ContextCheck("target", None))
+    assert [(e.line, e.field) for e in v.errors] == [(4, "chat_template_kwargs"), (5, "prompt")]
+    assert "cannot render the prompt with it: ValueError: the template raised" in v.errors[0].message
+    assert loads == ["target"] and tok.renders == 1 + 2 + 2  # "low" once; each refusal tried again bare
+    p = write(tmp_path, [batch_line("a", chat_template_kwargs={"reasoning_effort": "maximal"})], "batch.jsonl")
+    v = validate_file(p, 10_000, fits=ContextCheck("target", None))
+    assert [(e.line, e.field) for e in v.errors] == [(1, "body.chat_template_kwargs")]
+
+
+def test_a_file_of_short_prompts_without_kwargs_loads_no_tokenizer(refusing_target, tmp_path):
+    from semjobs.jobs.context import ContextCheck
+    from semjobs.jobs.schema import validate_file
+    from tests.jobs.test_schema import write
+
+    tok, loads = refusing_target
+    p = write(tmp_path, [{"id": i, "prompt": "BAD but short", "chat_template_kwargs": {}} for i in range(3)])
+    assert validate_file(p, 10_000, fits=ContextCheck("target", None)).ok
+    assert loads == [] and tok.renders == 0
 
 
 def _probes_cut_in_half(dest):
@@ -198,6 +272,9 @@ def test_run_with_files_that_cannot_load_stores_nothing(setting, make, words, sq
     (["--n", "65"], "--n"),
     (["--n", "4"], "greedy"),
     (["--method", "magic"], "unknown method"),
+    (["--seed", "-1"], "--seed"),
+    (["--seed", str(2**64)], "--seed"),
+    (["--name", "n" * 201], "--name"),
 ])
 def test_submit_refuses_bad_options_before_storing(options, words, pg_db, tmp_path, monkeypatch):
     from semjobs.settings import settings
@@ -242,6 +319,8 @@ def test_ngram_is_a_draft_without_files(monkeypatch):
     ({"SEMJOBS_MAX_NEW_TOKENS": "0"}, "bad setting SEMJOBS_MAX_NEW_TOKENS='0': input should be greater than 0"),
     ({"SEMJOBS_HEARTBEAT_INTERVAL_S": "soon"}, "bad setting SEMJOBS_HEARTBEAT_INTERVAL_S='soon'"),
     ({"SEMJOBS_WORKER_DEAD_AFTER_S": "1"}, "worker_dead_after_s must be at least 2 x heartbeat_interval_s"),
+    ({"SEMJOBS_SEED": "-1"}, "bad setting SEMJOBS_SEED='-1': input should be greater than or equal to 0"),
+    ({"SEMJOBS_MAX_JOB_ITEMS": "0"}, "bad setting SEMJOBS_MAX_JOB_ITEMS='0'"),
 ])
 def test_a_bad_setting_is_one_line_not_a_traceback(env, words, tmp_path):
     import os
@@ -252,3 +331,101 @@ def test_a_bad_setting_is_one_line_not_a_traceback(env, words, tmp_path):
     p.write_text('{"id": 1, "prompt": "ok"}\n')
     res = run_cli(["submit", str(p)], {**os.environ, "PYTHONPATH": str(ROOT), **env}, check=False)
     assert res.returncode == 1 and words in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def _insert_unchecked(url, item_id, request):
+    """Store one item the way store_job does, without the validator in front."""
+    from semjobs.db import repo
+
+    with session_factory(url)() as s:
+        repo.create_job(s, job_id="unchecked", name="unchecked", method="ar", input_format="plain", queue="q",
+                        config={}, manifest={}, items=[{"seq": 0, "line": 1, "item_id": item_id, "sample": 0,
+                                                        "request": request}])
+        s.commit()
+
+
+@pytest.mark.parametrize("line, field", [
+    ('{"id": %s, "prompt": "x"}' % ("9" * 600), "id"),
+    ('{"id": "a\\u0000b", "prompt": "x"}', "id"),
+    ('{"id": "a\\ud800", "prompt": "x"}', "id"),
+    ('{"id": "a", "prompt": "x", "score": NaN}', "score"),
+], ids=["id_of_600_digits", "nul_in_id", "surrogate_in_id", "nan_in_meta"])
+def test_postgres_refuses_at_insert_what_the_validator_now_refuses(line, field, pg_db, tmp_path):
+    """Before issue 46 these passed validation and failed the job's insert on Postgres."""
+    import psycopg
+
+    from semjobs.jobs.schema import validate_file
+
+    obj = json.loads(line)
+    with pytest.raises((psycopg.DataError, UnicodeEncodeError)):  # a lone surrogate fails to encode
+        _insert_unchecked(pg_db, str(obj["id"]), obj)
+    assert rows(pg_db) == (0, 0)
+    p = tmp_path / "in.jsonl"
+    p.write_text(line + "\n")
+    assert [(err.line, err.field) for err in validate_file(p, 10_000).errors] == [(1, field)]
+
+
+def test_a_seed_of_2_64_was_stored_and_failed_at_decode_now_it_is_refused(pg_db, tmp_path):
+    """Postgres' JSON takes any integer; torch's generator, which vLLM seeds a request's
+    sampling with, takes 0 to 2^64 - 1 (and vLLM reads -1 as "no seed")."""
+    torch = pytest.importorskip("torch")
+    from semjobs.jobs.schema import MAX_SEED, validate_file
+
+    _insert_unchecked(pg_db, "a", {"id": "a", "prompt": "x", "params": {"seed": 2**64}})
+    assert rows(pg_db) == (1, 1)
+    with pytest.raises((RuntimeError, ValueError), match="Overflow"):
+        torch.Generator().manual_seed(2**64)
+    torch.Generator().manual_seed(MAX_SEED)
+    p = tmp_path / "in.jsonl"
+    p.write_text(json.dumps({"id": 1, "prompt": "x", "seed": 2**64}) + "\n")
+    assert [(e.line, e.field) for e in validate_file(p, 10_000).errors] == [(1, "seed")]
+
+
+def test_odd_but_valid_lines_are_stored_as_given(db_url, tmp_path, monkeypatch):
+    from semjobs.settings import settings
+    from tests.jobs.test_schema import ODD_BUT_VALID, write
+
+    monkeypatch.setattr(settings, "check_prompt_lengths", False)  # the rendering has tests of its own
+    p = write(tmp_path, ODD_BUT_VALID)
+    job_id, n = store_job(p, job_config("ar", 8), queue="q", url=db_url)
+    assert n == len(ODD_BUT_VALID) + 63  # one line asks for 64 samples
+    with session_factory(db_url)() as s:
+        items = s.scalars(select(Item).where(Item.job_id == job_id, Item.sample == 0).order_by(Item.seq)).all()
+    assert [i.item_id for i in items] == [str(line["id"]) for line in ODD_BUT_VALID]
+    assert [i.request["id"] for i in items] == [line["id"] for line in ODD_BUT_VALID]
+    assert items[0].request["prompt"] == ODD_BUT_VALID[0]["prompt"]
+    assert items[5].request["prompt"] == ODD_BUT_VALID[5]["prompt"]
+    assert items[9].request["params"]["seed"] == 2**63 - 1
+
+
+def test_a_job_name_is_checked_against_its_column(db_url, tmp_path, monkeypatch):
+    from semjobs.settings import settings
+
+    monkeypatch.setattr(settings, "check_prompt_lengths", False)
+    p = tmp_path / ("f" * 210 + ".jsonl")  # a file name longer than the column: the default name is cut
+    p.write_text('{"id": 1, "prompt": "ok"}\n')
+    with pytest.raises(ValueError, match="job name longer than 200 characters"):
+        store_job(p, job_config("ar", 8), queue="q", url=db_url, name="n" * 201)
+    assert rows(db_url) == (0, 0)
+    named, _ = store_job(p, job_config("ar", 8), queue="q", url=db_url, name="名" * 200)
+    default, _ = store_job(p, job_config("ar", 8), queue="q", url=db_url)
+    with session_factory(db_url)() as s:
+        assert s.get(Job, named).name == "名" * 200 and s.get(Job, default).name == "f" * 200
+
+
+@pytest.mark.parametrize("setting, value, words", [
+    ("max_job_items", 3, "more than 3 items (inputs x samples; SEMJOBS_MAX_JOB_ITEMS raises the limit)"),
+    ("max_job_bytes", 40, "more than the limit of 40 bytes per job (SEMJOBS_MAX_JOB_BYTES raises it)"),
+    ("max_line_bytes", 30, "line longer than 30 bytes (SEMJOBS_MAX_LINE_BYTES raises the limit)"),
+])
+def test_submit_over_a_limit_stores_nothing(setting, value, words, pg_db, tmp_path, monkeypatch):
+    from semjobs.settings import settings
+
+    monkeypatch.setattr(settings, "database_url", pg_db)
+    monkeypatch.setattr(settings, "redis_url", "redis://127.0.0.1:1/0")  # never reached
+    monkeypatch.setattr(settings, setting, value)
+    p = tmp_path / "in.jsonl"
+    p.write_text('{"id": 1, "prompt": "ok"}\n{"id": 2, "prompt": "a longer one"}\n')
+    res = CliRunner().invoke(main, ["submit", str(p), "--n", "2", "--temperature", "0.6"])
+    assert res.exit_code == 2 and words in res.output and "nothing was stored" in res.output, res.output
+    assert rows(pg_db) == (0, 0)
