@@ -10,17 +10,34 @@ import time
 import click
 
 from semjobs.jobs.export_fields import FORMATS, ONLY
-from semjobs.jobs.schema import MAX_SAMPLES
+from semjobs.jobs.schema import MAX_SAMPLES, MAX_SEED, name_problem
 
 EXIT_INVALID_INPUT = 2
+EXIT_SOME_FAILED = 3  # `run`: some items failed or were cancelled, the rest done
+EXIT_NONE_DONE = 4  # `run`: not one item done
+
+
+def force_option(f):
+    return click.option("--force", is_flag=True,
+                        help="Replace existing output files (a symlink is replaced, not written "
+                        "through; the job's input file never).")(f)
+
+
+def _storable_name(ctx, param, value: str | None) -> str | None:
+    """--name as jobs.name can store it (refused before the file is read, not at the insert)."""
+    problem = name_problem(value) if value is not None else None
+    if problem:
+        raise click.BadParameter(problem)
+    return value
 
 
 def generation_options(f):
     f = click.option("--n", "samples", type=click.IntRange(1, MAX_SAMPLES), default=1, show_default=True,
                      help="Samples per input, each an item of its own with its own seed "
                      "(a line's own `n`, or `n` in a Batch body, wins). Needs --temperature > 0.")(f)
-    f = click.option("--name", default=None, help="Job name (default: the file name).")(f)
-    f = click.option("--seed", type=int, default=None, help="Sampling seed.")(f)
+    f = click.option("--name", default=None, callback=_storable_name,
+                     help="Job name (default: the file name).")(f)
+    f = click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None, help="Sampling seed.")(f)
     f = click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None,
                      help="Nucleus sampling: draw from the smallest set of tokens holding this "
                      "much probability (default 1: all).")(f)
@@ -79,12 +96,22 @@ def _storable(file, samples, validation=None, method=None):
     return validation
 
 
+def _database(db_url: str | None) -> str:
+    """The database a command means (semjobs.jobs.locate.database_url)."""
+    from semjobs.jobs.locate import PasswordNotStored, database_url
+
+    try:
+        return database_url(db_url)
+    except PasswordNotStored as e:
+        raise click.ClickException(str(e)) from None
+
+
 def _locate(job: str | None, db_url: str | None) -> tuple[dict, str]:
     """(the job's status, its database): the job named, else the newest (semjobs.jobs.locate)."""
-    from semjobs.jobs.locate import database_url, missing_sqlite_file, newest_job
+    from semjobs.jobs.locate import missing_sqlite_file, newest_job
     from semjobs.jobs.status import job_status
 
-    url = database_url(db_url)
+    url = _database(db_url)
     missing = missing_sqlite_file(url)
     if missing is not None:
         raise click.ClickException(f"no database at {missing}: give --db, or run a job first")
@@ -127,8 +154,9 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, name, samples
         with publisher(queue) as send:
             tasks = enqueue_job(job_id, send)
     except Exception as e:  # broker down: the rows are stored, nothing is lost
-        click.echo(f"error: job {job_id} stored but not enqueued ({type(e).__name__}: {e}); "
-                   f"enqueue it later with `semjobs retry --pending {job_id}`", err=True)
+        click.echo(f"error: job {job_id} stored but not enqueued ({type(e).__name__}: {e}); a running "
+                   f"worker enqueues it once the broker answers (after SEMJOBS_PENDING_GRACE_S), or "
+                   f"`semjobs retry --pending {job_id}` does", err=True)
         sys.exit(1)
     remember(job_id, settings.database_url)
     click.echo(f"submitted {n} items as {tasks} tasks to queue {queue} "
@@ -176,10 +204,9 @@ def jobs_command(as_json, limit, db_url) -> None:
     """Recent jobs: state, items, tokens/s, step acceptance, age.
 
     Example: semjobs jobs --limit 5"""
-    from semjobs.jobs.locate import database_url
     from semjobs.jobs.status import fmt_duration, recent_jobs
 
-    rows = recent_jobs(limit, url=database_url(db_url))
+    rows = recent_jobs(limit, url=_database(db_url))
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -208,21 +235,22 @@ def jobs_command(as_json, limit, db_url) -> None:
               help="Failed/cancelled items (default: OUTPUT's name + .errors.jsonl, "
               "written only when there are any).")
 @click.option("--steps", is_flag=True, help="Include the per-step log in each line.")
+@force_option
 @db_option
-def export(job, output, fmt, only, majority, errors, steps, db_url) -> None:
+def export(job, output, fmt, only, majority, errors, steps, force, db_url) -> None:
     """Write one row per finished sample, keyed by the input's id and the sample.
 
     JOB defaults to the newest job. Example (rejection sampling):
     semjobs export --only correct --format hf -o data/correct"""
     st, url = _locate(job, db_url)
-    _export(st["id"], output, errors, url, steps, fmt=fmt, only=only, majority=majority)
+    _export(st["id"], output, errors, url, steps, force, fmt=fmt, only=only, majority=majority)
 
 
-def _export(job_id, output, errors, url, steps, **filters) -> None:
+def _export(job_id, output, errors, url, steps, force, **filters) -> None:
     from semjobs.jobs.export import export_job
 
     try:
-        rep = export_job(job_id, output, errors, url=url, with_steps=steps, **filters)
+        rep = export_job(job_id, output, errors, url=url, with_steps=steps, force=force, **filters)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     _print_export(rep)
@@ -243,18 +271,21 @@ def _print_export(rep) -> None:
 @click.argument("job", required=False)
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory for report.md, the PNGs and manifest.json.")
+@force_option
 @db_option
-def report(job, out_dir, db_url) -> None:
+def report(job, out_dir, force, db_url) -> None:
     """A job's report (default: the newest job): PNGs of step acceptance by position, of step
     lengths and of throughput over time, its figures as Markdown, and its manifest.
 
     Example: semjobs report -o out/report"""
-    from semjobs.jobs.report import write_report
+    from semjobs.jobs.report import REPORT_FILES, write_report
 
     st, url = _locate(job, db_url)
-    out = write_report(st["id"], out_dir, url=url)
-    click.echo(f"report of job {st['id']} in {out}: report.md, step_acceptance.png, step_lengths.png, "
-               "throughput.png, manifest.json")
+    try:
+        out = write_report(st["id"], out_dir, url=url, force=force)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"report of job {st['id']} in {out}: {', '.join(REPORT_FILES)}")
 
 
 @click.command()
@@ -338,6 +369,7 @@ def retry(job, include_pending, db_url) -> None:
 @click.option("--db", "db_url", default=None,
               help="Database URL (default: SEMJOBS_EMBEDDED_DATABASE_URL, a SQLite file).")
 @click.option("--steps", is_flag=True, help="Include the per-step log in each output line.")
+@force_option
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Continue an unfinished job of the same file and settings in this "
               "database (after a crash or Ctrl-C) instead of starting a new one.")
@@ -347,13 +379,17 @@ def retry(job, include_pending, db_url) -> None:
               help="Engine processes (default: SEMJOBS_PROCESSES, else one per core on a CPU, at "
               "least 8 items each, one on a GPU).")
 def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, name, samples, db_url,
-        steps, resume, batch_size, processes) -> None:
+        steps, force, resume, batch_size, processes) -> None:
     """Embedded mode: no servers; process FILE on this machine into a SQLite file, then
     export. Same tables, same per-item code as the workers; on a CPU one engine process per
     core.
 
+    Exit status: 0 every item done, 3 some failed or cancelled, 4 none done, 2 bad input
+    (nothing stored), 130 interrupted, 1 any other error.
+
     Example: semjobs run examples/prompts.jsonl -o out/results.jsonl --batch-size 16"""
     from semjobs.db import migrate
+    from semjobs.jobs.export import check_targets
     from semjobs.jobs.locate import missing_sqlite_file, remember
     from semjobs.jobs.status import answers_line, job_status
     from semjobs.jobs.submit import find_resumable, store_job, unfinished_seqs, validate
@@ -369,6 +405,10 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     if processes is not None:
         settings.processes = processes
     config = _config(method, max_new_tokens, temperature, top_p, seed, samples)
+    try:  # before any work: an output that would be refused is refused now, not after the run
+        check_targets(output, errors, force=force, input_path=file)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
     validation = validate(file, samples)
     # A refused run leaves the database as it was: one without a schema (a new SQLite file
     # too) is created only once the job is accepted, just before it is stored.
@@ -418,8 +458,16 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
                        "run the same command again to finish the rest", err=True)
             sys.exit(1)
     click.echo(f"done in {time.perf_counter() - t0:.1f}s", err=True)
-    _export(job_id, output, errors, url, steps)
-    answers = job_status(job_id, url=url)["answers"]
-    if answers:
-        click.echo(f"answers: {answers_line(answers)}", err=True)
+    _export(job_id, output, errors, url, steps, force)
+    st = job_status(job_id, url=url)
+    if st["answers"]:
+        click.echo(f"answers: {answers_line(st['answers'])}", err=True)
     click.echo(job_id)
+    sys.exit(_run_exit_code(st["counts"]["done"], st["n_items"]))
+
+
+def _run_exit_code(done: int, items: int) -> int:
+    """`run`'s exit status, so a script that chains it learns whether it may go on."""
+    if done == items:
+        return 0
+    return EXIT_NONE_DONE if done == 0 else EXIT_SOME_FAILED

@@ -4,12 +4,18 @@ JSON text; loads with `datasets.load_dataset("parquet", ...)`), the OpenAI Batch
 shape (one line per input, its samples as `choices`; the default for jobs submitted as
 Batch lines) and a Hugging Face dataset directory (`datasets.load_from_disk`) with a dataset
 card made from the job's manifest. `--only correct|incorrect` and `--majority` filter the
-samples (rejection sampling, self-consistency)."""
+samples (rejection sampling, self-consistency).
+
+Every file lands whole or not at all (`Staged`), an existing one is replaced only with
+`force`, and the job's input file never (`check_targets`)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import secrets
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +28,7 @@ from semjobs.jobs import accuracy
 from semjobs.jobs.export_fields import EXPORT_FIELDS, FORMATS, ONLY, OPTIONAL_FIELDS
 from semjobs.jobs.schema import OPENAI_BATCH
 
+MANIFEST_SUFFIX = ".manifest.json"
 
 
 @dataclass
@@ -258,6 +265,129 @@ def default_errors_path(out: Path) -> Path:
     return _sibling(out, ".errors.jsonl")
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_staged(path: Path) -> None:
+    """Flush a staged file, or every file of a staged directory, to disk before its rename,
+    so a crash cannot leave a complete-looking name over missing data."""
+    if path.is_dir():
+        for folder, _, names in os.walk(path):
+            for name in names:
+                _fsync(Path(folder, name))
+    _fsync(path)
+
+
+class Staged:
+    """Files and directories written under temporary names beside their final paths, moved
+    into place together when the `with` block ends without an error, removed when it fails:
+    a failed export leaves no truncated file that looks complete. The rename replaces a
+    symlink at the final path itself, so nothing is ever written where a link points."""
+
+    def __init__(self) -> None:
+        self._moves: list[tuple[Path, Path]] = []  # (temporary, final)
+        self._stale: list[Path] = []
+
+    @staticmethod
+    def _temporary(final: Path) -> Path:
+        # hidden, and ending in the final name, so writers that go by the suffix (savefig) agree
+        return final.with_name(f".tmp-{secrets.token_hex(4)}-{final.name}")
+
+    def file(self, final: Path) -> Path:
+        """A new empty file to write FINAL's content into."""
+        tmp = self._temporary(final)
+        # O_EXCL: never opens through a link planted at the name; 0o666 less the umask, as open()
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        self._moves.append((tmp, final))
+        return tmp
+
+    def directory(self, final: Path) -> Path:
+        """A new empty directory to write FINAL's content into."""
+        tmp = self._temporary(final)
+        tmp.mkdir()
+        self._moves.append((tmp, final))
+        return tmp
+
+    def remove(self, stale: Path) -> None:
+        """Delete STALE (an earlier export's file this one does not rewrite) on success."""
+        self._stale.append(stale)
+
+    def __enter__(self) -> "Staged":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self._discard()
+            return
+        try:
+            self._commit()
+        except BaseException:
+            self._discard()
+            raise
+
+    def _commit(self) -> None:
+        for tmp, _ in self._moves:
+            _fsync_staged(tmp)
+        for tmp, final in self._moves:
+            if tmp.is_dir() and (final.is_symlink() or final.is_file()):
+                final.unlink()  # a directory is renamed only onto nothing or an empty directory
+            os.replace(tmp, final)
+        for stale in self._stale:
+            stale.unlink(missing_ok=True)
+        for parent in {final.parent for _, final in self._moves}:
+            _fsync(parent)  # the renames themselves
+
+    def _discard(self) -> None:
+        for tmp, _ in self._moves:
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    return path.exists() and other.exists() and os.path.samefile(path, other)
+
+
+def check_targets(out: str | Path, errors: str | Path | None = None, *, force: bool = False,
+                  manifest: bool = True, directory: bool = False,
+                  input_path: str | Path | None = None) -> None:
+    """Refuse, before anything is written, an export to OUT (a directory when ``directory``)
+    that would replace an existing file without ``force``, or the job's input file at all:
+    OUT, its errors file (an earlier one is removed when this export has no errors) and its
+    manifest."""
+    out = Path(out)
+    files = [Path(errors) if errors else default_errors_path(out)]
+    if manifest:
+        files.append(_sibling(out, MANIFEST_SUFFIX))
+    if directory:
+        _check_directory_target(out, force)
+    else:
+        files.insert(0, out)
+    for path in files:
+        if input_path is not None and _same_file(path, Path(input_path)):
+            raise ValueError(f"{path} is the job's input file: an export never replaces it, "
+                             "not even with --force; choose another path")
+        if os.path.lexists(path) and not force:
+            raise ValueError(f"{path} exists: give --force to replace it")
+
+
+def _check_directory_target(out: Path, force: bool) -> None:
+    if not os.path.lexists(out):
+        return
+    if out.is_symlink() or not out.is_dir():
+        if not force:
+            raise ValueError(f"{out} exists: give --force to replace it")
+    elif any(out.iterdir()):  # an empty directory is replaced as if it were not there
+        raise ValueError(f"{out} exists and is not an empty directory (--force does not delete "
+                         "directories: remove it first)")
+
+
 def manifest_of(job_id: str, *, url: str | None = None) -> dict:
     """Reproducibility manifest: input file hash, models and their identities (path +
     sha256, probes included), the generation config, counts, timings, answers."""
@@ -307,7 +437,7 @@ def dataset_card(manifest: dict, rows: int, only: str | None, majority: bool) ->
     return "\n".join(lines)
 
 
-def _write_hf(parquet: Path, rows: int, out: Path, card: str) -> None:
+def _write_hf(parquet: Path, rows: int, out: Path, card: str, staged: Staged) -> None:
     import datasets
 
     if not rows:  # datasets (5.2) can save a dataset without rows but not load it back
@@ -315,8 +445,9 @@ def _write_hf(parquet: Path, rows: int, out: Path, card: str) -> None:
     # the Arrow copy datasets makes goes beside the Parquet file (a temporary directory), not
     # into the user's Hugging Face cache
     ds = datasets.Dataset.from_parquet(str(parquet), cache_dir=str(parquet.parent / "cache"))
-    ds.save_to_disk(str(out))
-    (out / "README.md").write_text(card, encoding="utf-8")
+    directory = staged.directory(out)
+    ds.save_to_disk(str(directory))
+    (directory / "README.md").write_text(card, encoding="utf-8")
 
 
 def resolve_format(fmt: str | None, out: Path, job: Job) -> str:
@@ -332,11 +463,13 @@ def resolve_format(fmt: str | None, out: Path, job: Job) -> str:
 
 def export_job(job_id: str, out: str | Path, errors: str | Path | None = None, *,
                url: str | None = None, with_steps: bool = False, manifest: bool = True,
-               fmt: str | None = None, only: str | None = None, majority: bool = False) -> ExportReport:
+               fmt: str | None = None, only: str | None = None, majority: bool = False,
+               force: bool = False) -> ExportReport:
     """Write the job's finished samples to `out` in `fmt` (default: from `out` and the job),
     failed/cancelled ones to `errors` (default: beside `out`, created only when there are
     any), and OUT's name + .manifest.json. `only` ("correct" | "incorrect") and `majority`
-    filter the samples; asking for them on a job without references is an error."""
+    filter the samples; asking for them on a job without references is an error. Existing
+    files are replaced only with `force` (check_targets), each whole once all are written."""
     out = Path(out)
     with session_factory(url)() as session:
         job = repo.get_job(session, job_id)
@@ -349,22 +482,24 @@ def export_job(job_id: str, out: str | Path, errors: str | Path | None = None, *
     if only is not None and meta["answers"] is None:
         raise ValueError("no output of this job was checked against a reference (its inputs carry "
                          "no `answer`), so none is correct or incorrect")
+    check_targets(out, errors, force=force, manifest=manifest, directory=fmt == "hf",
+                  input_path=meta.get("input", {}).get("path"))
     report = ExportReport(out=out, errors_path=Path(errors) if errors else None)
+    errors_target = report.errors_path or default_errors_path(out)
     for path in (out, report.errors_path):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as stack:
+    # the ExitStack closes the files before Staged moves them into place
+    with Staged() as staged, contextlib.ExitStack() as stack:
         if fmt == "hf":
-            if out.exists() and (not out.is_dir() or any(out.iterdir())):
-                raise ValueError(f"{out} exists and is not an empty directory")
             rows_path = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "rows.parquet"
             sink = _ParquetSink(rows_path)
         else:
-            sink = _ParquetSink(out) if fmt == "parquet" else _JsonlSink(out)
+            sink = _ParquetSink(staged.file(out)) if fmt == "parquet" else _JsonlSink(staged.file(out))
         stack.callback(sink.close)
         err_f = None
         if report.errors_path is not None:
-            err_f = stack.enter_context(open(report.errors_path, "w", encoding="utf-8"))
+            err_f = stack.enter_context(open(staged.file(errors_target), "w", encoding="utf-8"))
         for job_row, kept, failed, unfinished in iter_inputs(job_id, url=url, with_steps=with_steps,
                                                              only=only, majority=majority):
             if fmt == "batch" and kept:
@@ -375,15 +510,17 @@ def export_job(job_id: str, out: str | Path, errors: str | Path | None = None, *
             report.results += len(kept)
             for item in failed:
                 if err_f is None:  # created only when there is something to put in it
-                    report.errors_path = default_errors_path(out)
-                    err_f = stack.enter_context(open(report.errors_path, "w", encoding="utf-8"))
+                    report.errors_path = errors_target
+                    err_f = stack.enter_context(open(staged.file(errors_target), "w", encoding="utf-8"))
                 err_f.write(json.dumps(error_line(job_row, item, fmt == "batch"), ensure_ascii=False) + "\n")
                 report.errors += 1
             report.unfinished += unfinished
         sink.close()
+        if report.errors_path is None:
+            staged.remove(errors_target)  # an earlier export's errors there would belong to this one
         if fmt == "hf":
-            _write_hf(rows_path, report.results, out, dataset_card(meta, report.results, only, majority))
-    if manifest:
-        report.manifest_path = _sibling(out, ".manifest.json")
-        report.manifest_path.write_text(json.dumps(meta, indent=2, default=str) + "\n")
+            _write_hf(rows_path, report.results, out, dataset_card(meta, report.results, only, majority), staged)
+        if manifest:
+            report.manifest_path = _sibling(out, MANIFEST_SUFFIX)
+            staged.file(report.manifest_path).write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return report

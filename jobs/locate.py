@@ -4,7 +4,8 @@ The database: `--db` when given; else `SEMJOBS_DATABASE_URL` when it is set (the
 Postgres); else the database of the last `semjobs run` or `submit` on this machine (recorded in
 `settings.last_run_file`); else the embedded SQLite file. The job: the one named, else the
 newest job in that database. So after `semjobs run`, `semjobs status`, `jobs`, `export` and
-`report` find that job with no flags.
+`report` find that job with no flags. The record holds no password: a database that needs
+one is named again with `--db` or `SEMJOBS_DATABASE_URL`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from semjobs.db import repo
 from semjobs.db.session import session_factory
@@ -34,37 +35,55 @@ def _sqlite_file(url: str) -> Path | None:
     return None
 
 
+class PasswordNotStored(ValueError):
+    """The last run's database needs a password, which its record does not keep."""
+
+
 def remember(job_id: str, url: str) -> None:
     """Record the job a command just stored and its database (a relative SQLite path made
-    absolute, so the record holds from any directory)."""
+    absolute, so the record holds from any directory), without its password: only whether
+    it had one, so a later command asks for it instead of failing to log in."""
+    u = make_url(url)
     file = _sqlite_file(url)
     if file is not None:
-        url = make_url(url).set(database=str(file.resolve())).render_as_string(hide_password=False)
+        u = u.set(database=str(file.resolve()))
+    # URL.set() leaves a field given None as it was: the URL is built again without it
+    without = URL.create(u.drivername, u.username, None, u.host, u.port, u.database, u.query)
+    record = {"job": job_id, "database": without.render_as_string(hide_password=False)}
+    if u.password is not None:
+        record["password"] = "not stored"
     path = _last_run_path()
     try:  # a convenience: a cache that cannot be written must not fail the job
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the URL may hold a password
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the user's own, like ~/.pgpass
         with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({"job": job_id, "database": url}) + "\n")
+            f.write(json.dumps(record) + "\n")
     except OSError:
         pass
 
 
 def _configured() -> bool:
-    """Whether the deployment names its database (the environment, a .env file, code)."""
+    """Whether the deployment names its database (the environment, SEMJOBS_ENV_FILE, code)."""
     default = type(settings).model_fields["database_url"].default
     return "SEMJOBS_DATABASE_URL" in os.environ or settings.database_url != default
 
 
 def database_url(explicit: str | None = None) -> str:
+    """Raises PasswordNotStored when it would be the last run's and that needs a password (a
+    configured database, which carries its own, is used before the record is read)."""
     if explicit:
         return explicit
     if _configured():
         return settings.database_url
     try:
-        return json.loads(_last_run_path().read_text())["database"]
+        record = json.loads(_last_run_path().read_text())
+        url = record["database"]
     except (OSError, ValueError, KeyError):
         return settings.embedded_database_url
+    if "password" in record:
+        raise PasswordNotStored(f"the last run's database {url} needs a password, which semjobs does "
+                                "not store: give --db with the full URL or set SEMJOBS_DATABASE_URL")
+    return url
 
 
 def missing_sqlite_file(url: str) -> Path | None:

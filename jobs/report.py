@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -14,12 +15,13 @@ from pathlib import Path
 
 from semjobs.db import repo
 from semjobs.db.session import session_factory
-from semjobs.jobs.export import manifest_of
+from semjobs.jobs.export import Staged, manifest_of
 from semjobs.jobs.status import answers_line, fmt_duration, job_status, render
 
 MAX_POSITION = 40  # steps further into a trace are rare; they share the last bar
 VERIFIED = ("accepted", "rejected")  # the decisions the acceptance rule made
 THROUGHPUT_BARS = 30
+REPORT_FILES = ("report.md", "step_acceptance.png", "step_lengths.png", "throughput.png", "manifest.json")
 
 
 def _plt():
@@ -181,9 +183,13 @@ def markdown(st: dict, figures: StepFigures) -> str:
     return "\n".join(lines)
 
 
-def write_report(job_id: str, out_dir: str | Path, *, url: str | None = None) -> Path:
-    """Write report.md, the three PNGs and manifest.json into ``out_dir``; returns it."""
+def write_report(job_id: str, out_dir: str | Path, *, url: str | None = None, force: bool = False) -> Path:
+    """Write REPORT_FILES into ``out_dir``, each whole (semjobs.jobs.export.Staged), replacing
+    existing ones only with ``force``; returns it."""
     out = Path(out_dir)
+    existing = [out / name for name in REPORT_FILES if os.path.lexists(out / name)]
+    if existing and not force:
+        raise ValueError(f"{existing[0]} exists: give --force to replace the report in {out}")
     out.mkdir(parents=True, exist_ok=True)
     st = job_status(job_id, url=url)
     if st is None:
@@ -192,9 +198,11 @@ def write_report(job_id: str, out_dir: str | Path, *, url: str | None = None) ->
         figures = StepFigures.of(repo.step_counts(session, job_id, MAX_POSITION))
         done = repo.completions(session, job_id)
         started = repo.as_utc(repo.get_job(session, job_id).started_at)
-    plot_acceptance(figures, out / "step_acceptance.png")
-    plot_step_lengths(figures, out / "step_lengths.png")
-    plot_throughput(done, started, out / "throughput.png")
-    (out / "report.md").write_text(markdown(st, figures), encoding="utf-8")
-    (out / "manifest.json").write_text(json.dumps(manifest_of(job_id, url=url), indent=2, default=str) + "\n")
+    with Staged() as staged:
+        md, acceptance, lengths, throughput, manifest = (staged.file(out / name) for name in REPORT_FILES)
+        plot_acceptance(figures, acceptance)
+        plot_step_lengths(figures, lengths)
+        plot_throughput(done, started, throughput)
+        md.write_text(markdown(st, figures), encoding="utf-8")
+        manifest.write_text(json.dumps(manifest_of(job_id, url=url), indent=2, default=str) + "\n")
     return out

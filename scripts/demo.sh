@@ -18,7 +18,7 @@ DB=sqlite:///out/semjobs.sqlite
 jobs=()
 for method in ar token_sd semspec; do
     out=out/$([ "$method" = ar ] && echo results || echo "$method").jsonl
-    jobs+=("$(semjobs run examples/prompts.jsonl -o "$out" --db "$DB" --batch-size 1 "$@" --method "$method" | tail -n 1)")
+    jobs+=("$(semjobs run examples/prompts.jsonl -o "$out" --force --db "$DB" --batch-size 1 "$@" --method "$method" | tail -n 1)")
     echo "results: $out"
 done
 semjobs compare "${jobs[@]}" --db "$DB"

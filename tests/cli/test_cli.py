@@ -86,7 +86,7 @@ def test_cancel_of_a_finished_job_says_nothing_was_cancelled(ran):
 
 def test_export_parquet_with_steps(ran, tmp_path):
     job_id, _, db = ran
-    pq_path = tmp_path / "out.parquet"
+    pq_path = tmp_path / "steps.parquet"
     res = invoke("export", job_id, "-o", pq_path, "--db", db, "--steps")
     assert res.exit_code == 0, res.output
     table = pq.read_table(pq_path)
@@ -106,7 +106,7 @@ def test_batch_input_run_and_errors_file(tmp_path, sqlite_db, fake_engine):
     src.write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = tmp_path / "o.jsonl"
     res = invoke("run", src, "-o", out, "--db", sqlite_db)
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 3, res.output  # some items failed
     got = [json.loads(x) for x in open(out)]
     assert [g["custom_id"] for g in got] == ["req-0", "req-1"]
     assert got[0]["response"]["body"]["choices"][0]["message"]["content"]
@@ -192,8 +192,8 @@ def test_run_resumes_an_interrupted_job_without_redoing_items(tmp_path, sqlite_d
         attempts = dict(s.execute(select(Item.seq, Item.attempts)).all())
     assert attempts == {0: 1, 1: 2, 2: 1}
     # a finished job is not resumed: the next run is a new job
-    res = invoke("run", src, "-o", out, "--db", sqlite_db, "--max-new-tokens", 8)
-    assert res.output.strip().splitlines()[-1] != job_id
+    res = invoke("run", src, "-o", out, "--db", sqlite_db, "--max-new-tokens", 8, "--force")
+    assert res.exit_code == 0 and res.output.strip().splitlines()[-1] != job_id
 
 
 def test_worker_holds_enough_chunks_to_fill_its_batch(monkeypatch):
@@ -262,3 +262,52 @@ def test_a_method_whose_probes_do_not_fit_is_refused_up_front_and_ar_still_runs(
     assert res.exit_code == 0, res.output
     assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 3
     engines._cache.clear()
+
+
+# --- `semjobs run`'s exit status, its outputs refused up front, no password in last_run.json (issue 46) ---
+
+
+@pytest.mark.parametrize("failing, status", [(set(), 0), ({1}, 3), ({0, 1, 2}, 4)])
+def test_run_exit_status_says_all_some_or_none_done(tmp_path, sqlite_db, fake_engine, failing, status):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "FAIL" if i in failing else "one two"}) + "\n"
+                           for i in range(3)))
+    res = invoke("run", src, "-o", tmp_path / "o.jsonl", "--db", sqlite_db)
+    assert res.exit_code == status, res.output
+    assert f"wrote {3 - len(failing)} results" in res.output
+    newest = json.loads(invoke("jobs", "--json", "--db", sqlite_db).output)[0]["id"]
+    assert res.output.strip().splitlines()[-1] == newest  # the job id still printed last
+
+
+def test_run_help_documents_its_exit_status():
+    text = invoke("run", "--help").output
+    assert "3 some failed" in text and "4 none done" in text
+
+
+def test_run_refuses_an_existing_output_before_storing_anything(tmp_path, sqlite_db, fake_engine):
+    out = tmp_path / "o.jsonl"
+    out.write_text("the user's own file\n")
+    res = invoke("run", ROOT / "examples" / "prompts.jsonl", "-o", out, "--db", sqlite_db)
+    assert res.exit_code == 1 and f"{out} exists" in res.output and "--force" in res.output
+    assert out.read_text() == "the user's own file\n" and "loading the engine" not in res.output
+    assert json.loads(invoke("jobs", "--json", "--db", sqlite_db).output) == []
+
+
+def test_last_run_record_holds_no_password(last_run_file, monkeypatch):
+    from semjobs.jobs.locate import PasswordNotStored, database_url, remember
+    from semjobs.settings import settings
+
+    monkeypatch.delenv("SEMJOBS_DATABASE_URL", raising=False)
+    remember("job1", "postgresql+psycopg://semjobs@db.example:5432/jobs")  # no password: used as recorded
+    assert database_url() == "postgresql+psycopg://semjobs@db.example:5432/jobs"
+    with_password = "postgresql+psycopg://semjobs:s3cret-pw@db.example:5432/jobs"
+    remember("job2", with_password)
+    assert "s3cret-pw" not in last_run_file.read_text()
+    with pytest.raises(PasswordNotStored):
+        database_url()
+    res = invoke("status")
+    assert res.exit_code == 1 and "needs a password" in res.output and "--db" in res.output
+    assert "semjobs@db.example:5432/jobs" in res.output and "s3cret" not in res.output
+    # the configured database carries its own password and wins over the record
+    monkeypatch.setattr(settings, "database_url", with_password)
+    assert database_url() == with_password

@@ -40,7 +40,7 @@ def test_no_command_shows_the_database_password(pg_db, tmp_path, fake_engine, la
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".json", ".md")
                and p != last_run_file]
     assert written and not [p for p in written if SECRET in p.read_text()]
-    # the one place that keeps it, so later commands reach the same database: the user's own
-    # last-run record, readable by the user alone (like ~/.pgpass)
+    # nor the last-run record (a later command names a database with a password again)
+    assert SECRET not in last_run_file.read_text()
     assert last_run_file.stat().st_mode & 0o077 == 0
     assert SECRET not in json.dumps(json.loads(invoke("status", job_id, "--json", "--db", url).output))

@@ -101,9 +101,9 @@ def test_hf_dataset_and_parquet_load_with_datasets(sampled):
     assert ds.num_rows == sum(r["correct"] is True for r in rows) and all(ds["correct"])
     card = (tmp / "ds" / "README.md").read_text()
     assert job_id in card and "pass@4" in card and "only correct" in card and "fake-instant" in card
-    res = invoke("export", job_id, "--db", db, "-o", tmp / "all.parquet")
+    res = invoke("export", job_id, "--db", db, "-o", tmp / "rows.parquet")
     assert res.exit_code == 0, res.output
-    pq = datasets.load_dataset("parquet", data_files=str(tmp / "all.parquet"), split="train")
+    pq = datasets.load_dataset("parquet", data_files=str(tmp / "rows.parquet"), split="train")
     assert pq.num_rows == 12 and pq["id"] == [r["id"] for r in rows] and pq["sample"] == [r["sample"] for r in rows]
     again = invoke("export", job_id, "--db", db, "-o", tmp / "ds", "--format", "hf")
     assert again.exit_code != 0 and "not an empty directory" in again.output
@@ -151,3 +151,123 @@ def test_an_empty_selection_writes_no_dataset(tmp_path, sqlite_db, fake_engine):
     res = invoke("export", job_id, "--db", sqlite_db, "-o", tmp_path / "none", "--format", "hf", "--only", "correct")
     assert res.exit_code == 1 and "no sample to export" in res.output
     assert not (tmp_path / "none").exists()
+
+
+# --- Existing files, symlinks, failures mid-write and stale errors files (issue 46) ---
+
+
+@pytest.fixture
+def finished(tmp_path, sqlite_db, fake_engine):
+    """A job of two inputs, both done: (job id, database, its input file)."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "one two"}) + "\n" for i in range(2)))
+    res = invoke("run", src, "-o", tmp_path / "first.jsonl", "--db", sqlite_db)
+    assert res.exit_code == 0, res.output
+    return res.output.strip().splitlines()[-1], sqlite_db, src
+
+
+def _leftovers(folder):
+    return [p.name for p in folder.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_an_existing_output_is_refused_without_force_and_replaced_with_it(finished, tmp_path):
+    job_id, db, _ = finished
+    out = tmp_path / "mine.jsonl"
+    out.write_text("the user's own file\n")
+    res = invoke("export", job_id, "--db", db, "-o", out)
+    assert res.exit_code == 1 and f"{out} exists" in res.output and "--force" in res.output
+    assert out.read_text() == "the user's own file\n" and not (tmp_path / "mine.manifest.json").exists()
+    res = invoke("export", job_id, "--db", db, "-o", out, "--force")
+    assert res.exit_code == 0, res.output
+    assert [json.loads(x)["id"] for x in open(out)] == ["q0", "q1"]
+    assert not _leftovers(tmp_path)
+
+
+def test_a_symlink_at_an_output_path_is_replaced_never_written_through(finished, tmp_path):
+    job_id, db, _ = finished
+    precious, other = tmp_path / "precious.txt", tmp_path / "other.txt"
+    precious.write_text("keep me\n")
+    other.write_text("keep me too\n")
+    out = tmp_path / "link.jsonl"
+    out.symlink_to(precious)
+    (tmp_path / "link.manifest.json").symlink_to(other)
+    res = invoke("export", job_id, "--db", db, "-o", out)
+    assert res.exit_code == 1 and "--force" in res.output
+    res = invoke("export", job_id, "--db", db, "-o", out, "--force")
+    assert res.exit_code == 0, res.output
+    assert not out.is_symlink() and [json.loads(x)["id"] for x in open(out)] == ["q0", "q1"]
+    assert not (tmp_path / "link.manifest.json").is_symlink()
+    assert precious.read_text() == "keep me\n" and other.read_text() == "keep me too\n"
+    dangling = tmp_path / "dangling.jsonl"
+    dangling.symlink_to(tmp_path / "nowhere" / "x")
+    res = invoke("export", job_id, "--db", db, "-o", dangling)
+    assert res.exit_code == 1 and f"{dangling} exists" in res.output
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_failure_mid_write_leaves_no_file_that_looks_complete(finished, tmp_path, monkeypatch, fmt):
+    from semjobs.jobs import export
+
+    job_id, db, _ = finished
+    real, calls = export.result_line, []
+
+    def fails_on_the_second_row(job, kept):
+        calls.append(kept)
+        if len(calls) == 2:
+            raise RuntimeError("disk gone")
+        return real(job, kept)
+
+    monkeypatch.setattr(export, "result_line", fails_on_the_second_row)
+    out = tmp_path / f"o.{fmt}"
+    with pytest.raises(RuntimeError, match="disk gone"):
+        export.export_job(job_id, out, url=db, fmt=fmt)
+    assert not out.exists() and not (tmp_path / "o.manifest.json").exists() and not _leftovers(tmp_path)
+    # with --force, the earlier file stays whole until the new one is
+    out.write_text("an earlier export\n")
+    calls.clear()
+    with pytest.raises(RuntimeError, match="disk gone"):
+        export.export_job(job_id, out, url=db, fmt=fmt, force=True)
+    assert out.read_text() == "an earlier export\n" and not _leftovers(tmp_path)
+
+
+def test_an_earlier_exports_errors_file_is_removed_when_this_one_has_none(finished, tmp_path):
+    job_id, db, _ = finished
+    src = tmp_path / "failing.jsonl"
+    src.write_text(json.dumps({"id": "a", "prompt": "one"}) + "\n" + json.dumps({"id": "b", "prompt": "FAIL"}) + "\n")
+    res = invoke("run", src, "-o", tmp_path / "o.jsonl", "--db", db)
+    assert res.exit_code == 3, res.output
+    errors = tmp_path / "o.errors.jsonl"
+    assert [json.loads(x)["id"] for x in open(errors)] == ["b"]
+    res = invoke("export", job_id, "--db", db, "-o", tmp_path / "o.jsonl")  # the errors file counts too
+    assert res.exit_code == 1 and "o.jsonl exists" in res.output and errors.exists()
+    res = invoke("export", job_id, "--db", db, "-o", tmp_path / "o.jsonl", "--force")
+    assert res.exit_code == 0, res.output
+    assert not errors.exists()  # it would have said this export's job had a failed item
+    explicit = tmp_path / "explicit-errors.jsonl"
+    explicit.write_text("stale\n")
+    res = invoke("export", job_id, "--db", db, "-o", tmp_path / "p.jsonl", "--errors", explicit)
+    assert res.exit_code == 1 and f"{explicit} exists" in res.output and explicit.read_text() == "stale\n"
+    res = invoke("export", job_id, "--db", db, "-o", tmp_path / "p.jsonl", "--errors", explicit, "--force")
+    assert res.exit_code == 0 and explicit.read_text() == ""  # asked for: written, empty
+
+
+def test_the_jobs_input_file_is_never_replaced(finished, tmp_path):
+    job_id, db, src = finished
+    before = src.read_text()
+    res = invoke("export", job_id, "--db", db, "-o", src, "--force")
+    assert res.exit_code == 1 and "is the job's input file" in res.output and src.read_text() == before
+    res = invoke("run", src, "-o", src, "--db", db, "--force")
+    assert res.exit_code == 1 and "is the job's input file" in res.output and src.read_text() == before
+
+
+def test_an_hf_export_replaces_a_file_only_with_force_and_never_a_full_directory(finished, tmp_path):
+    job_id, db, _ = finished
+    out = tmp_path / "ds"
+    out.write_text("a file\n")
+    res = invoke("export", job_id, "--db", db, "-o", out, "--format", "hf")
+    assert res.exit_code == 1 and "--force" in res.output and out.read_text() == "a file\n"
+    res = invoke("export", job_id, "--db", db, "-o", out, "--format", "hf", "--force")
+    assert res.exit_code == 0 and (out / "dataset_info.json").exists(), res.output
+    res = invoke("export", job_id, "--db", db, "-o", out, "--format", "hf", "--force")
+    assert res.exit_code == 1 and "not an empty directory" in res.output and (out / "README.md").exists()
+    assert not _leftovers(tmp_path)

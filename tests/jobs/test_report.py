@@ -107,3 +107,21 @@ def test_the_throughput_bars_are_tokens_per_second_over_each_items_wall_time():
     # wall time reaches back before the job's start (another clock) within the job
     width, rates = throughput_series([(at(1.5), 7, 0.0), (at(4), 30, 9.0)], t0)
     assert sum(rates) * width == pytest.approx(37) and rates == pytest.approx([7.5, 7.5 + 7, 7.5, 7.5])
+
+
+def test_an_existing_report_is_replaced_only_with_force_and_never_through_a_link(tmp_path, sqlite_db, fake_engine):
+    job_id = _run_job(tmp_path, sqlite_db)
+    out = tmp_path / "report"
+    out.mkdir()
+    precious = tmp_path / "precious.md"
+    precious.write_text("keep me\n")
+    (out / "report.md").symlink_to(precious)
+    res = invoke("report", job_id, "-o", out, "--db", sqlite_db)
+    assert res.exit_code == 1 and "report.md exists" in res.output and "--force" in res.output
+    assert not (out / "throughput.png").exists()  # refused before anything was written
+    res = invoke("report", job_id, "-o", out, "--db", sqlite_db, "--force")
+    assert res.exit_code == 0, res.output
+    assert not (out / "report.md").is_symlink() and job_id in (out / "report.md").read_text()
+    assert precious.read_text() == "keep me\n"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["report.md", "step_acceptance.png", "step_lengths.png", "throughput.png", "manifest.json"])
