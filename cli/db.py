@@ -23,13 +23,25 @@ def upgrade(url: str | None, revision: str) -> None:
 
 @db.command()
 @click.option("--url", default=None, help="Database URL (default: SEMJOBS_DATABASE_URL).")
-@click.option("--revision", default="base", show_default=True)
-def downgrade(url: str | None, revision: str) -> None:
-    """Roll the schema back (default: drop everything).
+@click.option("--revision", required=True,
+              help="The revision to roll back to; `base` drops every table and all their data.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def downgrade(url: str | None, revision: str, yes: bool) -> None:
+    """Roll the schema back to --revision, dropping what later revisions added, data included.
+    Asks first, unless --yes.
 
     Example: semjobs db downgrade --revision 0003_worker_heartbeats"""
-    from semjobs.db import migrate
+    from sqlalchemy.engine import make_url
 
+    from semjobs.db import migrate
+    from semjobs.settings import settings
+
+    if not yes:
+        shown = make_url(url or settings.database_url).render_as_string(hide_password=True)
+        what = "drop every table and all data" if revision == "base" else \
+            "drop the tables and columns added after it, with their data"
+        click.confirm(f"Roll the schema of {shown} back from {migrate.current(url)} to {revision}? "
+                      f"This will {what}.", abort=True)
     migrate.downgrade(url, revision)
     click.echo(f"database at revision {migrate.current(url)}")
 

@@ -27,7 +27,8 @@ def upgrade(url: str | None = None, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
-def downgrade(url: str | None = None, revision: str = "base") -> None:
+def downgrade(url: str | None, revision: str) -> None:
+    """Roll back to `revision`: no default, since `base` drops every table and its data."""
     command.downgrade(alembic_config(url), revision)
 
 

@@ -7,6 +7,11 @@ Delivery is at least once (README: "Workers that die"), so the item writes are i
   finished item cannot store a second output: it gets an IntegrityError and is dropped;
 - items already done are never claimed again.
 
+Every write that settles an item is guarded by the state it expects (issue 46): a result is
+stored only while the item runs, so a late result cannot turn an item that was cancelled or
+failed meanwhile into `done`; a failure or an abort only settles an item its worker still
+holds. A guarded write that finds nothing to change says so (False) and raises nothing.
+
 A whole worker lost (SIGKILL, preempted node) leaves its chunk unacknowledged until the
 broker's visibility timeout (hours). So each task marks the items of its chunk as held by
 its worker (`hold_items`), workers beat (`beat`), and `release_dead_workers` hands the items
@@ -248,13 +253,21 @@ def job_is_cancelled(session: Session, job_id: str) -> bool:
     return session.scalar(select(Job.status).where(Job.id == job_id)) == "cancelled"
 
 
-def fail_item(session: Session, pk: int, error: str) -> None:
-    session.execute(
+def fail_item(session: Session, pk: int, error: str, worker: str) -> bool:
+    """Mark item `pk` failed with `error`, committed, if it is running and still `worker`'s:
+    an item the reaper has handed to another worker meanwhile is that worker's to settle.
+    False when it was not (the caller's failure came late)."""
+    res = session.execute(
         update(Item)
-        .where(Item.id == pk, Item.status == "running")
+        .where(Item.id == pk, Item.status == "running", Item.worker == worker)
         .values(status="failed", error=error[:10_000], finished_at=utcnow())
     )
     session.commit()
+    return res.rowcount > 0
+
+
+def item_status(session: Session, pk: int) -> str | None:
+    return session.scalar(select(Item.status).where(Item.id == pk))
 
 
 def fail_pending(session: Session, job_id: str, seqs: Iterable[int], error: str) -> int:
@@ -287,12 +300,23 @@ def output_values(result: Any, correct: bool | None) -> dict[str, Any]:
 
 def save_result(session: Session, job_id: str, pk: int, result: Any, correct: bool | None = None) -> bool:
     """Store a GenerationResult for item `pk` in one transaction, committed; `correct`:
-    its final answer checked against the input's reference. False when another delivery
-    already stored one (the output's primary key is the item)."""
+    its final answer checked against the input's reference. Only while the item is running:
+    False, and nothing written, when another delivery already stored one or the item was
+    settled otherwise meanwhile (cancelled, failed). Any delivery's result is stored, not
+    only the latest claimer's: the first to finish wins (the output's key is the item)."""
     conn = session.connection()
     if conn.dialect.name == "postgresql":
         return _save_result_pg(session, conn, job_id, pk, result, correct)
     try:
+        # First: the guard, and (SQLite) the write lock, so nothing settles it meanwhile.
+        settled = conn.execute(
+            update(Item)
+            .where(Item.id == pk, Item.status == "running")
+            .values(status="done", error=None, finished_at=utcnow())
+        )
+        if settled.rowcount != 1:
+            session.rollback()
+            return False
         conn.execute(
             insert(Output).values(item_pk=pk, job_id=job_id, created_at=utcnow(),
                                   **output_values(result, correct))
@@ -303,11 +327,6 @@ def save_result(session: Session, job_id: str, pk: int, result: Any, correct: bo
                 [{"item_pk": pk, "job_id": job_id, **step_row(s)} for s in result.steps],
             )
         conn.execute(insert(ItemStats).values(item_pk=pk, job_id=job_id, **stat_values(result)))
-        conn.execute(
-            update(Item)
-            .where(Item.id == pk)
-            .values(status="done", error=None, finished_at=utcnow())
-        )
         session.commit()
         return True
     except IntegrityError:
@@ -343,15 +362,22 @@ def stat_values(result: Any) -> dict[str, Any]:
     c = result.counters
     return {"wall_seconds": result.wall_seconds, **{k: getattr(c, k) for k in COUNT_FIELDS},
             "n_steps": len(result.steps), "phase_seconds": dict(c.phase_seconds)}
-# The Postgres path of save_result: output, step log, stats and the item's status in ONE
-# statement (one round trip). ON CONFLICT DO NOTHING on the output makes a second delivery a
-# no-op: the other inserts and the update only run when the output row was inserted.
+# The Postgres path of save_result: the item's status, output, step log and stats in ONE
+# statement (one round trip). The guarded update comes first: it locks the item's row, and
+# one that a concurrent cancel or failure settled first no longer matches (READ COMMITTED
+# re-checks the condition), so nothing else is written. ON CONFLICT DO NOTHING on the output
+# keeps a second delivery a no-op; the other inserts only run when the output was inserted.
 _SAVE_PG = text(f"""
-WITH o AS (
+WITH i AS (
+    UPDATE items SET status = 'done', error = NULL, finished_at = :now
+    WHERE id = :pk AND status = 'running'
+    RETURNING id
+), o AS (
     INSERT INTO outputs (item_pk, job_id, text, final_answer, reasoning, content, correct,
                          finish_reason, models, created_at)
-    VALUES (:pk, :job_id, :text, :final_answer, :reasoning, :content, :correct,
-            :finish_reason, CAST(:models AS json), :now)
+    SELECT :pk, :job_id, :text, :final_answer, :reasoning, :content, :correct,
+           :finish_reason, CAST(:models AS json), :now
+    WHERE EXISTS (SELECT 1 FROM i)
     ON CONFLICT (item_pk) DO NOTHING
     RETURNING item_pk
 ), s AS (
@@ -364,8 +390,7 @@ WITH o AS (
     SELECT :pk, :job_id, {", ".join(f":{k}" for k in STAT_SUMS)}, CAST(:phase_seconds AS json)
     WHERE EXISTS (SELECT 1 FROM o)
 )
-UPDATE items SET status = 'done', error = NULL, finished_at = :now
-WHERE id = :pk AND EXISTS (SELECT 1 FROM o)
+SELECT item_pk FROM o
 """)
 
 
@@ -375,11 +400,11 @@ def _save_result_pg(session: Session, conn, job_id: str, pk: int, result: Any, c
     stats["phase_seconds"] = json.dumps(stats["phase_seconds"])
     out = output_values(result, correct)
     out["models"] = json.dumps(out["models"])
-    res = conn.execute(_SAVE_PG, {
+    stored = conn.execute(_SAVE_PG, {
         "pk": pk, "job_id": job_id, **out, "now": utcnow(), "steps": json.dumps(steps), **stats,
-    })
+    }).first() is not None
     session.commit()
-    return res.rowcount == 1
+    return stored
 
 
 def finalize_job(session: Session, job_id: str) -> bool:
@@ -664,14 +689,15 @@ def completions(session: Session, job_id: str) -> list[tuple]:
     return [(as_utc(ts), n, wall) for ts, n, wall in rows]
 
 
-def jobs_with_unheld_pending(session: Session) -> list[tuple[str, str]]:
-    """(job id, queue) of queued or running jobs with pending items no worker holds: each such
-    item is in the broker's queue, or in a message the broker lost (semjobs.worker.orphans)."""
-    return list(session.execute(
-        select(Item.job_id, Job.queue).join(Job, Job.id == Item.job_id)
-        .where(Job.status.in_(("queued", "running")), Item.status == "pending", Item.worker.is_(None))
-        .group_by(Item.job_id, Job.queue)
-    ))
+def jobs_with_unheld_pending(session: Session) -> list[tuple[str, str, str]]:
+    """(job id, queue, job status) of active jobs with pending items no worker holds: each such
+    item is in the broker's queue, or in a message the broker lost, or (a job still `pending`)
+    in none yet: its submit is enqueueing it, or died before it did (semjobs.worker.orphans)."""
+    return [tuple(r) for r in session.execute(
+        select(Item.job_id, Job.queue, Job.status).join(Job, Job.id == Item.job_id)
+        .where(Job.status.in_(JOB_ACTIVE), Item.status == "pending", Item.worker.is_(None))
+        .group_by(Item.job_id, Job.queue, Job.status)
+    )]
 
 
 def unheld_pending_seqs(session: Session, job_id: str) -> list[int]:

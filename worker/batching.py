@@ -10,12 +10,20 @@ only once all of its items are settled.
 
 The loop runs in a thread of its own (torch releases the GIL in its kernels); the threads
 that hand it items do all the database work. Nothing here imports Celery.
+
+Heartbeats prove that the process lives, not that its engine makes progress, so the loop
+watches the engine too (``is_hung``): an engine turns each time it asks for work (every
+decoding step does) or hands back a result; one that holds items and has not turned for a
+while is stuck in a request (a chat template that loops, a decode that never returns). Its
+thread cannot be stopped, so the loop takes no more items; the chunks fail the item it hung
+on (``suspect``) and hand back the rest (``semjobs.worker.process``).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any, Iterable
 
@@ -35,14 +43,18 @@ class BatchLoop:
         self.changed = threading.Condition(self._lock)
         self.version = 0  # bumped whenever a slot frees, so waiters never miss a wake-up
         self._next_key = 0
-        self._in_engine = 0  # handed to the engine, not finished (the loop thread's own count)
+        self._in_engine: set[int] = set()  # keys handed to the engine, not finished (the loop thread's)
         self._thread: threading.Thread | None = None
+        self._turned_at = time.monotonic()  # when the engine last asked for work or handed back a result
+        self._taking: int | None = None  # the key it took at that turn, until it turns again
+        self._hung = False
 
     # ------------------------------------------------------------------ callers' side
     def try_reserve(self) -> bool:
-        """Take a slot for an item about to be claimed; False when the batch is full."""
+        """Take a slot for an item about to be claimed; False when the batch is full (or the
+        engine is hung: it would never decode it)."""
         with self._lock:
-            if self._taken >= self.batch_size:
+            if self._hung or self._taken >= self.batch_size:
                 return False
             self._taken += 1
             return True
@@ -73,6 +85,23 @@ class BatchLoop:
                 if fut in futures:  # after its Request in the inbox, so the engine has it
                     self._inbox.put(Abort(key))
 
+    def is_hung(self, timeout: float) -> bool:
+        """Whether the engine has held items without turning for ``timeout`` seconds. Once
+        hung, for good: its thread is stuck in the engine, which no other may step."""
+        with self._lock:
+            if not self._hung and self._in_engine and time.monotonic() - self._turned_at > timeout:
+                self._hung = True
+            return self._hung
+
+    def suspect(self) -> Future | None:
+        """The item a hung engine is stuck on, where that can be told: the one it was
+        starting (it took it and never asked for more), else the only one it held. None when
+        it hung while decoding several."""
+        with self._lock:
+            held = tuple(self._in_engine)
+            key = self._taking if self._taking is not None else (held[0] if len(held) == 1 else None)
+            return self._futures.get(key)
+
     def wait(self, seen: int, timeout: float) -> int:
         """Block until a slot frees after ``seen`` (a ``version``) or ``timeout`` passes."""
         with self._lock:
@@ -93,13 +122,20 @@ class BatchLoop:
                                             daemon=True)
             self._thread.start()
 
+    def _turn(self) -> None:
+        """The engine asks for work or hands back a result: it is not stuck."""
+        self._turned_at = time.monotonic()
+        self._taking = None
+
     def _requests(self, inbox: queue.Queue):
         """Items (and Abort markers) as they are handed over. While the engine has items, an
         empty inbox is "nothing new now" (None: the engine goes on decoding); when it has
         none, wait."""
         while True:
-            if self._in_engine == 0:
+            self._turn()
+            if not self._in_engine:
                 req = inbox.get()
+                self._turn()  # idle until now, not stuck
             else:
                 try:
                     req = inbox.get_nowait()
@@ -109,7 +145,8 @@ class BatchLoop:
             if req is _CLOSE:  # the engine runs out of new work: it ends once what it holds is done
                 return
             if not isinstance(req, Abort):
-                self._in_engine += 1
+                self._in_engine.add(req.key)
+                self._taking = req.key
             yield req
 
     def close(self) -> None:
@@ -120,12 +157,15 @@ class BatchLoop:
             if thread is None:
                 return
             self._inbox.put(_CLOSE)
+            if self._hung:  # stuck in the engine: it would never end
+                return
         thread.join()
 
     def _run(self, inbox: queue.Queue) -> None:
         try:
             for done in self.engine.generate_many(self._requests(inbox), batch_size=self.batch_size):
-                self._in_engine -= 1
+                self._in_engine.discard(done.key)
+                self._turn()
                 with self._lock:
                     fut = self._futures.pop(done.key)
                 # settled before its slot frees: a caller woken by the slot finds it done
@@ -140,7 +180,7 @@ class BatchLoop:
                 stranded = list(self._futures.values())
                 self._futures.clear()
                 # the next submit starts a fresh loop on a fresh inbox
-                self._in_engine = 0
+                self._in_engine = set()
                 self._inbox = queue.Queue()
                 self._thread = None
             for fut in stranded:

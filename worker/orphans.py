@@ -11,11 +11,18 @@ for the instant of its delivery, is seen in neither) are enqueued again, by one 
 time (a Postgres advisory lock). Each time counts as a delivery: an item lost more often
 than `max_attempts` (say, a chunk that fails before it starts, every time) ends failed. A
 false alarm costs repeated work, never a second output: outputs are keyed by item.
+
+A job still `pending` was stored but never enqueued: its submit died between the commit and
+the enqueue, or met a broker that was down (`semjobs submit` then exits 1 saying so). Its
+items are enqueued the same way once the job has been seen so for `settings.pending_grace_s`
+(a submit that is enqueueing a large job right now is not raced), without counting a
+delivery: none was made.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 from semjobs.db import repo
@@ -45,22 +52,30 @@ def redis_queue_state(client, queues: list[str]) -> Callable[[str], bool]:
 
 
 class LostChunks:
-    """Finds items of lost chunks; remembers the last beat's candidates (one per process)."""
+    """Finds items of lost chunks and of jobs never enqueued; remembers the last beat's
+    candidates (one per process)."""
 
     def __init__(self):
         self.candidates: dict[str, set[int]] = {}
+        # pending job id -> when this process first saw it with no message (time.monotonic())
+        self.unsent_since: dict[str, float] = {}
         self.failing = False  # the last look raised (logged once, not every beat)
 
     def check(self, session, client) -> dict[str, list[int]]:
-        """Job id -> positions seen lost on this beat and the one before."""
-        pairs = [(j, q) for j, q in repo.jobs_with_unheld_pending(session) if q != EMBEDDED_QUEUE]
+        """Job id -> positions seen lost on this beat and the one before (for a job still
+        pending: seen so for the grace period too)."""
+        rows = [r for r in repo.jobs_with_unheld_pending(session) if r[1] != EMBEDDED_QUEUE]
         seen: dict[str, set[int]] = {}
-        if pairs:
-            has_messages = redis_queue_state(client, sorted({q for _, q in pairs}))
-            for job_id, queue in pairs:
+        if rows:
+            has_messages = redis_queue_state(client, sorted({q for _, q, _ in rows}))
+            for job_id, queue, _status in rows:
                 if not has_messages(queue):
                     seen[job_id] = set(repo.unheld_pending_seqs(session, job_id))
-        lost = {j: sorted(s & self.candidates.get(j, set())) for j, s in seen.items()}
+        now = time.monotonic()
+        unsent = [j for j, _, status in rows if status == "pending" and j in seen]
+        self.unsent_since = {j: self.unsent_since.get(j, now) for j in unsent}
+        waiting = {j for j in unsent if now - self.unsent_since[j] < settings.pending_grace_s}
+        lost = {j: sorted(s & self.candidates.get(j, set())) for j, s in seen.items() if j not in waiting}
         self.candidates = seen
         return {j: s for j, s in lost.items() if s}
 
@@ -78,7 +93,8 @@ def _redis():
 
 
 def requeue_lost(lost_chunks: LostChunks, url: str | None = None, client=None, publisher=None) -> dict[str, list[int]]:
-    """One look (a heartbeat's); enqueue again what was seen lost twice. Returns it."""
+    """One look (a heartbeat's); enqueue again what was seen lost twice, and what was never
+    enqueued. Returns it."""
     from semjobs.jobs.submit import enqueue_job
     from semjobs.worker.publish import publisher as default_publisher
 
@@ -86,9 +102,11 @@ def requeue_lost(lost_chunks: LostChunks, url: str | None = None, client=None, p
         if not repo.try_lock(session, LOCK_KEY):  # another process is at it this instant
             return {}
         lost = lost_chunks.check(session, client or _redis())
-        again = {job_id: repo.count_lost_delivery(session, job_id, seqs, settings.max_attempts)
+        jobs = {job_id: repo.get_job(session, job_id) for job_id in lost}
+        again = {job_id: seqs if jobs[job_id].status == "pending"  # never sent: no delivery to count
+                 else repo.count_lost_delivery(session, job_id, seqs, settings.max_attempts)
                  for job_id, seqs in lost.items()}
-        queues = {job_id: repo.get_job(session, job_id).queue for job_id in lost}
+        queues = {job_id: job.queue for job_id, job in jobs.items()}
         session.commit()  # the deliveries counted, the lock released
         for job_id, seqs in again.items():
             if seqs:

@@ -4,10 +4,13 @@ The Celery task (`semjobs.worker.tasks.run_chunk`) and the embedded mode (`semjo
 `run_items`; nothing here imports Celery. Items decode in this process's batch loop
 (`semjobs.worker.batching`); every item is claimed when it starts and committed when it finishes,
 so a crash loses at most the items in flight, and a redelivered chunk skips what is done.
+An engine that hangs (`semjobs.worker.batching.BatchLoop.is_hung`) ends the chunk: the item it hung on
+fails with that reason, the rest is handed back (`ChunkReport.left`, `ChunkReport.hung`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -27,6 +30,7 @@ from semjobs.worker import engine as engines
 from semjobs.worker.batching import batch_loop
 from semjobs.worker.holdings import holdings
 
+log = logging.getLogger(__name__)
 _job_configs: dict[str, dict] = {}  # job id -> config (immutable once stored)
 _identities_written: set[str] = set()
 # How often a chunk with items decoding asks whether their job was cancelled: a cancel stops
@@ -41,8 +45,11 @@ class ChunkReport:
     skipped: int = 0  # already finished, or claimed by nobody (cancelled)
     aborted: int = 0  # stopped mid-decode: the job was cancelled
     duplicates: int = 0  # finished here, but another delivery had stored it first
+    late: int = 0  # finished here after the item was settled otherwise (cancelled, failed): not stored
     cancelled: bool = False
-    left: list[int] = field(default_factory=list)  # not attempted: the chunk ran out of time
+    # not done here, to be enqueued again: the chunk ran out of time, or its engine hung
+    left: list[int] = field(default_factory=list)
+    hung: bool = False  # the engine made no progress for settings.progress_timeout_s: it cannot decode any more
 
 
 def worker_name() -> str:
@@ -74,7 +81,8 @@ def run_items(
     holds). Each item is claimed when a slot is free and committed when it finishes.
     `deadline` (time.monotonic) stops starting items after it, and so does `should_stop()`
     returning true (a worker shutting down); what did not start is returned in
-    `report.left`. Returns once every started item is settled."""
+    `report.left`. Returns once every started item is settled, or at once when the engine
+    hangs (`report.hung`; what it held, but the item it hung on, is in `report.left`)."""
     report = ChunkReport()
     worker = worker or worker_name()
     with session_factory(url, role="worker")() as session:
@@ -165,6 +173,9 @@ class _Chunk:
                 continue
             if i >= len(self.seqs) and not self.in_flight:
                 return
+            if self.loop.is_hung(settings.progress_timeout_s):
+                self.give_up_on_hung_engine(self.seqs[i:])
+                return
             self.abort_if_cancelled()
             self.loop.wait(seen, timeout=CANCEL_CHECK_S)
 
@@ -187,6 +198,40 @@ class _Chunk:
         cancelled = repo.job_is_cancelled(self.session, self.job_id)
         self.session.commit()  # ends the read: no transaction stays open while items decode
         return cancelled
+
+    def give_up_on_hung_engine(self, unstarted: list[int]) -> None:
+        """The engine is hung: fail the item it hung on, when it is this chunk's and can be
+        told (``BatchLoop.suspect``), with the reason; hand back the others in flight and those
+        not started (``report.left``: the caller enqueues them again, for other workers).
+        Their decodes are abandoned: whatever the stuck engine makes of them is never stored."""
+        self.report.hung = True
+        suspect = self.loop.suspect()
+        reason = (f"no progress for {settings.progress_timeout_s:g} s: the engine hung on this item "
+                  f"(worker {self.worker}; the other items it held were handed back)")
+        failed, in_flight = [], []
+        for fut, (pk, seq, _ref) in self.in_flight.items():
+            if fut is suspect:
+                if retrying(self.session, lambda: repo.fail_item(self.session, pk, reason, self.worker),
+                            "failing an item"):
+                    failed.append(seq)
+            else:
+                in_flight.append(seq)
+            holdings.end((self.job_id, seq))
+        self.in_flight.clear()
+        keys = [(self.job_id, seq) for seq in in_flight + unstarted]
+        released = retrying(self.session, lambda: self._release_held(keys), "handing items back")
+        self.report.failed += len(failed)
+        self.report.left += released.get(self.job_id, [])
+        log.warning("job %s: the engine made no progress for %g s; failed item(s) %s, handed back %s",
+                    self.job_id, settings.progress_timeout_s, failed, self.report.left)
+        for seq in failed:
+            if self.on_item:
+                self.on_item("failed", seq)
+
+    def _release_held(self, keys: list[tuple[str, int]]) -> dict[str, list[int]]:
+        released = repo.release_held(self.session, self.worker, keys)
+        self.session.commit()
+        return released
 
     def abandon(self) -> None:
         for fut, (_pk, seq, _ref) in self.in_flight.items():
@@ -222,9 +267,9 @@ class _Chunk:
             return False
         if claim.attempts > settings.max_attempts:
             reason = (f"gave up after {claim.attempts - 1} deliveries that never finished "
-                      f"(max_attempts={settings.max_attempts}; was the worker killed?)")
-            retrying(s, lambda: repo.fail_item(s, claim.pk, reason), "failing an item")
-            self.report.failed += 1
+                      f"(max_attempts={settings.max_attempts}; was the worker killed, or its engine hung?)")
+            if retrying(s, lambda: repo.fail_item(s, claim.pk, reason, self.worker), "failing an item"):
+                self.report.failed += 1
             return False
         request = claim.request
         fut = self.loop.submit(request.get("messages") or request["prompt"],
@@ -250,10 +295,14 @@ class _Chunk:
             return
         if error is not None:  # the engine failed on this item: record it, go on
             tail = "".join(traceback.format_exception_only(type(error), error)).strip()
-            retrying(self.session, lambda: repo.fail_item(self.session, pk, tail), "failing an item")
-            self.report.failed += 1
+            if retrying(self.session, lambda: repo.fail_item(self.session, pk, tail, self.worker),
+                        "failing an item"):
+                self.report.failed += 1
+                outcome = "failed"
+            else:
+                outcome = self._came_late(pk, seq, "failure")
             if self.on_item:
-                self.on_item("failed", seq)
+                self.on_item(outcome, seq)
             return
         # committed at once: other items of the batch may decode for minutes more
         result = fut.result()
@@ -261,7 +310,26 @@ class _Chunk:
         if retrying(self.session, lambda: repo.save_result(self.session, self.job_id, pk, result, correct),
                     "storing a result"):
             self.report.done += 1
+            outcome = "done"
         else:
-            self.report.duplicates += 1
+            outcome = self._came_late(pk, seq, "result")
         if self.on_item:
-            self.on_item("done", seq)
+            self.on_item(outcome, seq)
+
+    def _came_late(self, pk: int, seq: int, what: str) -> str | None:
+        """A result or failure that found the item settled (or handed to another worker)
+        meanwhile: counted and logged, never an error for the chunk's other items. Returns
+        the item's status now."""
+        status = retrying(self.session, lambda: self._item_status(pk), "reading an item")
+        if status == "done":  # another delivery stored it first: the usual duplicate
+            self.report.duplicates += 1
+        else:
+            self.report.late += 1
+            log.warning("job %s item %d: its %s came when the item was %s; not recorded",
+                        self.job_id, seq, what, status)
+        return status
+
+    def _item_status(self, pk: int) -> str | None:
+        status = repo.item_status(self.session, pk)
+        self.session.commit()  # ends the read: no transaction stays open while items decode
+        return status

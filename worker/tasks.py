@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -89,11 +91,27 @@ def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
     if report.left:
         requeue(_queue_of(self), job_id, report.left)
     log.info(
-        "job %s chunk %s: done=%d failed=%d skipped=%d duplicates=%d%s",
-        job_id, seqs[:1], report.done, report.failed, report.skipped, report.duplicates,
+        "job %s chunk %s: done=%d failed=%d skipped=%d duplicates=%d late=%d%s",
+        job_id, seqs[:1], report.done, report.failed, report.skipped, report.duplicates, report.late,
         f" cancelled ({report.aborted} aborted mid-decode)" if report.cancelled else "",
     )
+    if report.hung:
+        log.error("job %s chunk %s: the engine made no progress for %g s (SEMJOBS_PROGRESS_TIMEOUT_S); "
+                  "handed back %d item(s); this worker stops, to be started again fresh",
+                  job_id, seqs[:1], settings.progress_timeout_s, len(report.left))
+        stop_worker(self)
     return {"done": report.done, "failed": report.failed}
+
+
+def stop_worker(task) -> None:
+    """End this worker process after its engine hung: the thread stuck in the engine cannot
+    be stopped, nor the engine freed. As SIGTERM does: warm, so every other chunk hands back
+    what it holds first; `semjobs worker`'s supervisor (on a CPU), Celery's prefork parent
+    (-c N) or the container's restart policy starts a fresh one. Not for a task run in its
+    caller's own process (eager: tests)."""
+    if task.request.is_eager:
+        return
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 # One calibration question at a time in a process: the threads pool runs several tasks at

@@ -45,7 +45,7 @@ def test_upgrade_downgrade_upgrade(empty_url):
     assert migrate.current(empty_url) == HEAD
     assert _tables(empty_url) == TABLES
     assert _diff(empty_url) == []
-    migrate.downgrade(empty_url)
+    migrate.downgrade(empty_url, "base")
     assert migrate.current(empty_url) is None
     assert _tables(empty_url) == set()
     migrate.upgrade(empty_url)
@@ -148,3 +148,42 @@ def test_0003_adds_and_drops_worker_heartbeats_keeping_items(empty_url):
     assert _sql(empty_url, "SELECT item_id, worker FROM items") == [("i0", "w@h:1")]
     migrate.upgrade(empty_url, HEAD)
     assert _diff(empty_url) == []
+
+
+def _downgrade(url, *args, input=None):
+    from click.testing import CliRunner
+
+    from semjobs.cli.main import main
+
+    return CliRunner().invoke(main, ["db", "downgrade", "--url", url, *args], input=input)
+
+
+@pytest.fixture
+def migrated_sqlite(tmp_path):
+    url = f"sqlite:///{tmp_path / 'd.sqlite'}"
+    migrate.upgrade(url)
+    return url
+
+
+def test_cli_db_downgrade_needs_an_explicit_revision(migrated_sqlite):
+    res = _downgrade(migrated_sqlite, "--yes")
+    assert res.exit_code == 2 and "--revision" in res.output
+    assert _tables(migrated_sqlite) == TABLES
+
+
+def test_cli_db_downgrade_asks_first_and_a_no_keeps_everything(migrated_sqlite):
+    res = _downgrade(migrated_sqlite, "--revision", "base", input="n\n")
+    assert res.exit_code == 1 and "drop every table and all data" in res.output and "Aborted" in res.output
+    res = _downgrade(migrated_sqlite, "--revision", "base", input="")  # no terminal to answer
+    assert res.exit_code == 1
+    assert migrate.current(migrated_sqlite) == HEAD and _tables(migrated_sqlite) == TABLES
+
+
+def test_cli_db_downgrade_confirmed_rolls_back(migrated_sqlite):
+    res = _downgrade(migrated_sqlite, "--revision", "0002_step_log_engine_fields", input="y\n")
+    assert res.exit_code == 0, res.output
+    assert "drop the tables and columns added after it" in res.output
+    assert migrate.current(migrated_sqlite) == "0002_step_log_engine_fields"
+    res = _downgrade(migrated_sqlite, "--revision", "base", "--yes")
+    assert res.exit_code == 0 and "?" not in res.output, res.output
+    assert migrate.current(migrated_sqlite) is None and _tables(migrated_sqlite) == set()

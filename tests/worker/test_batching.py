@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from semspec.types import Cancelled, GenerationConfig
+from semspec.types import Cancelled, GenerationConfig, Request
+from tests.conftest import wait_for
 from tests.fake_engine import InstantEngine
 from semjobs.worker.batching import BatchLoop
 
@@ -107,3 +108,69 @@ def test_forgetting_an_engine_ends_its_loop_once_its_items_are_done():
     del engine, loop
     gc.collect()
     assert gone() is None
+
+
+class HangingEngine(InstantEngine):
+    """The instant engine, stuck (until ``release`` is set, at most 60 s) where a prompt says:
+    HANG while taking it, as one whose chat template loops would be; STALL while decoding it,
+    beside the others it holds. Either way its loop stops turning.
+    Select it with SEMJOBS_ENGINE_FACTORY=tests.worker.test_batching:HangingEngine.load."""
+
+    def __init__(self, delay_s: float = 0.0):
+        super().__init__(delay_s)
+        self.release = threading.Event()
+
+    def generate_many(self, requests, config=None, batch_size=1):
+        def taking(source):
+            for req in source:
+                if isinstance(req, Request) and "HANG" in str(req.prompt):
+                    self.release.wait(60)
+                yield req
+
+        yield from super().generate_many(taking(requests), config, batch_size)
+
+    def _answer(self, prompt, config):
+        if "STALL" in str(prompt):
+            self.release.wait(60)
+        return super()._answer(prompt, config)
+
+
+def test_an_engine_that_stops_turning_is_hung_and_names_the_item_it_was_starting():
+    engine = HangingEngine()
+    loop = BatchLoop(engine, batch_size=4)
+    for _ in range(3):
+        loop.try_reserve()
+    assert loop.submit("question 1", CFG).result(timeout=5).text  # it turns: decodes, idles
+    assert not loop.is_hung(timeout=0.3), "an idle engine holds nothing: it is not hung"
+    stuck = loop.submit("HANG here", CFG)
+    loop.submit("question 3", CFG)  # waits in the inbox: the engine never takes it
+    assert not loop.is_hung(timeout=5)
+    wait_for(lambda: loop.is_hung(timeout=0.3), timeout=5, what="the watchdog")
+    assert loop.suspect() is stuck
+    assert not loop.try_reserve(), "no item goes to a hung engine"
+    t0 = time.monotonic()
+    loop.close()  # a stuck thread is not waited for
+    assert time.monotonic() - t0 < 1
+    engine.release.set()
+
+
+def test_a_slow_decode_turns_the_engine_and_is_not_hung():
+    loop = BatchLoop(InstantEngine(delay_s=1.5), batch_size=2)
+    loop.try_reserve()
+    fut = loop.submit("a long one", CFG)
+    while not fut.done():
+        assert not loop.is_hung(timeout=0.5)  # it asks for work every 20 ms while it decodes
+        time.sleep(0.05)
+    assert fut.result().text
+
+
+def test_an_engine_hung_while_decoding_several_names_no_suspect():
+    """Which of the items it decodes it hung on cannot be told: none is blamed."""
+    engine = HangingEngine(delay_s=0.3)  # both are taken before the first is due
+    loop = BatchLoop(engine, batch_size=2)
+    assert loop.try_reserve() and loop.try_reserve()
+    loop.submit("STALL here", CFG)
+    loop.submit("question 2", CFG)
+    wait_for(lambda: loop.is_hung(timeout=0.3), timeout=5, what="the watchdog")
+    assert loop.suspect() is None
+    engine.release.set()

@@ -438,3 +438,29 @@ def test_an_engine_that_cannot_load_fails_the_items_with_its_reason(service_env,
     assert "gave up after 3 tries" in failure["reason"]
     shown = run_cli(["status", job_id], service_env).stdout
     assert "failed     6 item(s): could not load the engine" in shown
+
+
+def test_a_hung_engine_fails_its_item_and_its_worker_hands_back_the_rest_and_stops(service_env, workers, pg_db,
+                                                                                     tmp_path):
+    """The progress watchdog in a real worker: an engine stuck starting one item (HANG, as a
+    chat template that loops would be) while the worker still beats. Within the progress
+    timeout that item fails with the reason, the worker hands back its other items and stops
+    by itself (its engine thread cannot be freed); another worker does the rest, once each."""
+    env = {"SEMJOBS_ENGINE_FACTORY": "tests.worker.test_batching:HangingEngine.load",
+           "SEMJOBS_PROGRESS_TIMEOUT_S": "2", "FAKE_ENGINE_DELAY_S": "0.3"}
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Question {i}" + (" HANG" if i == 5 else "")})
+                            + "\n" for i in range(8)))
+    job_id = submit(service_env, path)
+    first = workers.start("first", env=env)
+    first.wait(timeout=60)  # no signal sent: it stops by itself
+    assert first.returncode == 0, workers.log(first)
+    assert "the engine made no progress for 2 s" in workers.log(first)
+    with session_factory(pg_db)() as s:
+        stuck = s.scalars(select(Item).where(Item.job_id == job_id, Item.seq == 5)).one()
+    assert stuck.status == "failed" and "no progress for 2 s: the engine hung on this item" in stuck.error
+    workers.start("second", env=env)
+    wait_completed(pg_db, job_id, workers)
+    assert counts(pg_db, job_id) == {"done": 7, "failed": 1}
+    with session_factory(pg_db)() as s:
+        assert s.scalar(select(func.count()).select_from(Output).where(Output.job_id == job_id)) == 7

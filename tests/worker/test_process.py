@@ -5,7 +5,7 @@ import json
 import time
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from semjobs.db import repo
 from semjobs.db.models import Item, ItemStats, Job, Output, StepLog
@@ -235,3 +235,72 @@ def test_deadline_hands_back_the_rest(db_url, tmp_path, fake_engine):
     assert rep.done == 1 and rep.left == [1, 2, 3]
     with session_factory(db_url)() as s:
         assert s.get(Job, job_id).status == "running"
+
+
+def test_a_result_that_comes_late_is_not_stored_and_the_other_items_finish(db_url, tmp_path, fake_engine,
+                                                                           monkeypatch):
+    """An item settled elsewhere while it decodes here (failed by another worker's watchdog or
+    attempt cap, say): its result is counted late and dropped, the item stays failed, and
+    nothing else of the chunk suffers."""
+    import threading
+
+    from semjobs.worker import engine as engines
+
+    monkeypatch.setenv("FAKE_ENGINE_DELAY_S", "1")
+    engines._cache.clear()
+    job_id = make_job(db_url, tmp_path, n=3)
+    reports = []
+    chunk = threading.Thread(target=lambda: reports.append(run_items(job_id, [0, 1, 2], url=db_url)))
+    chunk.start()
+    wait_for(lambda: statuses(db_url, job_id)["i0"] == "running", 10, interval=0.02, what="item 0 decoding")
+    with session_factory(db_url)() as s:
+        s.execute(update(Item).where(Item.job_id == job_id, Item.seq == 0)
+                  .values(status="failed", error="settled elsewhere"))
+        s.commit()
+    chunk.join(timeout=30)
+    (rep,) = reports
+    assert (rep.done, rep.late, rep.failed, rep.duplicates) == (2, 1, 0, 0)
+    assert statuses(db_url, job_id) == {"i0": "failed", "i1": "done", "i2": "done"}
+    assert count(db_url, Output, job_id) == 2
+    with session_factory(db_url)() as s:
+        assert s.get(Job, job_id).status == "completed"
+
+
+def test_a_hung_engine_fails_the_item_it_hung_on_and_the_rest_is_done_elsewhere(db_url, tmp_path, fake_engine,
+                                                                                 monkeypatch):
+    """The watchdog: an engine stuck starting one item (HANG: a chat template that loops)
+    makes no progress; within the progress timeout that item fails with the reason, the
+    chunk's other items are handed back, and another worker does them: each item settled
+    once, one output each."""
+    from semjobs.settings import settings
+    from semjobs.worker import engine as engines
+    from tests.conftest import FAKE_ENGINE
+
+    monkeypatch.setattr(settings, "engine_factory", "tests.worker.test_batching:HangingEngine.load")
+    monkeypatch.setattr(settings, "progress_timeout_s", 1.0)
+    monkeypatch.setattr(settings, "batch_size", 4)
+    p = tmp_path / "hang.jsonl"
+    p.write_text("".join(json.dumps({"id": f"i{i}", "prompt": f"question {i}" + (" HANG" if i == 2 else "")}) + "\n"
+                         for i in range(6)))
+    job_id, _ = store_job(p, job_config("ar", 16), queue="q", url=db_url, status="queued")
+    hanging = engines.get_engine()
+    try:
+        t0 = time.monotonic()
+        rep = run_items(job_id, list(range(6)), url=db_url, worker="w1@h:1")
+        assert time.monotonic() - t0 < settings.progress_timeout_s + 3
+    finally:
+        hanging.release.set()
+    assert rep.hung and rep.failed == 1 and rep.done + len(rep.left) == 5 and 2 not in rep.left
+    with session_factory(db_url)() as s:
+        stuck = s.scalars(select(Item).where(Item.job_id == job_id, Item.seq == 2)).one()
+        assert stuck.status == "failed" and "no progress for 1 s: the engine hung on this item" in stuck.error
+        assert {i.seq: (i.status, i.worker) for i in s.scalars(select(Item).where(Item.seq.in_(rep.left)))} \
+            == {seq: ("pending", None) for seq in rep.left}
+
+    monkeypatch.setattr(settings, "engine_factory", FAKE_ENGINE)  # another worker, a sound engine
+    again = run_items(job_id, rep.left, url=db_url, worker="w2@h:2")
+    assert (again.done, again.failed, again.hung) == (len(rep.left), 0, False)
+    assert statuses(db_url, job_id) == {f"i{i}": "failed" if i == 2 else "done" for i in range(6)}
+    assert count(db_url, Output, job_id) == 5
+    with session_factory(db_url)() as s:
+        assert s.get(Job, job_id).status == "completed"

@@ -40,3 +40,19 @@ def test_only_the_step_engine_samples_for_a_calibration(monkeypatch):
     monkeypatch.setattr(token_engine, "vllm_installed", lambda: False)
     monkeypatch.setitem(sys.modules, "semspec.engine.step_engine", None)  # importing it now raises
     assert tasks.calibration_models(step_engine) is None
+
+
+def test_a_chunk_whose_engine_hung_requeues_the_rest_and_stops_the_worker(monkeypatch):
+    """The watchdog's end in a worker: what the chunk handed back goes out again for other
+    workers, and this worker, whose engine thread is stuck for good, stops to be started
+    afresh (by SIGTERM: warm, so its other chunks hand back what they hold)."""
+    from semjobs.worker.process import ChunkReport
+
+    sent, stopped = [], []
+    monkeypatch.setattr(tasks, "job_engine_request", lambda job_id: ("ar", None))
+    monkeypatch.setattr(tasks, "load_or_give_up", lambda *_args: None)
+    monkeypatch.setattr(tasks, "run_items", lambda *_a, **_k: ChunkReport(done=1, failed=1, left=[6, 7], hung=True))
+    monkeypatch.setattr(tasks, "requeue", lambda queue, job_id, seqs: sent.append((job_id, seqs)))
+    monkeypatch.setattr(tasks, "stop_worker", stopped.append)
+    assert tasks.run_chunk.apply(args=("job-1", [4, 5, 6, 7])).get() == {"done": 1, "failed": 1}
+    assert sent == [("job-1", [6, 7])] and len(stopped) == 1
