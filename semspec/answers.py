@@ -1,5 +1,6 @@
 """Final answers: finding one in a generated text, splitting reasoning from content, and
-checking an answer against a reference. Pure functions, no I/O.
+checking an answer against a reference. Pure functions, no I/O; the check alone runs
+math-verify in a helper process, under a time limit (:mod:`semspec.answer_check_process`).
 
 The engine's result (``GenerationResult.final_answer``), the job service and the bench all
 use :func:`final_answer` and :func:`is_correct`, so they agree on what a model answered and
@@ -25,6 +26,10 @@ import functools
 import logging
 import re
 from fractions import Fraction
+
+from .answer_check_process import CheckProcess, CheckTimedOut
+
+log = logging.getLogger(__name__)
 
 # A number as models write it: "-3", "$1,250.50", "\$5", "€12", "25%", "3/4", "\frac{3}{4}".
 _NUMBER = (
@@ -179,29 +184,50 @@ def reference_from(value: str | int | float | None) -> str | None:
     return normalize_answer(text)
 
 
-# math-verify runs without its signal-based timeouts (signals only work in the main thread,
-# and answers are checked in worker threads), so it is given only what it checks in
-# milliseconds: short answers, without powers of powers, huge exponents or factorials,
-# which sympy would evaluate exactly for minutes.
+# math-verify's own timeouts use signals, which work only in a process's main thread, and
+# answers are checked in worker threads: so it runs in a helper process (answer_check_process),
+# which is killed when a check runs past this limit; the answer is then compared as a number.
+MATH_VERIFY_TIME_LIMIT_S = 5.0
+
+# Still given to math-verify only: short answers, without powers of powers, huge exponents or
+# factorials, which sympy would evaluate exactly for minutes. These would only run into the
+# time limit (and cost a helper's restart), so they skip the round trip to it.
 _MAX_VERIFY_CHARS = 100
 _SLOW_TO_EVALUATE = re.compile(r"\^.*\^|\^\s*\{?\s*\d{6,}|!|\\binom")  # any factorial: (10!)! never ends
+
+# The helper imports _parse_and_verify by name; it warms up on a check of its own, so that the
+# imports (sympy, math-verify's LaTeX parser) are paid when it starts, not within a check's limit.
+_checker = CheckProcess(f"{__name__}:_parse_and_verify", warm_up=("1", "1"))
 
 
 @functools.cache
 def _silence_timeout_warning() -> None:
     """math-verify warns once per process that its timeouts are off: here that is on purpose
-    (see above), and the warning would only puzzle whoever reads a worker's log."""
+    (the helper's caller enforces a time limit), and the warning would only puzzle whoever
+    reads the log."""
     for name in ("math_verify.parser", "math_verify.grader"):
         logging.getLogger(name).addFilter(lambda r: not r.getMessage().startswith("Timeout is disabled"))
 
 
 def _math_verify(reference: str, answer: str) -> bool | None:
-    """math-verify's verdict; None when it cannot parse a side as math or is not asked."""
+    """math-verify's verdict; None when it cannot parse a side as math, is not asked, or
+    takes more than MATH_VERIFY_TIME_LIMIT_S."""
     if any(len(s) > _MAX_VERIFY_CHARS or _SLOW_TO_EVALUATE.search(s) for s in (reference, answer)):
         return None
+    try:
+        return _checker.call(reference, answer, timeout=MATH_VERIFY_TIME_LIMIT_S)
+    except CheckTimedOut:
+        log.warning("math-verify took over %s s on %r against %r: compared as numbers",
+                    MATH_VERIFY_TIME_LIMIT_S, answer, reference)
+        return None
+
+
+def _parse_and_verify(reference: str, answer: str) -> bool | None:
+    """math-verify itself, run in the helper process: its verdict, None when it cannot parse
+    a side as math. Without its own timeouts: the helper's caller enforces the limit."""
     _silence_timeout_warning()
-    # imported here: sympy and the LaTeX parser take a while to import, and most users of
-    # this module (the engine, the service's API) only extract answers
+    # imported here: sympy and the LaTeX parser take a while to import, and only the helper
+    # process needs them
     from math_verify import parse, verify
     from sympy import Basic
 
@@ -230,7 +256,8 @@ def is_correct(answer: str | None, reference: str | None) -> bool | None:
 
     Equal normalised strings are equal; otherwise math-verify decides (1/2 = 0.5 = \\frac{1}{2},
     2^{10} = 1024; decimals count as equal when they agree to 6 places, so 0.333 is not 1/3
-    but 0.333333 is); when it cannot parse a side, the numbers are compared exactly. A
+    but 0.333333 is); when it cannot parse a side or takes more than
+    MATH_VERIFY_TIME_LIMIT_S, the numbers are compared exactly. A
     percentage is its number: "25%" matches "25", not "0.25".
     """
     a, r = normalize_answer(answer), normalize_answer(reference)

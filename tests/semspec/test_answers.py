@@ -3,11 +3,14 @@ the correctness check (math-verify with a numeric fallback). No models."""
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
+import time
 
 import pytest
 
 from semspec import answers
+from semspec.answer_check_process import CheckProcess
 from semspec.answers import (
     extract_answer,
     final_answer,
@@ -215,3 +218,90 @@ def test_is_correct_in_a_worker_thread():
     t.join(timeout=60)
     assert not t.is_alive() and not errors
     assert results == [expected for _, _, expected in CHECKS]
+
+
+def test_is_correct_from_several_threads_at_once():
+    # the threads share one helper process, one check at a time
+    outcomes, errors = {}, []
+
+    def check(i):
+        try:
+            outcomes[i] = [is_correct(a, r) for a, r, _ in CHECKS]
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=check, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and all(not t.is_alive() for t in threads)
+    assert outcomes == {i: [expected for _, _, expected in CHECKS] for i in range(4)}
+
+
+def test_is_correct_in_a_daemonic_spawned_child():
+    # `semjobs run`'s engine processes are daemonic children, which multiprocessing forbids
+    # to start children of their own; a helper that could not start would make this False
+    with multiprocessing.get_context("spawn").Pool(1) as pool:  # Pool's workers are daemonic
+        assert pool.apply(is_correct, ("\\sqrt{8}", "2\\sqrt{2}")) is True
+
+
+# A check for the helper process that is slow on demand: no sympy input need be found that is
+# slow. "yes" is right whatever the reference, so a True for it can only come from the helper.
+SLEEPY_CHECK = """
+import time
+
+def check(reference, answer):
+    if answer == "1/2":
+        time.sleep(60)
+    return answer == "yes"
+"""
+
+
+@pytest.fixture
+def sleepy_checker(tmp_path, monkeypatch):
+    """answers' helper process running SLEEPY_CHECK, with a time limit of 1 s."""
+    (tmp_path / "sleepy_check.py").write_text(SLEEPY_CHECK)
+    monkeypatch.syspath_prepend(tmp_path)  # the helper gets this process's sys.path
+    checker = CheckProcess("sleepy_check:check", warm_up=("1", "1"))
+    monkeypatch.setattr(answers, "_checker", checker)
+    monkeypatch.setattr(answers, "MATH_VERIFY_TIME_LIMIT_S", 1.0)
+    yield checker
+    checker.close()
+
+
+def test_a_check_past_the_time_limit_compares_numbers_within_the_limit(sleepy_checker):
+    assert is_correct("yes", "18") is True  # the helper's verdict
+    t0 = time.perf_counter()
+    assert is_correct("1/2", "0.5") is True  # the helper sleeps: the numbers are equal
+    assert time.perf_counter() - t0 < 3
+    assert is_correct("1/2", "0.4") is False
+
+
+def test_the_helper_is_restarted_after_a_timeout(sleepy_checker):
+    assert is_correct("yes", "18") is True
+    first = sleepy_checker.pid
+    is_correct("1/2", "0.5")
+    assert sleepy_checker.pid is None  # killed
+    assert is_correct("yes", "18") is True
+    assert sleepy_checker.pid not in (None, first)
+
+
+def test_threads_waiting_behind_a_timeout_get_their_verdicts(sleepy_checker):
+    verdicts = [None] * 4
+
+    def check(i, answer):
+        verdicts[i] = is_correct(answer, "0.5")
+
+    assert is_correct("yes", "18") is True  # the helper runs
+    answers_given = ("1/2", "yes", "yes", "yes")
+    threads = [threading.Thread(target=check, args=(i, a)) for i, a in enumerate(answers_given)]
+    threads[0].start()
+    deadline = time.monotonic() + 10
+    while not sleepy_checker._lock.locked() and time.monotonic() < deadline:  # the slow check is on
+        time.sleep(0.01)
+    for t in threads[1:]:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert verdicts == [True, True, True, True]  # 1/2 = 0.5 as numbers, "yes" by the restarted helper
