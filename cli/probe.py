@@ -183,8 +183,9 @@ def merge(out_dir, sources, calibration_id):
 @click.argument("data_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--judge", "judge_kind", type=click.Choice(["embed", "nli"]), default="embed", show_default=True,
               help="embed: all-MiniLM-L6-v2 cosine + numeric rule; nli: bidirectional entailment.")
-@click.option("--judge-model", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Judge model directory (required for nli; default for embed: the embedded MiniLM).")
+@click.option("--judge-model", default=None,
+              help="Judge model: a directory or a hub name, org/name[@revision] (required for nli; "
+              "default for embed: the embedded MiniLM).")
 @click.option("--threshold", type=float, default=None,
               help="Cosine threshold (embed) or entailment probability threshold (nli).")
 @click.option("--numbers/--no-numbers", default=None,
@@ -249,7 +250,7 @@ def train(data_dir, out_dir, holdout, seed, lr):
 @probe.command("judge-eval")
 @click.argument("pairs_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--judge", "judge_kind", type=click.Choice(["embed", "nli"]), default="embed", show_default=True)
-@click.option("--judge-model", type=click.Path(exists=True, file_okay=False), default=None)
+@click.option("--judge-model", default=None, help="A directory or a hub name, org/name[@revision].")
 @click.option("--threshold", type=float, default=None)
 @click.option("--numbers/--no-numbers", default=None)
 @click.option("--show-errors", is_flag=True, help="Print the misjudged pairs.")

@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Iterator
 
 from semjobs import __version__
 from semjobs.settings import settings
+from semspec.models.hub import parse_hub_name
 from semspec.types import METHODS, NGRAM_DRAFT, GenerationConfig
 
 from semjobs.db import repo
@@ -105,7 +106,7 @@ def missing_model_files() -> list[str]:
     for key, env in MODEL_SETTINGS.items():
         spec = getattr(settings, key)
         if (spec and spec not in ("none", NGRAM_DRAFT) and not spec.startswith("embedded:")
-                and not Path(spec).expanduser().exists()):
+                and not Path(spec).expanduser().exists() and parse_hub_name(spec) is None):
             missing.append(f"{env}={spec}: no such file or directory here")
     return missing
 

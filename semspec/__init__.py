@@ -22,7 +22,8 @@ Public API (imported from the submodules, so that ``import semspec.types`` stays
   method needs; a prompt rendered through its chat template (``render_prompt``,
   ``encode_prompt``), its token ids, step_judge's question.
 - ``semspec.models`` — model specs (``specs``: ``embedded:<name>``, GGUF files, local HF
-  directories; ``model_directory``, what vLLM loads; ``register_embedded``), identities
+  directories, hub names ``org/name[@revision]`` through the Hugging Face cache (``hub``);
+  ``model_directory``, what vLLM loads; ``register_embedded``), identities
   (``identity``), and ``loaded.load_model(spec, device, cache_dir)`` for transformers
   (training, calibration, quality passes; ``truncated_copy``).
 - ``semspec.probes`` — ``Probe`` (MLP + sigmoid, safetensors + JSON metadata), ``ProbePair``,

@@ -7,8 +7,9 @@ Two judges ship here, behind one small protocol:
   last hidden state, cosine) at or above a threshold AND the numeric-consistency rule of
   `numbers.py`. Cosine alone is blind to numbers ("9 eggs ... $18" vs "7 eggs ... $14"
   score higher than a true paraphrase), so both conditions must hold.
-- `NLIJudge`: bidirectional entailment with a local MNLI sequence-classification model
-  directory (the SemanticSpec paper uses an MNLI DeBERTa): a entails b and b entails a.
+- `NLIJudge`: bidirectional entailment with an MNLI sequence-classification model, a local
+  directory or a hub name (the SemanticSpec paper uses an MNLI DeBERTa): a entails b and b
+  entails a.
   The numeric rule can be switched on for it too.
 
 `make_judge("embed" | "nli", ...)` builds one by name (used by `semjobs probe label`).
@@ -23,6 +24,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from semspec.calibration.numbers import numbers_consistent
+from semspec.models.hub import fetch_snapshot, parse_hub_name
 
 # Chosen on tests/semspec/calibration/step_pairs.jsonl: accuracy is flat (0.88-0.91) from
 # 0.55 to 0.7 and falls above; 0.7 is the top of that plateau, so that meaning clusters of
@@ -56,6 +58,17 @@ def embedded_minilm_dir() -> Path:
     return path
 
 
+def judge_model(spec: str | Path) -> tuple[Path, str]:
+    """(directory, the name a judge's description records) of a judge model: a local directory
+    as given, or a hub name (``org/name[@revision]``) as its cached snapshot, recorded as
+    ``org/name@<commit>`` so that labels name what judged them, not a cache's path."""
+    hub = parse_hub_name(str(spec))
+    if hub is None:
+        return Path(spec), str(Path(spec))
+    snapshot = fetch_snapshot(hub)
+    return snapshot.path, f"{hub.repo_id}@{snapshot.commit}"
+
+
 def _numbers_matrix(texts: Sequence[str], mode: str = "subset") -> list[list[bool]]:
     n = len(texts)
     out = [[True] * n for _ in range(n)]
@@ -82,7 +95,7 @@ class EmbeddingJudge:
         from transformers import AutoModel, AutoTokenizer
 
         self.numbers_mode = numbers_mode
-        self.model_dir = Path(model_dir) if model_dir else embedded_minilm_dir()
+        self.model_dir, self.model_name = judge_model(model_dir or embedded_minilm_dir())
         self.threshold = threshold
         self.check_numbers = check_numbers
         self.device = device
@@ -139,7 +152,7 @@ class EmbeddingJudge:
     def describe(self) -> dict:
         return {
             "judge": self.name,
-            "model": str(self.model_dir),
+            "model": self.model_name,
             "threshold": self.threshold,
             "check_numbers": self.check_numbers,
             "numbers_mode": self.numbers_mode,
@@ -153,8 +166,9 @@ EntailmentScorer = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
 class NLIJudge:
     """Bidirectional entailment: a => b and b => a, each with P(entailment) >= threshold.
 
-    Give it a local MNLI sequence-classification directory (the label named like
-    "entailment" in its config is used), or, for tests and custom back ends, a `scorer`.
+    Give it an MNLI sequence-classification model, a local directory or a hub name (the label
+    named like "entailment" in its config is used), or, for tests and custom back ends, a
+    `scorer`.
     """
 
     name = "nli"
@@ -170,7 +184,7 @@ class NLIJudge:
     ) -> None:
         if (model_dir is None) == (scorer is None):
             raise ValueError("NLIJudge needs exactly one of model_dir (an MNLI model) or scorer")
-        self.model_dir = Path(model_dir) if model_dir else None
+        self.model_dir, self.model_name = judge_model(model_dir) if model_dir else (None, "custom scorer")
         self.threshold = threshold
         self.check_numbers = check_numbers
         self.device = device
@@ -236,7 +250,7 @@ class NLIJudge:
     def describe(self) -> dict:
         return {
             "judge": self.name,
-            "model": str(self.model_dir) if self.model_dir else "custom scorer",
+            "model": self.model_name,
             "threshold": self.threshold,
             "check_numbers": self.check_numbers,
         }
@@ -270,7 +284,7 @@ def make_judge(
         )
     if kind == "nli":
         if model_dir is None:
-            raise ValueError("the nli judge needs a local MNLI model directory (--judge-model DIR)")
+            raise ValueError("the nli judge needs an MNLI model (--judge-model DIR or a hub name org/name)")
         return NLIJudge(
             model_dir,
             threshold=DEFAULT_NLI_THRESHOLD if threshold is None else threshold,

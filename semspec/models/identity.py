@@ -1,8 +1,10 @@
 """A model's identity: the sha256 of what the user supplied -- the GGUF file, or the weight
-files of a directory; a model built from others (the embedded draft, a draft head) hashes its
-own committed artifact together with its target's identity. Nothing a library writes
-(``config.json``, tokenizer files, converted caches) and no path enters it, so the same model
-under another ``HOME``, cache directory, machine or transformers release is the same model.
+files of a directory; a hub name, the commit it resolved to together with its safetensors
+files (``semspec.models.specs.spec_sha256``); a model built from others (the embedded draft, a
+draft head) hashes its own committed artifact together with its target's identity. Nothing a
+library writes (``config.json``, tokenizer files, converted caches) and no path enters it, so
+the same model under another ``HOME``, cache directory, machine or transformers release is the
+same model.
 Hashes are memoised on disk, keyed by path, size and modification time."""
 
 from __future__ import annotations
@@ -58,14 +60,16 @@ def cache_root(cache_dir: str | os.PathLike | None) -> Path:
     return Path(cache_dir).expanduser() if cache_dir is not None else DEFAULT_CACHE_DIR
 
 
-def content_sha256(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
-    """sha256 of a model file, or of a directory's weight files.
+def content_sha256(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None,
+                   suffixes: tuple[str, ...] = _WEIGHT_SUFFIXES) -> str:
+    """sha256 of a model file, or of a directory's weight files (those ending in one of
+    ``suffixes``, and a draft's reduced vocabulary).
 
     For a directory the digest is taken over ``name\\0sha256\\n`` lines of its files, sorted.
-    Memoised under ``cache_dir/.hashes`` keyed by path, size and mtime.
+    Memoised under ``cache_dir/.hashes`` keyed by path, the files' names, sizes and mtimes.
     """
     path = Path(path).resolve()
-    files = _content_files(path)
+    files = _content_files(path, suffixes)
     stamp = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
     memo = _hash_memo_path(cache_root(cache_dir), path)
     try:
@@ -88,13 +92,13 @@ def content_sha256(path: str | os.PathLike, cache_dir: str | os.PathLike | None 
     return digest
 
 
-def _content_files(path: Path) -> list[Path]:
+def _content_files(path: Path, suffixes: tuple[str, ...]) -> list[Path]:
     if path.is_file():
         return [path]
     # the weights (and a draft's reduced vocabulary), never config.json: transformers writes
     # its own version into it
     files = sorted(
-        p for p in path.iterdir() if p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name == VOCAB_SUBSET_FILE)
+        p for p in path.iterdir() if p.is_file() and (p.suffix in suffixes or p.name == VOCAB_SUBSET_FILE)
     )
     if not files:
         raise FileNotFoundError(f"no weight files in model directory {path}")

@@ -1,5 +1,5 @@
-"""Where a model lives on disk: a ``.gguf`` file or a Hugging Face directory, local only (no
-model hub is reachable)."""
+"""Where a model lives on disk: a ``.gguf`` file or a Hugging Face directory (a hub name's
+snapshot among them: ``semspec.models.hub``)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ class ResolvedSpec:
     name: str  # short name, used for the cache directory
     kind: str  # "hf" (model directory) or "gguf"
     path: Path  # directory, or the .gguf file
+    commit: str | None = None  # a hub model's: the commit its name resolved to
 
 
 def resolve_path(spec: str, path: Path, name: str | None = None) -> ResolvedSpec:
@@ -24,8 +25,8 @@ def resolve_path(spec: str, path: Path, name: str | None = None) -> ResolvedSpec
     directory holding exactly one ``.gguf`` and no ``config.json`` is that file."""
     if not path.exists():
         raise ModelLoadError(
-            f"model {spec!r}: {path} does not exist (only local directories and files can be "
-            "loaded here; no model hub is reachable)"
+            f"model {spec!r}: {path} does not exist (a model is a local directory or .gguf file, "
+            "embedded:<name>, or a hub name org/name[@revision])"
         )
     path = path.resolve()
     if path.is_dir() and not (path / "config.json").exists():

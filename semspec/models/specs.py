@@ -7,7 +7,9 @@ A spec is one of
 - any other ``"embedded:<name>"`` registered with :func:`register_embedded`;
 - a path to a ``.gguf`` file;
 - a local Hugging Face model directory (or a directory holding exactly one ``.gguf`` and no
-  ``config.json``).
+  ``config.json``);
+- a hub name, ``org/name`` or ``org/name@revision``: its snapshot in the Hugging Face cache
+  (``semspec.models.hub``), unless a local path of that name exists.
 
 GGUF models are de-quantized once into the model cache (``semspec.models.gguf``; default
 ``~/.cache/semjobs/models``).
@@ -17,13 +19,14 @@ from __future__ import annotations
 
 import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from semspec.models import embedded_draft
 from semspec.models.gguf import converted_copy, loadable_directory
-from semspec.models.identity import cache_root, content_sha256
+from semspec.models.hub import WEIGHT_SUFFIX, fetch_snapshot, parse_hub_name
+from semspec.models.identity import cache_root, content_sha256, derived_sha256
 from semspec.models.paths import ModelLoadError, ResolvedSpec, resolve_path, smollm2_gguf
 
 EMBEDDED_PREFIX = "embedded:"
@@ -64,11 +67,18 @@ def register_embedded(name: str, locator: Callable[..., str | os.PathLike]) -> N
     EMBEDDED_MODELS[name] = EmbeddedModel((lambda c: Path(locator(c))) if takes_arg else (lambda c: Path(locator())))
 
 
-def resolve_spec(spec: str | os.PathLike | None, cache_dir: str | os.PathLike | None = None) -> ResolvedSpec:
-    """Turn a user-facing model spec into a concrete directory or GGUF file."""
+def resolve_spec(spec: str | os.PathLike | None, cache_dir: str | os.PathLike | None = None,
+                 with_weights: bool = True) -> ResolvedSpec:
+    """Turn a user-facing model spec into a concrete directory or GGUF file. ``with_weights``
+    False: of a hub model, only its config and tokenizer files are fetched."""
     spec = str(spec) if spec is not None else DEFAULT_TARGET
     if not spec.startswith(EMBEDDED_PREFIX):
-        return resolve_path(spec, Path(spec).expanduser())
+        hub = parse_hub_name(spec)
+        if hub is None:
+            return resolve_path(spec, Path(spec).expanduser())
+        snapshot = fetch_snapshot(hub, with_weights)
+        resolved = resolve_path(spec, snapshot.path, hub.repo_id.replace("/", "--"))
+        return replace(resolved, commit=snapshot.commit)
     name = spec[len(EMBEDDED_PREFIX):]
     if name not in EMBEDDED_MODELS:
         known = ", ".join(EMBEDDED_PREFIX + k for k in sorted(EMBEDDED_MODELS))
@@ -80,13 +90,19 @@ def resolve_spec(spec: str | os.PathLike | None, cache_dir: str | os.PathLike | 
 def spec_sha256(spec: str | os.PathLike | None, cache_dir: str | os.PathLike | None = None,
                 resolved: ResolvedSpec | None = None) -> str:
     """The identity hash of the model a spec names, without loading it (nor materialising an
-    embedded draft). ``resolved``: the spec already resolved, to save resolving it again."""
+    embedded draft). ``resolved``: the spec already resolved, to save resolving it again. A hub
+    model's holds the commit its name resolved to beside its safetensors weights' hash."""
     spec = str(spec) if spec is not None else DEFAULT_TARGET
     cache = cache_root(cache_dir)
     entry = EMBEDDED_MODELS.get(spec[len(EMBEDDED_PREFIX):]) if spec.startswith(EMBEDDED_PREFIX) else None
     if entry is not None and entry.sha256 is not None:
         return entry.sha256(cache)
-    return content_sha256((resolved or resolve_spec(spec, cache)).path, cache)
+    resolved = resolved or resolve_spec(spec, cache)
+    if resolved.commit is None:
+        return content_sha256(resolved.path, cache)
+    # safetensors only: a cache another tool filled may hold the same weights as pickles too
+    weights = content_sha256(resolved.path, cache, suffixes=(WEIGHT_SUFFIX,))
+    return derived_sha256("hf-hub", resolved.commit, weights)
 
 
 def model_directory(spec: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None
@@ -107,7 +123,7 @@ def load_tokenizer(spec: str | os.PathLike | None = None, cache_dir: str | os.Pa
     from transformers import AutoConfig, AutoTokenizer
 
     cache = cache_root(cache_dir)
-    resolved = resolve_spec(spec, cache)
+    resolved = resolve_spec(spec, cache, with_weights=False)
     kwargs: dict[str, Any] = {"local_files_only": True}
     path = resolved.path
     if resolved.kind == "gguf":

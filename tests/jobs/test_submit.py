@@ -315,6 +315,15 @@ def test_ngram_is_a_draft_without_files(monkeypatch):
     assert missing_model_files() == ["SEMJOBS_DRAFT_MODEL=ngrams: no such file or directory here"]
 
 
+def test_a_hub_name_is_no_missing_file(monkeypatch):
+    """Qwen/Qwen3-0.6B names no local file: the hub cache resolves it (semspec.models.hub)."""
+    from semjobs.settings import settings
+
+    monkeypatch.setattr(settings, "check_prompt_lengths", True)
+    monkeypatch.setattr(settings, "draft_model", "Qwen/Qwen3-0.6B@main")
+    assert missing_model_files() == []
+
+
 @pytest.mark.parametrize("env, words", [
     ({"SEMJOBS_MAX_NEW_TOKENS": "0"}, "bad setting SEMJOBS_MAX_NEW_TOKENS='0': input should be greater than 0"),
     ({"SEMJOBS_HEARTBEAT_INTERVAL_S": "soon"}, "bad setting SEMJOBS_HEARTBEAT_INTERVAL_S='soon'"),
