@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from semjobs.cli.jobs import engine_arg_options
 from semspec.assets import GSM8K_TEST
 from semspec.types import SAMPLING_TEMPERATURE, SAMPLING_TOP_P
 
@@ -118,10 +119,11 @@ def _unescape(value: str | None) -> str | None:
                    "hf_generate's is the fastest for each size).")
 @click.option("--kv-cache-gb", type=click.FloatRange(min=0, min_open=True), default=None,
               help="vLLM's KV cache budget in GiB, per engine (default: SEMJOBS_KV_CACHE_GB).")
+@engine_arg_options
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
           ratio_floors, adaptive, token_speculation, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens,
           judge_threshold, threads, device, cache_dir, no_warmup, no_loglik, quiet, batch_sizes,
-          draft_max_batch, dtype, kv_cache_gb) -> None:
+          draft_max_batch, dtype, kv_cache_gb, engine_args, draft_engine_args) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
 
     The methods decode on vLLM; hf_assisted and hf_generate are transformers' generate.
@@ -135,9 +137,12 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     --temperature 0 --offset 100 --limit 64 --threads 1 --out out/vllm"""
     import torch
 
+    from semjobs.cli.jobs import use_engine_args
+    from semjobs.settings import settings as service_settings
     from semspec.benchmark.report import write_report
     from semspec.benchmark.runner import BenchSettings, load_prompts
 
+    use_engine_args(engine_args, draft_engine_args)  # refused before anything loads
     if threads:
         torch.set_num_threads(threads)
     settings = BenchSettings(
@@ -150,6 +155,7 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
         judge_threshold=judge_threshold,
         warmup=not no_warmup, loglik=not no_loglik,
         compare_drafts=tuple(d.strip() for d in (compare_drafts or "").split(",") if d.strip()),
+        engine_args=service_settings.target_engine_args, draft_engine_args=service_settings.draft_engine_args,
     )
     t0 = time.perf_counter()
 
@@ -160,7 +166,6 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     if batch_sizes:
         return _sweep(settings, _ints(batch_sizes), dtype, device, target, draft, probes, cache_dir, out_dir, say,
                       draft_max_batch, kv_cache_gb)
-    from semjobs.settings import settings as service_settings
     from semspec.benchmark.engines import load_engines
     from semspec.benchmark.runner import plan_runs, run_bench
 
@@ -218,7 +223,8 @@ def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_di
     sweep = SweepSettings(batch_sizes=tuple(batch_sizes), methods=tuple(methods),
                           temperature=settings.temperature, top_p=settings.top_p,
                           max_new_tokens=settings.max_new_tokens, seed=settings.seed, dtype=dtype, device=device,
-                          draft_max_batch=draft_max_batch,
+                          draft_max_batch=draft_max_batch, engine_args=settings.engine_args,
+                          draft_engine_args=settings.draft_engine_args,
                           **({"draft_tokens": settings.draft_tokens} if settings.draft_tokens else {}))
     try:
         prompt_list = load_prompts(settings.prompts, settings.limit, settings.offset)
@@ -241,9 +247,11 @@ def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_di
 
         t0 = time.perf_counter()
         common = dict(device=device, cache_dir=cache_dir, dtype=str(dt), batch_size=max(batch_sizes),
-                      seed=settings.seed, kv_cache_gb=kv_cache_gb or service_settings.kv_cache_gb)
+                      seed=settings.seed, kv_cache_gb=kv_cache_gb or service_settings.kv_cache_gb,
+                      engine_args=sweep.engine_args)
         if kind == "steps":
-            loaded = VLLMStepEngine.load(target, draft=draft, probes=probes, **common)
+            loaded = VLLMStepEngine.load(target, draft=draft, probes=probes, **common,
+                                         draft_engine_args=sweep.draft_engine_args)
         else:
             loaded = VLLMEngine.load(target, draft=draft, **common,
                                      speculative_tokens=sweep.draft_tokens if kind == "token_sd" else None)

@@ -50,6 +50,54 @@ def generation_options(f):
     return f
 
 
+def _assignments(ctx, param, values: tuple[str, ...]) -> dict:
+    """KEY=VALUE options as a dict (a later KEY wins)."""
+    from semspec.engine.engine_args import EngineArgsError, parse_assignment
+
+    try:
+        return dict(parse_assignment(v) for v in values)
+    except EngineArgsError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def engine_arg_options(f):
+    """--engine-arg / --draft-engine-arg (`run`, `worker`, `bench`): vLLM's own engine
+    arguments per role, over the settings' (``use_engine_args``)."""
+    f = click.option("--draft-engine-arg", "draft_engine_args", multiple=True, metavar="KEY=VALUE",
+                     callback=_assignments,
+                     help="As --engine-arg, for the step methods' draft engine (over SEMJOBS_DRAFT_ENGINE_ARGS).")(f)
+    f = click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE", callback=_assignments,
+                     help="A vLLM engine argument (EngineArgs name) for the target's engines, repeatable, "
+                     "e.g. --engine-arg tensor_parallel_size=2 --engine-arg max_model_len=32768; VALUE is "
+                     "JSON where it parses, else text (over SEMJOBS_TARGET_ENGINE_ARGS).")(f)
+    return f
+
+
+def use_engine_args(engine_args: dict, draft_engine_args: dict) -> None:
+    """The command line's engine arguments over the settings', checked against vLLM (a bad
+    one is a usage error, exit 2, before anything is stored or loaded) and put in the
+    settings every engine process loads with."""
+    from semjobs.settings import settings
+    from semspec.engine.engine_args import EngineArgsError, check
+
+    options = {"target": ("--engine-arg", engine_args), "draft": ("--draft-engine-arg", draft_engine_args)}
+    problems, checked = [], True
+    for role, (option, given) in options.items():
+        setting = f"{role}_engine_args"
+        for where, args in ((f"SEMJOBS_{setting.upper()}", getattr(settings, setting)), (option, given)):
+            try:
+                checked &= check(args, where) if args else True
+            except EngineArgsError as e:
+                problems.append(str(e))
+    if problems:
+        raise click.UsageError("\n".join(problems))
+    if not checked:
+        click.echo("warning: engine arguments not checked against vLLM's (vLLM is not installed here)", err=True)
+    for role, (_, given) in options.items():
+        setting = f"{role}_engine_args"
+        setattr(settings, setting, {**getattr(settings, setting), **given})
+
+
 def db_option(f):
     return click.option("--db", "db_url", default=None,
                         help="Database URL (default: SEMJOBS_DATABASE_URL when set, else the "
@@ -378,8 +426,9 @@ def retry(job, include_pending, db_url) -> None:
 @click.option("--processes", type=click.IntRange(min=1), default=None,
               help="Engine processes (default: SEMJOBS_PROCESSES, else one per core on a CPU, at "
               "least 8 items each, one on a GPU).")
+@engine_arg_options
 def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, name, samples, db_url,
-        steps, force, resume, batch_size, processes) -> None:
+        steps, force, resume, batch_size, processes, engine_args, draft_engine_args) -> None:
     """Embedded mode: no servers; process FILE on this machine into a SQLite file, then
     export. Same tables, same per-item code as the workers; on a CPU one engine process per
     core.
@@ -387,7 +436,8 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     Exit status: 0 every item done, 3 some failed or cancelled, 4 none done, 2 bad input
     (nothing stored), 130 interrupted, 1 any other error.
 
-    Example: semjobs run examples/prompts.jsonl -o out/results.jsonl --batch-size 16"""
+    Example: semjobs run examples/prompts.jsonl -o out/results.jsonl --batch-size 16
+    --engine-arg max_model_len=4096"""
     from semjobs.db import migrate
     from semjobs.jobs.export import check_targets
     from semjobs.jobs.locate import missing_sqlite_file, remember
@@ -404,6 +454,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
         settings.batch_size = batch_size
     if processes is not None:
         settings.processes = processes
+    use_engine_args(engine_args, draft_engine_args)
     config = _config(method, max_new_tokens, temperature, top_p, seed, samples)
     try:  # before any work: an output that would be refused is refused now, not after the run
         check_targets(output, errors, force=force, input_path=file)

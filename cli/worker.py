@@ -1,10 +1,12 @@
 """`semjobs worker`: a Celery worker configured by the settings object."""
 
+import json
 import os
 import sys
 
 import click
 
+from semjobs.cli.jobs import engine_arg_options
 
 
 @click.command()
@@ -27,8 +29,9 @@ import click
 @click.option("--processes", type=click.IntRange(min=1), default=None,
               help="Worker processes, each a Celery node with its own engine (default: "
               "SEMJOBS_PROCESSES, else one per core on a CPU, one on a GPU).")
+@engine_arg_options
 def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, threads,
-           batch_size, processes) -> None:
+           batch_size, processes, engine_args, draft_engine_args) -> None:
     """Start a Celery worker (late acks, prefetch 1, task events on).
 
     One process (on a GPU) uses the "threads" pool: one thread per chunk the process holds,
@@ -38,7 +41,9 @@ def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, t
     one chunk at a time (a batch of at most SEMJOBS_CHUNK_SIZE items).
 
     Example: semjobs worker --batch-size 16 --threads 2
+    (on a GPU pair: --engine-arg tensor_parallel_size=2 --engine-arg max_model_len=32768)
     """
+    from semjobs.cli.jobs import use_engine_args
     from semjobs.settings import settings
     from semjobs.worker.celery import app
     from semjobs.worker.engine_processes import plan
@@ -52,6 +57,7 @@ def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, t
         settings.batch_size = batch_size
     if processes is not None:
         settings.processes = processes
+    use_engine_args(engine_args, draft_engine_args)  # before Celery starts: exit 2 on a bad one
     if concurrency == 1 and pool in ("auto", "threads"):
         n, settings.threads = plan()
         if n > 1:
@@ -83,6 +89,11 @@ def _supervise(n, threads, queues, hostname, loglevel, max_tasks_per_child) -> i
               "--batch-size", str(settings.batch_size), "-l", loglevel]
     for q in queues:
         common += ["-Q", q]
+    # the engine arguments as checked here (the settings' and the command line's): a child's
+    # own settings would read the environment's alone
+    for option, args in (("--engine-arg", settings.target_engine_args),
+                         ("--draft-engine-arg", settings.draft_engine_args)):
+        common += [word for key, value in args.items() for word in (option, f"{key}={json.dumps(value)}")]
     if max_tasks_per_child:
         common += ["--max-tasks-per-child", str(max_tasks_per_child)]
     click.echo(f"semjobs worker: {n} processes, {threads} torch thread(s) each", err=True)

@@ -7,12 +7,13 @@ service passes plain values into the engine.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 # A file of SEMJOBS_* lines is read only when named: a `.env` that happens to sit in the
@@ -54,11 +55,20 @@ class Settings(BaseSettings):
     # vLLM decodes (semjobs.worker.engine.factory_for: semspec.engine.token_engine for ar and token_sd,
     # semspec.engine.step_engine, a target and a draft engine, for semspec and step_judge): the KV
     # cache's whole budget per engine process, in GiB (a sequence that does not fit waits for
-    # room rather than failing), and compiled graphs instead of eager mode.
-    kv_cache_gb: float = Field(default=2.0, gt=0)
+    # room rather than failing; None: 2 GiB on a CPU, on a GPU what vLLM's gpu_memory_utilization
+    # leaves), and compiled graphs instead of eager mode.
+    kv_cache_gb: float | None = Field(default=None, gt=0)
     vllm_compile: bool = False
+    # vLLM's own engine arguments (EngineArgs names) as JSON objects, per role: target (ar's and
+    # token_sd's engine, the step engines' target and writer) and draft (the step engines' draft),
+    # e.g. SEMJOBS_TARGET_ENGINE_ARGS='{"tensor_parallel_size": 2, "max_model_len": 32768}'. They
+    # win over semjobs' defaults; `run`, `worker` and `bench` add --engine-arg / --draft-engine-arg
+    # and check them against vLLM before anything is stored or loaded (semspec.engine.engine_args).
+    target_engine_args: Annotated[dict[str, Any], NoDecode] = Field(default_factory=dict)
+    draft_engine_args: Annotated[dict[str, Any], NoDecode] = Field(default_factory=dict)
     # Overrides vLLM: an engine as "module:attribute[.attribute]", called once per process
-    # as factory(target=, draft=, probes=, device=, cache_dir=, dtype=, batch_size=); it must
+    # as factory(target=, draft=, probes=, device=, cache_dir=, dtype=, batch_size=), and
+    # engine_args= / draft_engine_args= when the settings give any; it must
     # return an object with .identities and .generate_many(requests, batch_size=)
     # (semspec.engine.token_engine.VLLMEngine's). Tests and the overhead benchmark point it at an instant fake.
     engine_factory: str | None = None
@@ -121,6 +131,12 @@ class Settings(BaseSettings):
     max_job_bytes: int = Field(default=1 << 30, ge=1)  # what a job stores: its lines' bytes x samples
     check_prompt_lengths: bool = True
     insert_batch_size: int = 2000
+
+    @field_validator("target_engine_args", "draft_engine_args", mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        # parsed here, not by pydantic-settings, so that bad JSON is a ValidationError naming the setting
+        return json.loads(value) if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _env_file_exists(self) -> Settings:

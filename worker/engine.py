@@ -12,6 +12,7 @@ The per-item code hands items to the engine through this process's batch loop
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import threading
 import time
@@ -55,6 +56,15 @@ def resolve(path: str) -> Callable[..., Any]:
 # probes' states.
 VLLM_FACTORY = "semspec.engine.token_engine:VLLMEngine.load"
 VLLM_STEPS_FACTORY = "semspec.engine.step_engine:VLLMStepEngine.load"
+# The factories' arguments for vLLM's own engine arguments, by role (settings.<role>_engine_args)
+ENGINE_ARGS_KWARGS = {"target": "engine_args", "draft": "draft_engine_args"}
+
+
+def engine_args_extra(roles: tuple[str, ...] = tuple(ENGINE_ARGS_KWARGS)) -> dict:
+    """The settings' engine arguments of ``roles`` as a factory's extra arguments, those of
+    a role without any left out (an engine loaded without any keeps its key)."""
+    given = {role: getattr(settings, f"{role}_engine_args") for role in roles}
+    return {ENGINE_ARGS_KWARGS[role]: dict(args) for role, args in given.items() if args}
 
 
 def factory_for(method: str | None = None, draft_tokens: int | None = None,
@@ -64,7 +74,7 @@ def factory_for(method: str | None = None, draft_tokens: int | None = None,
     ``layers``: ((role, hidden_states index), ...) a probe calibration reads, which the
     step-level engines then store instead of the probes' (other engines read any)."""
     if settings.engine_factory:
-        return settings.engine_factory, {}
+        return settings.engine_factory, engine_args_extra()
     from semspec.types import VLLM_STEP_METHODS
 
     method = method or settings.method
@@ -72,7 +82,8 @@ def factory_for(method: str | None = None, draft_tokens: int | None = None,
     if method in VLLM_STEP_METHODS:
         if layers is not None:
             extra["layers"] = layers
-        return VLLM_STEPS_FACTORY, extra
+        return VLLM_STEPS_FACTORY, {**extra, **engine_args_extra()}
+    extra.update(engine_args_extra(("target",)))  # ar's and token_sd's one engine is the target's
     if method == "token_sd":
         from semspec.types import GenerationConfig
 
@@ -87,7 +98,9 @@ def engine_key(factory: str, extra: dict) -> tuple:
     arguments (with and without speculation), are dropped when it loads."""
     loaded_for = (settings.target_model, settings.draft_model, settings.probes_dir, settings.device,
                   settings.dtype, settings.batch_size, os.getpid())
-    return (factory, tuple(sorted(extra.items()))), loaded_for
+    # engine arguments (dicts) as JSON text: a key must hash
+    frozen = {k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v for k, v in extra.items()}
+    return (factory, tuple(sorted(frozen.items()))), loaded_for
 
 
 def set_threads() -> None:
@@ -178,7 +191,19 @@ def loaded() -> bool:
 
 
 def identities(engine: Any) -> dict:
-    return dict(getattr(engine, "identities", None) or {})
+    """What makes ``engine``'s outputs, for a job's manifest: its identities, and the engine
+    arguments it was started with by role (``engine_args``), when it was given any."""
+    ids = dict(getattr(engine, "identities", None) or {})
+    started_with = _engine_args_of(engine)
+    return {**ids, "engine_args": started_with} if started_with else ids
+
+
+def _engine_args_of(engine: Any) -> dict[str, dict]:
+    """role -> the engine arguments this process's ``engine`` was loaded with (its cache key's)."""
+    with _held:
+        key = next((k for k, e in _cache.items() if e is engine), None)
+    extra = dict(key[0][1]) if key is not None else {}
+    return {role: json.loads(extra[kwarg]) for role, kwarg in ENGINE_ARGS_KWARGS.items() if kwarg in extra}
 
 
 def method_problems(engine: Any) -> dict[str, str]:

@@ -100,24 +100,25 @@ def load_engines(settings, target: str | None = None, draft: str | None = None, 
     ``probes`` also takes "accept", "reject" and "const:P_T,P_D" (constant probes on the
     last layers). ``dtype``: vLLM's number type (``vllm_dtype``), which the transformers
     models run in too. ValueError for a draft or probes the bench cannot take."""
-    from semspec.engine.token_engine import DEFAULT_KV_CACHE_GB, vllm_dtype
+    from semspec.engine.token_engine import vllm_dtype
 
     for refusal in filter(None, map(draft_refusal, (draft, *settings.compare_drafts))):
         raise ValueError(refusal)
     number_type = vllm_dtype(device, dtype)
     options = dict(device=device, cache_dir=cache_dir, dtype=number_type, batch_size=BENCH_SLOTS,
-                   kv_cache_gb=kv_cache_gb or DEFAULT_KV_CACHE_GB, seed=settings.seed)
+                   kv_cache_gb=kv_cache_gb, seed=settings.seed, engine_args=settings.engine_args)
     tokens = settings.draft_tokens or GenerationConfig.draft_tokens
     engines = BenchEngines()
     with tempfile.TemporaryDirectory(prefix="semjobs-bench-") as scratch:  # probes are read at load
         main_probes = _probe_spec(probes, target, draft, cache_dir, scratch)
-        _load_lane(engines, None, target, draft, main_probes, {"ar", *settings.methods}, options, tokens)
+        _load_lane(engines, None, target, draft, main_probes, {"ar", *settings.methods}, options, tokens,
+                   settings.draft_engine_args)
     for spec in settings.compare_drafts:
         from semspec.components import default_probes
 
         # the drafting methods once more per draft (ar runs once, on the main lane)
         _load_lane(engines, spec, target, spec, default_probes(spec, target), set(settings.methods) - {"ar"},
-                   options, tokens)
+                   options, tokens, settings.draft_engine_args)
     methods = set(settings.methods)
     if settings.loglik or methods & {"hf_generate", "hf_assisted"}:
         engines.target = _transformers_model(target, device, cache_dir, number_type)
@@ -127,9 +128,10 @@ def load_engines(settings, target: str | None = None, draft: str | None = None, 
 
 
 def _load_lane(engines: BenchEngines, lane: str | None, target, draft, probes, methods: set[str],
-               options: dict, draft_tokens: int) -> None:
+               options: dict, draft_tokens: int, draft_engine_args: dict) -> None:
     """Start the engines ``draft`` needs for ``methods`` and record why the others cannot run
-    (``lane``: None for the main draft, which also runs ar, else its compare_drafts spec)."""
+    (``lane``: None for the main draft, which also runs ar, else its compare_drafts spec;
+    ``draft_engine_args``: vLLM's arguments for the step engines' draft)."""
     from semspec.engine.token_engine import VLLMEngine
     from semspec.engine.speculation import draft_problem
 
@@ -137,8 +139,8 @@ def _load_lane(engines: BenchEngines, lane: str | None, target, draft, probes, m
     if stepping:
         # ar alone needs the target alone: no draft engine to start
         step_draft, step_probes = ("none", "none") if stepping == ["ar"] else (draft, probes)
-        engine, problem = _step_engine(target, step_draft, step_probes, {**options, "draft_tokens": draft_tokens},
-                                       keep_target=lane is None)
+        step_options = {**options, "draft_tokens": draft_tokens, "draft_engine_args": draft_engine_args}
+        engine, problem = _step_engine(target, step_draft, step_probes, step_options, keep_target=lane is None)
         for method in stepping:
             why = problem if method != "ar" and problem else engine.method_problem(method)
             _record(engines, (lane, method), engine, why)

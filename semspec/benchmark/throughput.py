@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -53,6 +53,10 @@ class SweepSettings:
     device: str = "auto"
     draft_max_batch: int | None = None  # None: the engine's (GenerationConfig.draft_max_batch)
     draft_tokens: int = GenerationConfig.draft_tokens  # token_sd
+    # vLLM's own engine arguments for the target's engines and the step engines' draft
+    # (semspec.engine.engine_args); the plain vLLM peer takes the target's too
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    draft_engine_args: dict[str, Any] = field(default_factory=dict)
 
 
 def _config(method: str, s: SweepSettings, i: int) -> GenerationConfig:
@@ -89,8 +93,9 @@ def vllm_generate_run(engine, prompts: list[dict], s: SweepSettings, batch_size:
 
     from semspec.engine.token_engine import engine_arguments
 
+    kv_bytes = engine.llm.vllm_config.cache_config.kv_cache_memory_bytes  # None: sized by vLLM on a GPU
     args = engine_arguments(engine.model_dir, device, engine.dtype, batch_size,
-                            engine.llm.vllm_config.cache_config.kv_cache_memory_bytes / 2**30, seed=s.seed)
+                            None if kv_bytes is None else kv_bytes / 2**30, seed=s.seed, user=s.engine_args)
     ids = [encode_prompt(engine.tokenizer, p["prompt"]) for p in prompts]
     sampling = [dict(temperature=s.temperature, top_p=s.top_p if s.temperature > 0 else 1.0,
                      seed=s.seed + i if s.temperature > 0 else None, max_tokens=s.max_new_tokens,

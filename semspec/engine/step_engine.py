@@ -39,7 +39,9 @@ from semspec.stepwise import TARGET, WRITE_PHASE, Call, ModelFacts, Reply, SemSp
 from semspec.steps import detect_think_end
 from semspec.types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, VLLM_STEP_METHODS, Abort,
                            Cancelled, Finished, GenerationConfig)
-from semspec.engine.token_engine import DEFAULT_KV_CACHE_GB, configure_process, engine_arguments, model_files, start_engine
+from semspec.engine.engine_args import parameter_count, split_gpu_memory
+from semspec.engine.token_engine import (configure_process, engine_arguments, kv_budget_gb, model_files, runs_on_cpu,
+                                         start_engine)
 from semspec.engine.speculation import draft_problem, speculative_config
 from semspec.engine.states import STATES, STATES_FROM, final_norm
 
@@ -96,12 +98,14 @@ class _Live:
     key: Any
     program: StepProgram
     gen: Any
-    call: Call | None = None
+    call: Call | None = None  # of a batch of calls (``stepwise.side_by_side``): the first
     served: Served | None = None  # the engine serving the call
     alone: bool = True  # whether the call was made while the sequence could draft (``_alone``)
     call_t0: float = 0.0
     call_step: int = 0
     calls: int = 0
+    batch: list[Reply | None] | None = None  # a batch of calls' replies so far, in the calls' order
+    awaited: dict[str, int] = field(default_factory=dict)  # a batch's requests in flight -> their place
 
 
 def _final_norm_weight(model_dir: Path) -> torch.Tensor:
@@ -133,11 +137,14 @@ class ModelFiles:
         shape = ModelShape(ModelIdentity(str(spec), sha), int(config.hidden_size), int(config.num_hidden_layers))
         return cls(str(spec), Path(directory), tokenizer, config, eos, shape)
 
-    def serve(self, layer: int | None, kv_cache_gb: float, device: str, dtype: str, batch_size: int,
-              compile: bool, seed: int, speculation: dict | None = None) -> Served:
+    def serve(self, layer: int | None, kv_cache_gb: float | None, device: str, dtype: str, batch_size: int,
+              compile: bool, seed: int, speculation: dict | None = None, engine_args: dict | None = None,
+              gpu_share: float | None = None) -> Served:
         """A vLLM engine of this model, storing ``layer``'s states (a ``hidden_states`` index,
         negative from the end) when given, else speculating with ``speculation`` (vLLM's
-        ``speculative_config``) when given."""
+        ``speculative_config``) when given; ``engine_args``: vLLM's own arguments over semjobs',
+        ``gpu_share``: its gpu_memory_utilization (``engine_arguments``' ``user`` and
+        ``gpu_memory_utilization``)."""
         from vllm import EngineArgs
 
         if layer is not None:
@@ -149,7 +156,8 @@ class ModelFiles:
                 raise ValueError(f"{self.spec} has {self.shape.num_layers} layers: no hidden_states[{layer}]")
         # logprobs after the allowed-token mask: a judge's over the ten digits alone
         args = EngineArgs(**engine_arguments(self.directory, device, dtype, batch_size, kv_cache_gb, compile, seed,
-                                             speculative_config=speculation, states_layer=layer),
+                                             speculative_config=speculation, states_layer=layer, user=engine_args,
+                                             gpu_memory_utilization=gpu_share),
                           logprobs_mode="processed_logprobs")
         llm = start_engine(args)
         norm = None
@@ -157,6 +165,20 @@ class ModelFiles:
             norm = (_final_norm_weight(self.directory), float(getattr(self.config, "rms_norm_eps", 1e-6)))
         facts = ModelFacts(self.tokenizer, frozenset(self.eos), int(llm.model_config.max_model_len))
         return Served(llm, facts, self.shape, norm, layer)
+
+
+def gpu_shares(engines: dict[str, ModelFiles | None], engine_args: dict[str, dict]) -> dict[str, float]:
+    """Each engine's gpu_memory_utilization where the step engines share a GPU (all of a
+    process's engines start on its first one): vLLM's default fraction split among them by
+    their parameter counts (``engine_args.split_gpu_memory``), those whose ``engine_args`` (by
+    engine: target, draft, writer) set one keeping theirs. ``engines``: None for one not started."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    present = {name: files for name, files in engines.items() if files is not None}
+    given = {name: engine_args[name]["gpu_memory_utilization"] for name in present
+             if "gpu_memory_utilization" in engine_args[name]}
+    sizes = {name: parameter_count(files.directory) for name, files in present.items()}
+    return split_gpu_memory(EngineArgs.gpu_memory_utilization, sizes, given)
 
 
 class VLLMStepEngine:
@@ -180,20 +202,24 @@ class VLLMStepEngine:
     @classmethod
     def load(cls, target: str | None = None, draft: str | None = None, probes: str | None = None,
              device: str = "auto", cache_dir: str | os.PathLike | None = None, dtype: str = "auto",
-             batch_size: int = 32, kv_cache_gb: float = DEFAULT_KV_CACHE_GB, compile: bool = False,
+             batch_size: int = 32, kv_cache_gb: float | None = None, compile: bool = False,
              seed: int = 0, layers: dict[str, int] | tuple | None = None, token_draft: str | None = None,
-             draft_tokens: int = GenerationConfig.draft_tokens) -> "VLLMStepEngine":
+             draft_tokens: int = GenerationConfig.draft_tokens, engine_args: dict | None = None,
+             draft_engine_args: dict | None = None) -> "VLLMStepEngine":
         """The target and its draft in two vLLM engines, each storing the layer its probe
         reads (defaults: the embedded target, its layer draft and their probes,
-        ``semspec.components.resolve_components``). ``kv_cache_gb``: the target's KV budget; the draft gets
-        ``DRAFT_KV_SHARE`` of it more. Without probes semspec is refused, without a draft
-        step_judge too. ``layers`` ({"target": i, "draft": j}, transformers' ``hidden_states``
-        indices, negative from the end, or its items): the layers stored instead of the probes'
-        (which are then not loaded), for probe calibration to read the states decoding reads.
+        ``semspec.components.resolve_components``). ``kv_cache_gb``: the target's KV budget
+        (None: ``kv_budget_gb``'s default); the draft gets ``DRAFT_KV_SHARE`` of it more.
+        Without probes semspec is refused, without a draft step_judge too. ``layers``
+        ({"target": i, "draft": j}, transformers' ``hidden_states`` indices, negative from the
+        end, or its items): the layers stored instead of the probes' (which are then not
+        loaded), for probe calibration to read the states decoding reads.
         ``token_draft``: what the target's own writing in the drafting methods speculates with,
         ``draft_tokens`` tokens per verification, in a third engine (the writer): a draft head
         or ngram, as for token_sd (``semspec.engine.speculation``; default: the embedded
-        target's head; "none": the target writes alone)."""
+        target's head; "none": the target writes alone). ``engine_args``: vLLM's own arguments for
+        the target and the writer, ``draft_engine_args`` for the draft (``semspec.engine.engine_args``);
+        on a GPU the engines share its memory by their sizes (``gpu_shares``) unless they say."""
         configure_process()
         import vllm
 
@@ -213,14 +239,22 @@ class VLLMStepEngine:
             layers = {"target": pair.target.layer, "draft": pair.draft.layer}
         layers = dict(layers or {})
         options = dict(device=device, dtype=dtype, batch_size=batch_size, compile=compile, seed=seed)
-        served_t = t.serve(layers.get("target"), kv_cache_gb, **options)
-        served_d = d.serve(layers.get("draft"), kv_cache_gb * DRAFT_KV_SHARE, **options) if d else None
+        kv_gb = kv_budget_gb(kv_cache_gb, device)
+        writes = d is not None and not calibrating and token_draft != NO_TOKEN_DRAFT \
+            and draft_problem(token_draft, target) is None
+        roles = {"target": engine_args or {}, "draft": draft_engine_args or {}, "writer": engine_args or {}}
+        shares = gpu_shares({"target": t, "draft": d, "writer": t if writes else None}, roles) \
+            if d is not None and not runs_on_cpu(device) else {}
+        served_t = t.serve(layers.get("target"), kv_gb, **options, engine_args=engine_args,
+                           gpu_share=shares.get("target"))
+        served_d = d.serve(layers.get("draft"), None if kv_gb is None else kv_gb * DRAFT_KV_SHARE, **options,
+                           engine_args=draft_engine_args, gpu_share=shares.get("draft")) if d else None
         writer = None
-        if served_d is not None and not calibrating and token_draft != NO_TOKEN_DRAFT \
-                and draft_problem(token_draft, target) is None:
+        if writes:
             spec, identity = speculative_config(token_draft, target, draft_tokens, t.directory,
                                                 t.shape.identity.sha256, cache)
-            writer = t.serve(None, kv_cache_gb, **options, speculation=spec)
+            writer = t.serve(None, kv_gb, **options, speculation=spec, engine_args=engine_args,
+                             gpu_share=shares.get("writer"))
             writer.token_draft = identity
         cost = VLLM_DRAFT_COST.get(str(draft)) if target in (None, DEFAULT_TARGET) else None
         if d is not None and cost is None:  # a decoding pass is memory-bound: the weights it reads
@@ -365,22 +399,29 @@ class VLLMStepEngine:
                         if not out.finished or out.request_id not in s.in_flight:
                             continue
                         item = s.in_flight.pop(out.request_id)
-                        if (done := self._resume(item, self._reply(out))) is not None:
+                        reply = self._reply(out)
+                        if item.batch is not None:
+                            item.batch[item.awaited.pop(out.request_id)] = reply
+                            if item.awaited:
+                                continue  # the batch's other requests are still running
+                            reply, item.batch = item.batch, None
+                        if (done := self._resume(item, reply)) is not None:
                             del live[item.key]
                             yield done
         finally:  # the caller stopped early (or failed): free vLLM of what is left
             for item in live.values():
                 self._drop(item)
 
-    def _resume(self, item: _Live, reply: Reply | None) -> Finished | None:
-        """Send ``reply`` to the program and submit its next call; its Finished when it ends."""
+    def _resume(self, item: _Live, reply: Reply | list[Reply] | None) -> Finished | None:
+        """Send ``reply`` (a batch of calls': the list of theirs) to the program and submit its
+        next call; its Finished when it ends."""
         if reply is not None:
             served = item.served
             c = item.program.counters
             seconds = time.perf_counter() - item.call_t0
             c.phase_seconds[item.call.phase] = c.phase_seconds.get(item.call.phase, 0.0) + seconds
-            if item.alone:  # what drafting is weighed against, where it is weighed
-                self._measure(item.call, served, seconds, len(reply.tokens))
+            if item.alone and not isinstance(reply, list):  # what drafting is weighed against, where it is
+                self._measure(item.call, served, seconds, len(reply.tokens))  # (a batch's cost is no one call's)
             if item.call.model == TARGET:
                 c.target_forward_passes += served.steps - item.call_step
             else:
@@ -394,6 +435,7 @@ class VLLMStepEngine:
         try:
             self._submit(item, call)
         except Exception as e:  # noqa: BLE001 -- vLLM refused the request (longer than its context, say)
+            self._drop(item)  # a batch's requests already handed over
             return Finished(item.key, None, e)
         return None
 
@@ -438,7 +480,17 @@ class VLLMStepEngine:
         elif call.phase == "verify":  # step_judge's token after a kept step: the same verification's
             self.verify_meter.observe(seconds, 0)
 
-    def _submit(self, item: _Live, call: Call) -> None:
+    def _submit(self, item: _Live, call: Call | list[Call]) -> None:
+        """Hand ``call`` (or a batch of calls, one request each, on one model) to its engine."""
+        if not isinstance(call, list):
+            self._request(item, call)
+            return
+        item.batch, item.awaited = [None] * len(call), {}
+        for place, one in enumerate(call):
+            item.awaited[self._request(item, one)] = place
+        item.call = call[0]  # their phase; and their engine, for the passes the batch took
+
+    def _request(self, item: _Live, call: Call) -> str:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -464,6 +516,7 @@ class VLLMStepEngine:
         served.llm.add_request(request_id, served.llm.renderer.render_cmpl([{"prompt_token_ids": call.ids}])[0],
                                params)
         served.in_flight[request_id] = item
+        return request_id
 
     def request_id(self) -> str:
         """A request id no other request of these engines has (vLLM wants them unique)."""

@@ -49,7 +49,7 @@ from semspec.types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METH
 # The methods this engine serves; semspec.engine.step_engine serves the step-level ones
 # (types.VLLM_STEP_METHODS). token_sd is vLLM's own speculative decoding (semspec.engine.speculation).
 VLLM_METHODS = ("ar", "token_sd")
-# KV cache budget when the caller sets none, in GiB: 32 sequences of SmolLM2's 8,192-token
+# KV cache budget on a CPU when the caller sets none, in GiB: 32 sequences of SmolLM2's 8,192-token
 # context in float32 would need 11 GiB, but a batch's sequences rarely all run long; a
 # sequence that does not fit waits (vLLM preempts and recomputes it) rather than failing.
 DEFAULT_KV_CACHE_GB = 2.0
@@ -72,15 +72,36 @@ def vllm_dtype(device: str, dtype: str) -> str:
     return "bfloat16" if on_gpu or cpu_has_fast_bf16() else "float32"
 
 
+def runs_on_cpu(device: str) -> bool:
+    """Whether an engine for ``device`` ("auto", "cpu", "cuda") runs on the CPU."""
+    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+
+
+def kv_budget_gb(kv_cache_gb: float | None, device: str) -> float | None:
+    """The KV cache's budget in GiB: the one given, else ``DEFAULT_KV_CACHE_GB`` on a CPU; on a
+    GPU none (vLLM sizes the cache from what ``gpu_memory_utilization`` leaves of the GPU)."""
+    if kv_cache_gb is not None:
+        return kv_cache_gb
+    return DEFAULT_KV_CACHE_GB if runs_on_cpu(device) else None
+
+
 def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: str = "auto", batch_size: int = 32,
-                     kv_cache_gb: float = DEFAULT_KV_CACHE_GB, compile: bool = False, seed: int = 0,
-                     speculative_config: dict | None = None, states_layer: int | None = None) -> dict:
+                     kv_cache_gb: float | None = None, compile: bool = False, seed: int = 0,
+                     speculative_config: dict | None = None, states_layer: int | None = None,
+                     user: dict | None = None, gpu_memory_utilization: float | None = None) -> dict:
     """vLLM's engine arguments for semjobs' settings (``VLLMEngine.load``; the bench's plain
     ``vllm.LLM`` peer takes the same). ``states_layer``: an engine that returns that layer's
-    hidden states to the requests that ask (``semspec.engine.states``; no speculation then)."""
-    from semspec.engine import states
+    hidden states to the requests that ask (``semspec.engine.states``; no speculation then).
+    ``kv_cache_gb``: ``kv_budget_gb``'s. ``gpu_memory_utilization``: this engine's share of a
+    GPU it shares (``engine_args.split_gpu_memory``; None: vLLM's default). ``user``: vLLM's
+    own arguments (``semspec.engine.engine_args``), checked, then merged over these: they win
+    over every default here; the names semjobs must set itself are refused."""
+    from semspec.engine import engine_args, states
 
-    on_cpu = device == "cpu" or not torch.cuda.is_available()
+    if user:
+        engine_args.check(user, "engine arguments")
+    on_cpu = runs_on_cpu(device)
+    kv_gb = kv_budget_gb(kv_cache_gb, device)
     # Every engine gets the states connector, which does nothing for a request that does not
     # ask: vLLM keeps one worker-side connector per process, and once a states engine has
     # made it, an engine without a connector of its own fails its first step (a worker holds
@@ -88,18 +109,23 @@ def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: 
     transfer, scheduler = states.connector_config(), None
     if states_layer is not None:
         speculative_config, scheduler = states.speculative_config(states_layer), states.scheduler_class()
-    return dict(
+    shares = {} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}
+    ours = dict(
         model=str(model_dir), tokenizer=str(model_dir), dtype=vllm_dtype("cpu" if on_cpu else "cuda", dtype),
         seed=seed, max_num_seqs=batch_size, enable_prefix_caching=True, enforce_eager=not compile,
-        disable_log_stats=True, kv_cache_memory_bytes=int(kv_cache_gb * 2**30),
+        disable_log_stats=True, kv_cache_memory_bytes=None if kv_gb is None else int(kv_gb * 2**30), **shares,
         block_size=CPU_BLOCK_SIZE if on_cpu else None, speculative_config=speculative_config,
         # each request's drafted and accepted tokens, for its counters and step log
         per_request_spec_decode_metrics="detailed" if speculative_config and states_layer is None else "none",
         kv_transfer_config=transfer,
+        # weights from safetensors only: a pickled checkpoint (.bin, .pt) is code that runs as it
+        # loads, and every model semjobs ships or converts (a GGUF too) is safetensors
+        load_format="safetensors",
         # states engines: our scheduler drops extract_hidden_states' drafts, which vLLM's async
         # scheduling (its default for that method on a GPU) would hand over another way
         **({"scheduler_cls": scheduler, "async_scheduling": False} if scheduler else {}),
     )
+    return {**ours, **(user or {})}
 
 
 def configure_process() -> None:
@@ -207,14 +233,16 @@ class VLLMEngine:
     @classmethod
     def load(cls, target: str | None = None, draft: str | None = None, probes: str | None = None,
              device: str = "auto", cache_dir: str | os.PathLike | None = None, dtype: str = "auto",
-             batch_size: int = 32, kv_cache_gb: float = DEFAULT_KV_CACHE_GB, compile: bool = False,
-             seed: int = 0, speculative_tokens: int | None = None) -> "VLLMEngine":
+             batch_size: int = 32, kv_cache_gb: float | None = None, compile: bool = False,
+             seed: int = 0, speculative_tokens: int | None = None,
+             engine_args: dict | None = None) -> "VLLMEngine":
         """Start vLLM on the target spec (``semspec.models``: embedded name, GGUF, directory).
         ``speculative_tokens``: an engine for token_sd, drafting that many tokens per
         verification with ``draft`` (``semspec.engine.speculation``); without, one for ar.
         ``probes`` are the step-level methods' (``semspec.engine.step_engine``), unused here. ``batch_size``: requests decoded at
-        once. ``kv_cache_gb``: the KV cache's whole budget. ``compile``: vLLM's compiled graphs
-        (slower start) instead of eager mode."""
+        once. ``kv_cache_gb``: the KV cache's whole budget (None: ``kv_budget_gb``'s default).
+        ``compile``: vLLM's compiled graphs (slower start) instead of eager mode. ``engine_args``:
+        vLLM's own arguments, over these (``engine_arguments``' ``user``)."""
         configure_process()
         import vllm
         from vllm import EngineArgs
@@ -228,7 +256,7 @@ class VLLMEngine:
                                                              models_cache(cache_dir) or DEFAULT_CACHE_DIR)
             speculation = Speculation(spec_config["method"], speculative_tokens, draft_identity)
         args = EngineArgs(**engine_arguments(model_dir, device, dtype, batch_size, kv_cache_gb, compile, seed,
-                                             spec_config))
+                                             spec_config, user=engine_args))
         dt = args.dtype
         llm = start_engine(args)
         name = str(target) if target is not None else DEFAULT_TARGET

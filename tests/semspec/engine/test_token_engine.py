@@ -160,6 +160,28 @@ def test_a_request_that_raises_anything_fails_alone_in_a_batch_of_other_jobs(eng
             assert future.result().text == _results(engine, [prompt], config)[0].result.text
 
 
+def test_weights_load_from_safetensors_only(tiny_vllm_dir, tmp_path):
+    """A model whose weights are a pickle (pytorch_model.bin: code that runs as it loads) is
+    refused, not loaded; in a process of its own, which a failed vLLM start may leave broken."""
+    import shutil
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+    import torch
+
+    pickled = tmp_path / "pickled"
+    shutil.copytree(tiny_vllm_dir, pickled, ignore=shutil.ignore_patterns("*.safetensors*"))
+    torch.save(load_file(tiny_vllm_dir / "model.safetensors"), pickled / "pytorch_model.bin")
+    load = ("from semspec.engine.token_engine import VLLMEngine\n"
+            f"VLLMEngine.load({str(pickled)!r}, device='cpu', cache_dir={str(tmp_path / 'cache')!r}, "
+            "dtype='float32', batch_size=1, kv_cache_gb=0.05)\nprint('LOADED')")
+    done = subprocess.run([sys.executable, "-c", f"if __name__ == '__main__':\n    exec({load!r})"],
+                          capture_output=True, text=True, timeout=300)
+    assert "LOADED" not in done.stdout and done.returncode != 0
+    assert "Cannot find any model weights" in done.stderr
+
+
 @pytest.fixture(scope="module")
 def tight_engine(engine, tiny_vllm_dir, tiny_cache):
     """The same model with a KV budget of 768 tokens: less than a third of what the batch
