@@ -89,7 +89,7 @@ def collect(ctx, target, draft, prompts_file, out_dir, samples, skip_lines, limi
     # vLLM's engines as a worker of the deployment loads them (the same states, numbers, batch)
     try:
         models = load_models(target, draft, cfg, device=device, dtype=settings.dtype, batch_size=settings.batch_size,
-                             kv_cache_gb=settings.kv_cache_gb, compile=settings.vllm_compile,
+                             kv_cache_gb=settings.kv_cache_gb, compile=bool(settings.vllm_compile),
                              cache_dir=settings.cache_dir)
     except ValueError as e:  # a pair that cannot calibrate (a draft head)
         raise click.UsageError(str(e)) from e

@@ -49,6 +49,8 @@ def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, t
     from semjobs.worker.engine_processes import plan
     from semjobs.worker.queues import queue_name
 
+    if settings.vllm_compile is None:  # a worker decodes for hours: compiled graphs pay for their start
+        settings.vllm_compile = True
     if threads is not None:
         # Applied where the engine loads (semjobs.worker.engine.set_threads); prefork children
         # inherit the settings object when they fork.

@@ -56,9 +56,12 @@ class Settings(BaseSettings):
     # semspec.engine.step_engine, a target and a draft engine, for semspec and step_judge): the KV
     # cache's whole budget per engine process, in GiB (a sequence that does not fit waits for
     # room rather than failing; None: 2 GiB on a CPU, on a GPU what vLLM's gpu_memory_utilization
-    # leaves), and compiled graphs instead of eager mode.
+    # leaves), and vLLM's compiled graphs (torch.compile; CUDA graphs on a GPU) instead of eager
+    # mode. None: compiled in `semjobs worker`, a process that decodes for hours (start-up about
+    # a minute longer here, less once vLLM's cache under VLLM_CACHE_ROOT holds the graphs), eager
+    # where start-up dominates (`run`, `bench`, `probe`).
     kv_cache_gb: float | None = Field(default=None, gt=0)
-    vllm_compile: bool = False
+    vllm_compile: bool | None = None
     # vLLM's own engine arguments (EngineArgs names) as JSON objects, per role: target (ar's and
     # token_sd's engine, the step engines' target and writer) and draft (the step engines' draft),
     # e.g. SEMJOBS_TARGET_ENGINE_ARGS='{"tensor_parallel_size": 2, "max_model_len": 32768}'. They

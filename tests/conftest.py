@@ -169,6 +169,9 @@ def service_env(pg_db, redis_url, queue, last_run_file):
         SEMJOBS_CHUNK_SIZE="4",
         SEMJOBS_PROCESSES="1",  # one Celery node per `semjobs worker` (test_supervisor.py: more)
         SEMJOBS_LAST_RUN_FILE=str(last_run_file),
+        # workers compile vLLM's graphs by default; here they start eager (a minute less per
+        # start): what compiling buys is measured in docs/benchmarks.md, not in the tests
+        SEMJOBS_VLLM_COMPILE="0",
     )
     return env
 

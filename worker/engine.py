@@ -78,7 +78,7 @@ def factory_for(method: str | None = None, draft_tokens: int | None = None,
     from semspec.types import VLLM_STEP_METHODS
 
     method = method or settings.method
-    extra = {"kv_cache_gb": settings.kv_cache_gb, "compile": settings.vllm_compile}
+    extra = {"kv_cache_gb": settings.kv_cache_gb, "compile": bool(settings.vllm_compile)}
     if method in VLLM_STEP_METHODS:
         if layers is not None:
             extra["layers"] = layers

@@ -17,4 +17,5 @@ def decoding(request):
     require_vllm()
     model = request.getfixturevalue("tiny_vllm_dir")
     return ({"SEMJOBS_ENGINE_FACTORY": "", "SEMJOBS_TARGET_MODEL": str(model),
-             "SEMJOBS_DRAFT_MODEL": "none", "SEMJOBS_KV_CACHE_GB": "0.25"}, ("--max-new-tokens", "300"))
+             "SEMJOBS_DRAFT_MODEL": "none", "SEMJOBS_KV_CACHE_GB": "0.25", "SEMJOBS_VLLM_COMPILE": "0"},
+            ("--max-new-tokens", "300"))
