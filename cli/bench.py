@@ -73,6 +73,9 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--attempts", default=None,
               help="semspec drafts tried per step before the target writes it, e.g. 1,3; crossed with --taus "
                    "(default: the engine's, 1).")
+@click.option("--candidates", default=None,
+              help="semspec candidate steps drafted side by side per step when sampling, verified in one batch, "
+                   "the first accepted kept, e.g. 1,3; crossed with the others (default: the engine's, 1).")
 @click.option("--ratio-floors", default=None,
               help="semspec's floor on p_T/p_D, the paper's rule (reject below it, else accept with "
                    "probability min(1, p_T/p_D)), e.g. 0,0.6; crossed with --taus and --attempts "
@@ -121,7 +124,7 @@ def _unescape(value: str | None) -> str | None:
               help="vLLM's KV cache budget in GiB, per engine (default: SEMJOBS_KV_CACHE_GB).")
 @engine_arg_options
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
-          ratio_floors, adaptive, token_speculation, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens,
+          candidates, ratio_floors, adaptive, token_speculation, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens,
           judge_threshold, threads, device, cache_dir, no_warmup, no_loglik, quiet, batch_sizes,
           draft_max_batch, dtype, kv_cache_gb, engine_args, draft_engine_args) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
@@ -148,7 +151,8 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     settings = BenchSettings(
         prompts=prompts, limit=limit, offset=offset,
         methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
-        taus=_floats(taus), attempts=_ints(attempts), ratio_floors=_floats(ratio_floors),
+        taus=_floats(taus), attempts=_ints(attempts), candidates=_ints(candidates),
+        ratio_floors=_floats(ratio_floors),
         adaptive=_switches(adaptive), token_speculation=_switches(token_speculation),
         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
         step_delimiter=_unescape(step_delimiter), max_step_tokens=max_step_tokens, draft_tokens=draft_tokens,
@@ -171,7 +175,7 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
 
     try:
         plan_runs(settings.methods, settings.taus, settings.temperature, attempts=settings.attempts,
-                  ratio_floors=settings.ratio_floors, adaptive=settings.adaptive,
+                  candidates=settings.candidates, ratio_floors=settings.ratio_floors, adaptive=settings.adaptive,
                   token_speculation=settings.token_speculation, compare_drafts=settings.compare_drafts)
         prompt_list = load_prompts(prompts, limit, offset)
         # refused before anything loads: a draft vLLM cannot load, probes that do not parse

@@ -73,6 +73,29 @@ class Reply:
 Program = Generator[Call, Reply, None]
 
 
+def side_by_side(programs: list[Generator]) -> Generator[list[Call], list[Reply], list]:
+    """Run sub-programs together: each round yields the next call of every one still running
+    (the engine serves them as one batch of requests) and sends each its reply; returns
+    their return values, in order."""
+    results: list = [None] * len(programs)
+    waiting: dict[int, Call] = {}
+    for i, program in enumerate(programs):
+        try:
+            waiting[i] = next(program)
+        except StopIteration as stop:
+            results[i] = stop.value
+    while waiting:
+        order = list(waiting)
+        replies = yield [waiting[i] for i in order]
+        for i, reply in zip(order, replies):
+            try:
+                waiting[i] = programs[i].send(reply)
+            except StopIteration as stop:
+                results[i] = stop.value
+                del waiting[i]
+    return results
+
+
 @dataclass(frozen=True)
 class ModelFacts:
     """What a method needs to know of a model served elsewhere."""
@@ -272,6 +295,8 @@ class DraftingProgram(StepProgram):
             raise ValueError("draft_max_batch must be at least 0 (0: no limit)")
         if config.draft_attempts < 1:
             raise ValueError("draft_attempts must be at least 1")
+        if config.draft_candidates < 1:
+            raise ValueError("draft_candidates must be at least 1")
         if config.adaptive and (config.draft_cost < 0 or config.verify_cost_per_token < 0):
             raise ValueError("draft_cost and verify_cost_per_token must be at least 0")
         self.draft = draft
@@ -389,21 +414,38 @@ class SemSpecProgram(DraftingProgram):
     def speculate_step(self) -> Program:
         cfg = self.cfg
         thrown = 0
-        attempts = cfg.draft_attempts if cfg.temperature > 0 else 1  # greedy drafts the same step again
+        sampled = cfg.temperature > 0  # greedy drafts the same step again
+        attempts, candidates = (cfg.draft_attempts, cfg.draft_candidates) if sampled else (1, 1)
         for attempt in range(1, attempts + 1):
-            step = yield from self.draft_step(tap=True)
-            if not (yield from self.drafted(step, thrown)):
+            if candidates == 1:
+                steps = [(yield from self.draft_step(tap=True))]
+            else:
+                drafts = yield from side_by_side([self.draft_step(tap=True) for _ in range(candidates)])
+                steps = [s for s in drafts if s.tokens] or drafts[:1]
+            if not (yield from self.drafted(steps[0], thrown)):
                 return
-            reply = yield Call(TARGET, self.ids + step.tokens, 1, "verify", states_from=self.step_start)
-            accepted, record = meaning_decision(self.probes, self.pool_states(TARGET, reply.states), step.pooled,
-                                                cfg, self.coin)
-            if accepted:
-                self.keep(step, reply.tokens, thrown, record)
+            for other in steps[1:]:  # drafted side by side: drafted work all the same
+                self.counters.drafted_tokens += len(other.tokens)
+            calls = [Call(TARGET, self.ids + s.tokens, 1, "verify", states_from=self.step_start) for s in steps]
+            replies = [(yield calls[0])] if len(calls) == 1 else (yield from side_by_side([_one(c) for c in calls]))
+            drafted = sum(len(s.tokens) for s in steps)  # a step's drafted tokens: every candidate's
+            first_record = None
+            for step, reply in zip(steps, replies):
+                accepted, record = meaning_decision(self.probes, self.pool_states(TARGET, reply.states),
+                                                    step.pooled, cfg, self.coin)
+                if accepted:
+                    self.keep(step, reply.tokens, thrown + drafted - len(step.tokens), record)
+                    return
+                first_record = first_record or record
+            if attempt == attempts:  # the target writes the step; the first candidate is its draft
+                yield from self.reject(steps[0], thrown + drafted - len(steps[0].tokens), first_record)
                 return
-            if attempt == attempts:
-                yield from self.reject(step, thrown, record)
-                return
-            thrown += len(step.tokens)
+            thrown += drafted
+
+
+def _one(call: Call) -> Generator[Call, Reply, Reply]:
+    """A single call as a sub-program (``side_by_side``)."""
+    return (yield call)
 
 
 class StepJudgeProgram(DraftingProgram):

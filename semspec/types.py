@@ -48,6 +48,11 @@ class GenerationConfig:
     # rule; each retry keeps a step the probes accept instead of the target's own, trading
     # target-likeness for speed (docs/benchmarks.md measures both).
     draft_attempts: int = 1
+    # semspec, sampling: candidate steps the draft writes side by side for each step (one
+    # batch of draft requests), verified in one batch of target requests; the paper's rule is
+    # applied to them in order and the first accepted is kept, else the target writes the
+    # step. Greedy drafts one (the candidates would be the same).
+    draft_candidates: int = 1
     # token_sd: tokens drafted per verification (vLLM's num_speculative_tokens: an engine
     # drafts as many for every request, so a job's count selects its engine).
     draft_tokens: int = 4

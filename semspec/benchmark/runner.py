@@ -55,6 +55,7 @@ class BenchSettings:
     methods: tuple[str, ...] = DEFAULT_METHODS
     taus: tuple[float, ...] | None = None  # None: semspec at its default setting only
     attempts: tuple[int, ...] | None = None  # semspec draft attempts per step; None: the default only
+    candidates: tuple[int, ...] | None = None  # semspec candidate steps drafted side by side; None: the default
     ratio_floors: tuple[float, ...] | None = None  # semspec's p_T/p_D floor (the paper's rule); None: the default
     adaptive: tuple[bool, ...] | None = None  # semspec's adaptive speculation on/off; None: the default
     # semspec's own writing speculating tokens (GenerationConfig.token_speculation) on/off; None: the default
@@ -89,8 +90,8 @@ def draft_name(spec: str) -> str:
 
 
 # semspec's settings the bench crosses: GenerationConfig field -> its name in run labels
-SEMSPEC_GRID = {"tau": "tau", "ratio_floor": "ratio_floor", "draft_attempts": "attempts", "adaptive": "adaptive",
-                "token_speculation": "token_sd"}
+SEMSPEC_GRID = {"tau": "tau", "ratio_floor": "ratio_floor", "draft_attempts": "attempts",
+                "draft_candidates": "candidates", "adaptive": "adaptive", "token_speculation": "token_sd"}
 
 
 @dataclass
@@ -139,9 +140,9 @@ def load_prompts(path: str | os.PathLike = DEFAULT_PROMPTS, limit: int | None = 
 
 def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
               default_tau: float | None = None, attempts=None, compare_drafts=(), ratio_floors=None,
-              adaptive=None, token_speculation=None) -> list[MethodRun]:
+              adaptive=None, token_speculation=None, candidates=None) -> list[MethodRun]:
     """The labelled runs: ``ar`` always (speed-ups are against it), ``ar_2`` when sampling,
-    ``semspec`` once per combination of ``taus`` x ``ratio_floors`` x draft ``attempts`` x ``adaptive``
+    ``semspec`` once per combination of ``taus`` x ``ratio_floors`` x draft ``attempts`` x ``candidates`` x ``adaptive``
     x ``token_speculation`` (the engine's defaults are labelled plain ``semspec``, others by
     what differs, e.g. ``semspec@tau=0.1``, ``semspec@ratio_floor=0.6,attempts=3`` or
     ``semspec@token_sd=0``), and each drafting method
@@ -152,11 +153,13 @@ def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
     defaults = GenerationConfig()
     if default_tau is not None:
         defaults.tau = default_tau
-    if any(int(k) < 1 for k in attempts or ()):
-        raise ValueError(f"draft attempts must be at least 1, not {min(int(k) for k in attempts)}")
+    for name, counts in (("draft attempts", attempts), ("candidates", candidates)):
+        if any(int(k) < 1 for k in counts or ()):
+            raise ValueError(f"{name} must be at least 1, not {min(int(k) for k in counts)}")
     grid = {"tau": [float(t) for t in taus or [defaults.tau]],
             "ratio_floor": [float(r) for r in ratio_floors or [defaults.ratio_floor]],
             "draft_attempts": [int(k) for k in attempts or [defaults.draft_attempts]],
+            "draft_candidates": [int(k) for k in candidates or [defaults.draft_candidates]],
             "adaptive": [bool(a) for a in adaptive or [defaults.adaptive]],
             "token_speculation": [bool(a) for a in token_speculation or [defaults.token_speculation]]}
     runs = [MethodRun("ar", "ar")]
@@ -347,6 +350,7 @@ def run_bench(engines: "BenchEngines", settings: BenchSettings, prompts: list[di
     say = progress or (lambda _m: None)
     prompts = prompts if prompts is not None else load_prompts(settings.prompts, settings.limit, settings.offset)
     plan = plan_runs(settings.methods, settings.taus, settings.temperature, attempts=settings.attempts,
+                     candidates=settings.candidates,
                      ratio_floors=settings.ratio_floors, adaptive=settings.adaptive,
                      token_speculation=settings.token_speculation, compare_drafts=settings.compare_drafts)
     from .report import git_commit

@@ -101,6 +101,31 @@ def test_a_rejected_step_counts_the_drafted_tokens_the_target_wrote_alike_after_
                 assert s.accepted_tokens == s.drafted_tokens - 1
 
 
+def test_candidates_drafted_side_by_side_and_the_first_accepted_kept(engine):
+    """Sampling, three candidates per step: drafted in one batch of draft requests (about the
+    draft passes of one), each step's drafted tokens count all three, the first the probes
+    accept is kept, and a seeded rerun writes the same."""
+    sampled = dict(temperature=0.8, top_p=0.95, seed=5, max_new_tokens=28)
+    # one prompt at a time: the engine was loaded for 4 sequences, and 4 prompts' candidates would queue
+    one = run_all(engine, config("semspec", **sampled), batch_size=1)
+    three = run_all(engine, config("semspec", draft_candidates=3, **sampled), batch_size=1)
+    assert [r.text for r in run_all(engine, config("semspec", draft_candidates=3, **sampled))] == \
+        [r.text for r in three]
+    for r in three:
+        drafted = [s for s in r.steps if s.author == "draft"]
+        assert drafted and all(s.decision == "accepted" for s in drafted)
+        assert r.counters.drafted_tokens == sum(s.drafted_tokens for s in r.steps)
+        assert all(s.drafted_tokens > s.accepted_tokens for s in drafted)  # two candidates thrown
+    passes = lambda results: sum(r.counters.draft_forward_passes for r in results)  # noqa: E731
+    drafted = lambda results: sum(r.counters.drafted_tokens for r in results)  # noqa: E731
+    assert drafted(three) > 2 * drafted(one) and passes(three) < 1.5 * passes(one)
+
+
+def test_greedy_drafts_one_candidate(engine):
+    greedy = run_all(engine, config("semspec", draft_candidates=3))
+    assert all(r.counters.drafted_tokens == r.counters.accepted_tokens for r in greedy)
+
+
 def test_a_config_the_method_cannot_take_fails_its_item_alone(engine):
     bad = Request("Say hi.", config("semspec", temperature=0.6, draft_attempts=0), key="bad")
     done = {d.key: d for d in engine.generate_many([bad, Request("Say hi.", config("semspec"), key="ok")],
