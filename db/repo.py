@@ -291,11 +291,18 @@ def failure_reasons(session: Session, job_id: str, limit: int = 3) -> list[tuple
     return [(error or "(no reason recorded)", count) for error, count in rows]
 
 
+def storable_text(text: str | None) -> str | None:
+    """A model's text as a text column holds it: Postgres refuses U+0000 (NUL) in text, which a
+    byte-level tokenizer's token for byte 0 decodes to (the input's NUL is refused at
+    validation, a model's is not the submitter's to fix), so it becomes U+FFFD, as a decoder
+    writes bytes it cannot show; on every database, so that their exports agree."""
+    return text.replace("\x00", "\ufffd") if text is not None else None
+
+
 def output_values(result: Any, correct: bool | None) -> dict[str, Any]:
     """A GenerationResult's outputs row (without the keys and the time)."""
-    return {"text": result.text, "final_answer": result.final_answer, "reasoning": result.reasoning,
-            "content": result.content, "correct": correct, "finish_reason": result.finish_reason,
-            "models": dict(result.models or {})}
+    texts = {key: storable_text(getattr(result, key)) for key in ("text", "final_answer", "reasoning", "content")}
+    return {**texts, "correct": correct, "finish_reason": result.finish_reason, "models": dict(result.models or {})}
 
 
 def save_result(session: Session, job_id: str, pk: int, result: Any, correct: bool | None = None) -> bool:
@@ -343,12 +350,14 @@ STEP_TYPES = {
     "draft_text": "text", "judge_score": "int", "reason": "text",
 }
 STEP_FIELDS = ", ".join(f"{col} {typ}" for col, typ in STEP_TYPES.items())
+STEP_MODEL_TEXTS = ("text", "draft_text")  # the step_log columns a model wrote
 STEP_COLS = ", ".join(STEP_TYPES)
 
 
 def step_row(s: Any) -> dict[str, Any]:
     """A StepRecord as step_log column values (without item_pk and job_id)."""
-    return {col: getattr(s, "index" if col == "step_index" else col) for col in STEP_TYPES}
+    row = {col: getattr(s, "index" if col == "step_index" else col) for col in STEP_TYPES}
+    return {col: storable_text(value) if col in STEP_MODEL_TEXTS else value for col, value in row.items()}
 
 
 # item_stats columns besides the keys: every engine counter (semspec.types.COUNT_FIELDS)

@@ -83,3 +83,22 @@ def test_a_late_failure_does_not_settle_an_item_another_worker_now_runs(db_url, 
         assert (got.status, got.worker, got.error) == ("running", W2, None)
         assert repo.save_result(s, job_id, claim.pk, a_result()) is True
     assert item(db_url, claim.pk).status == "done"
+
+
+def test_a_model_that_writes_nul_is_stored_with_a_replacement_character(db_url, tmp_path):
+    """Byte-level tokenizers have a token for byte 0; Postgres text holds no U+0000, so it is
+    stored, on every database, as U+FFFD (a worker failed the whole chunk on it before)."""
+    import dataclasses
+
+    result = a_result()
+    result = dataclasses.replace(
+        result, text="a\x00b", final_answer="1\x00", reasoning="a\x00", content="\x00b",
+        steps=[dataclasses.replace(result.steps[0], text="a\x00", draft_text="\x00d")])
+    job_id = make_job(db_url, tmp_path, n=1)
+    with session_factory(db_url)() as s:
+        claim = repo.claim_item(s, job_id, 0, W1)
+        assert repo.save_result(s, job_id, claim.pk, result) is True
+        out = s.scalar(select(Output).where(Output.item_pk == claim.pk))
+        step = s.scalar(select(StepLog).where(StepLog.item_pk == claim.pk))
+        assert (out.text, out.final_answer, out.reasoning, out.content) == ("a\ufffdb", "1\ufffd", "a\ufffd", "\ufffdb")
+        assert (step.text, step.draft_text) == ("a\ufffd", "\ufffdd")
