@@ -14,7 +14,9 @@ from typing import Callable, Iterable, Iterator
 
 from semjobs import __version__
 from semjobs.settings import settings
-from semspec.models.hub import parse_hub_name
+from semspec.components import draft_model_spec
+from semspec.models.hub import HubName, fetch_snapshot, parse_hub_name
+from semspec.models.paths import ModelLoadError
 from semspec.types import METHODS, NGRAM_DRAFT, GenerationConfig
 
 from semjobs.db import repo
@@ -96,7 +98,8 @@ MODEL_SETTINGS = {"target_model": "SEMJOBS_TARGET_MODEL", "draft_model": "SEMJOB
 
 
 def missing_model_files() -> list[str]:
-    """The model settings that name a local path this machine does not have, each as one
+    """The model settings that name a local path this machine does not have, or a hub model
+    (or revision) neither in the Hugging Face cache nor to be downloaded, each as one
     sentence: a typo would otherwise be stored and fail on every worker. Checked with the
     prompt lengths (`settings.check_prompt_lengths`; off on a machine that submits for
     workers whose files it lacks)."""
@@ -104,11 +107,26 @@ def missing_model_files() -> list[str]:
         return []
     missing = []
     for key, env in MODEL_SETTINGS.items():
-        spec = getattr(settings, key)
+        value = spec = getattr(settings, key)
+        if key == "draft_model":  # a token_sd draft named by its kind: the model it names, if any
+            spec = draft_model_spec(value)
         if (spec and spec not in ("none", NGRAM_DRAFT) and not spec.startswith("embedded:")
-                and not Path(spec).expanduser().exists() and parse_hub_name(spec) is None):
-            missing.append(f"{env}={spec}: no such file or directory here")
+                and not Path(spec).expanduser().exists()):
+            hub = parse_hub_name(spec)
+            problem = "no such file or directory here" if hub is None else unavailable_hub_model(hub)
+            if problem is not None:
+                missing.append(f"{env}={value}: {problem}")
     return missing
+
+
+def unavailable_hub_model(name: HubName) -> str | None:
+    """Why the hub model ``name`` cannot be had here (a revision the hub lacks, one not cached
+    while offline), or None: its config and tokenizer files are fetched, never its weights."""
+    try:
+        fetch_snapshot(name, with_weights=False)
+    except ModelLoadError as e:
+        return str(e)
+    return None
 
 
 def method_problem(method: str) -> str | None:

@@ -16,6 +16,12 @@ EMBEDDED_HEAD = "embedded:smollm2-135m-head"
 # the probes calibrated for each embedded draft on the embedded target (a draft head drafts
 # tokens, for token_sd, and has none)
 EMBEDDED_PROBES_FOR = {EMBEDDED_DRAFT: "smollm2-135m"}
+# token_sd's drafts named by a word alone, which name no model of their own
+# (semspec.engine.speculation), as the step methods' refusal describes each
+TOKEN_DRAFT_WORDS = {NGRAM_DRAFT: "vLLM's prompt lookup", "suffix": "vLLM's suffix decoding",
+                     "mtp": "the target's own multi-token-prediction layers"}
+# the vLLM methods a token_sd draft may name before its model ("eagle3:MODEL")
+TOKEN_DRAFT_KINDS = ("draft_model", "eagle", "eagle3")
 
 
 def default_probes(draft: str | None, target: str | None) -> str | None:
@@ -69,14 +75,25 @@ def resolve_components(target: str | None, draft: str | None, probes: str | None
     return draft, (None if probes in (None, "", "none") else probes)
 
 
+def draft_model_spec(draft: str | None) -> str | None:
+    """The model a draft spec names: itself, or what follows a token_sd kind ("eagle3:MODEL");
+    None for the drafts named by a word alone (ngram, suffix, mtp)."""
+    if draft is None or draft in TOKEN_DRAFT_WORDS:
+        return None
+    kind, colon, model = draft.partition(":")
+    return model if colon and kind in TOKEN_DRAFT_KINDS else draft
+
+
 def step_draft_problem(method: str, draft: str | None) -> str | None:
     """Why ``draft`` cannot draft ``method``'s steps: a draft head (which drafts tokens from
-    the target's states) and ngram (vLLM's prompt lookup) draft tokens inside vLLM's
-    speculation, for token_sd, never a whole step of their own."""
+    the target's states), ngram, suffix, mtp and a draft named by a vLLM method draft tokens
+    inside vLLM's speculation, for token_sd, never a whole step of their own."""
     if method not in ("semspec", "step_judge") or not draft:
         return None
-    if draft == NGRAM_DRAFT:
-        kind = "vLLM's prompt lookup"
+    if draft in TOKEN_DRAFT_WORDS:
+        kind = TOKEN_DRAFT_WORDS[draft]
+    elif draft_model_spec(draft) != draft:
+        kind = f"named for vLLM's {draft.partition(':')[0]!r} method (name a step draft by its model alone)"
     elif resolve_head(draft) is not None:
         kind = "a draft head"
     else:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .components import METHOD_NEEDS, resolve_components, step_draft_problem
+from .components import METHOD_NEEDS, resolve_components, same_tokenizer, step_draft_problem
 from .head import head_sha256, resolve_head
 from .models.identity import DEFAULT_CACHE_DIR, models_cache
-from .models.specs import DEFAULT_TARGET, spec_sha256
+from .models.specs import DEFAULT_TARGET, EMBEDDED_PREFIX, load_tokenizer, spec_sha256
 from .probes import Probe, ProbePair, read_metadata, resolve_probes
 
 
@@ -27,14 +27,14 @@ def method_problem(method: str, target: str | None, draft: str | None, probes: s
     needs = METHOD_NEEDS.get(method, ())
     if not needs:
         return None
-    if method == "token_sd":  # vLLM speculates with a head or ngram, its own default head
+    if method == "token_sd":  # vLLM's speculation: the drafts of semspec.engine.speculation
         from .engine.speculation import draft_problem
 
-        return draft_problem(draft, target)
+        return draft_problem(draft, target, models_cache(cache_dir) or DEFAULT_CACHE_DIR)
     draft, probes = resolve_components(target, draft, probes)
     if draft is None:
         return f"method {method!r} needs a draft model; none is configured (SEMJOBS_DRAFT_MODEL)"
-    problem = step_draft_problem(method, draft)
+    problem = step_draft_problem(method, draft) or _tokenizer_problem(method, target, draft, cache_dir)
     if problem is not None:
         return problem
     if "probes" not in needs:
@@ -60,3 +60,24 @@ def method_problem(method: str, target: str | None, draft: str | None, probes: s
         if problem is not None:
             return f"method {method!r} cannot run: {problem}"
     return None
+
+
+def _tokenizer_problem(method: str, target: str | None, draft: str, cache_dir) -> str | None:
+    """Why ``draft`` cannot write ``target``'s steps: the target reads a drafted step's token
+    ids as they are, so both must tokenize alike (the step engine checks again as it loads).
+    The embedded drafts are the embedded target's layers, its tokenizer stands for theirs
+    (reading their own would build the layer draft). Config and tokenizer files only."""
+    target = target or DEFAULT_TARGET
+    source = DEFAULT_TARGET if draft.startswith(EMBEDDED_PREFIX) else draft
+    if source == target:
+        return None
+    cache = models_cache(cache_dir) or DEFAULT_CACHE_DIR
+    try:
+        mine, theirs = (load_tokenizer(spec, cache)[0] for spec in (source, target))
+    except Exception as e:  # noqa: BLE001 -- whatever is unreadable, the method cannot run
+        return f"method {method!r} cannot run: {type(e).__name__}: {e}"
+    if same_tokenizer(mine, theirs):
+        return None
+    return (f"method {method!r} needs a draft with the target's tokenizer, and {draft!r} ({len(mine)} tokens) "
+            f"tokenizes otherwise than the target {target!r} ({len(theirs)} tokens): name a model of the "
+            "target's family (SEMJOBS_DRAFT_MODEL)")

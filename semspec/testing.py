@@ -2,11 +2,17 @@
 
 ``tiny_model_dir(path, ...)`` writes a complete Hugging Face directory (Llama, Qwen2 or Qwen3
 config, random weights, a small byte-level BPE tokenizer trained on a fixed text, a chat template) that
-:func:`semspec.models.loaded.load_model` loads like any real model.
+:func:`semspec.models.loaded.load_model` loads like any real model; ``thinking=True`` makes it a
+reasoning model's: ``<think>`` and ``</think>`` tokens, a Qwen3-shaped template, and ``</think>``
+written now and then. ``lay_out_hub_cache`` puts a directory into a Hugging Face cache as the
+hub's client does, for tests that name models by hub name offline (``use_hub_cache``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -14,6 +20,17 @@ import torch
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking %}<think>\n{% endif %}{% endif %}"
+)
+
+THINK_START, THINK_END = "<think>", "</think>"
+# Qwen3's template in small: the model opens its thinking itself unless enable_thinking is
+# false, when the prompt holds an empty thought; an earlier assistant turn keeps only its answer
+THINKING_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' and '</think>' in m['content'] %}"
+    "{{ m['content'].split('</think>')[-1].lstrip() }}{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
 
 _CORPUS = [
@@ -27,9 +44,10 @@ _CORPUS = [
 ]
 
 
-def tiny_tokenizer(vocab_size: int = 320, seed_text: str = ""):
-    """A byte-level BPE tokenizer with im_start/im_end special tokens and a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def tiny_tokenizer(vocab_size: int = 320, seed_text: str = "", thinking: bool = False):
+    """A byte-level BPE tokenizer with im_start/im_end special tokens and a chat template;
+    ``thinking``: also ``<think>`` / ``</think>`` tokens and THINKING_CHAT_TEMPLATE."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -51,15 +69,25 @@ def tiny_tokenizer(vocab_size: int = 320, seed_text: str = ""):
         pad_token="<|im_end|>",
     )
     fast.chat_template = CHAT_TEMPLATE
+    if thinking:
+        # not special, as in Qwen3's tokenizer: decoding keeps them in the text
+        fast.add_tokens([AddedToken(t, special=False, normalized=False) for t in (THINK_START, THINK_END)])
+        fast.chat_template = THINKING_CHAT_TEMPLATE
     return fast
 
 
+NUM_HEADS = 4
+# </think>'s logit in a thinking model: written at about one position in ten at T 0.6 (the
+# other logits spread about 5.6 wide), so a trace of a few dozen tokens holds one
+THINK_END_LOGIT = 10.0
 # The decoder layouts semjobs' models come in (a draft head's layers among them), by transformers model type.
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 
 def tiny_model(tokenizer, num_layers: int = 2, hidden_size: int = 64, seed: int = 0, max_positions: int = 512,
-               arch: str = "llama"):
+               arch: str = "llama", think_end_logit: float | None = None):
+    """A random model of ``arch``; ``think_end_logit``: ``</think>`` gets about this logit at
+    every position (``_write_everywhere``)."""
     import transformers
 
     config_cls, model_cls = {
@@ -72,8 +100,9 @@ def tiny_model(tokenizer, num_layers: int = 2, hidden_size: int = 64, seed: int 
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
         num_hidden_layers=num_layers,
-        num_attention_heads=4,
+        num_attention_heads=NUM_HEADS,
         num_key_value_heads=2,
+        head_dim=hidden_size // NUM_HEADS,  # Qwen3's config would take 128 whatever the width
         max_position_embeddings=max_positions,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -87,17 +116,82 @@ def tiny_model(tokenizer, num_layers: int = 2, hidden_size: int = 64, seed: int 
     with torch.no_grad():
         model.lm_head.weight.normal_(0.0, 0.35)
         model.model.embed_tokens.weight.normal_(0.0, 1.0)
+    if think_end_logit is not None:
+        _write_everywhere(model, tokenizer.convert_tokens_to_ids(THINK_END), think_end_logit)
     return model.eval()
 
 
+def _write_everywhere(model, token_id: int, logit: float) -> None:
+    """Give ``token_id`` about ``logit`` at every position, whatever came before (a random
+    model would write ``</think>`` about never): the residual stream's first dimension holds
+    one value from the embedding on (no layer writes to it), which only ``token_id``'s output
+    row reads. The final norm scales that dimension to about 1 (the rest of the stream is of
+    the embedding's size)."""
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0] = 0.0
+            layer.mlp.down_proj.weight[0] = 0.0
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[token_id, 0] = logit
+
+
 def tiny_model_dir(path, num_layers: int = 2, hidden_size: int = 64, seed: int = 0, vocab_size: int = 320,
-                   seed_text: str = "", max_positions: int = 512, arch: str = "llama") -> Path:
+                   seed_text: str = "", max_positions: int = 512, arch: str = "llama",
+                   thinking: bool = False) -> Path:
+    """``thinking``: a reasoning model's tokenizer and template (``tiny_tokenizer``), writing
+    ``</think>`` at about one position in ten (THINK_END_LOGIT). vLLM's CPU attention runs
+    64-wide heads: ``hidden_size=256``."""
     path = Path(path)
-    tok = tiny_tokenizer(vocab_size, seed_text)
-    model = tiny_model(tok, num_layers, hidden_size, seed, max_positions, arch)
+    tok = tiny_tokenizer(vocab_size, seed_text, thinking)
+    model = tiny_model(tok, num_layers, hidden_size, seed, max_positions, arch,
+                       think_end_logit=THINK_END_LOGIT if thinking else None)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+# the commit lay_out_hub_cache files a snapshot under unless told another
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def lay_out_hub_cache(hub_cache: Path, repo_id: str, source: Path, commit: str = HUB_COMMIT,
+                      refs: tuple[str, ...] = ("main",), names: tuple[str, ...] | None = None) -> Path:
+    """``source``'s files (those in ``names``, or all) as the snapshot ``commit`` of ``repo_id``
+    in the hub cache ``hub_cache``: content-addressed ``blobs/``, ``snapshots/<commit>/`` of
+    relative links to them, and ``refs/<ref>`` files holding the commit (no newline, as the
+    hub's client writes them). Returns the snapshot directory."""
+    repo = Path(hub_cache) / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for f in sorted(Path(source).iterdir()):
+        if names is not None and f.name not in names:
+            continue
+        blob = repo / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.copyfile(f, blob)
+        (snapshot / f.name).symlink_to(os.path.relpath(blob, snapshot))
+    (repo / "refs").mkdir(exist_ok=True)
+    for ref in refs:
+        (repo / "refs" / ref).write_text(commit)
+    return snapshot
+
+
+def hub_cache_env(hub_cache: Path) -> dict[str, str]:
+    """The environment that points huggingface_hub (in a child process) at ``hub_cache``, offline."""
+    return {"HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1"}
+
+
+def use_hub_cache(monkeypatch, hub_cache: Path) -> None:
+    """Point huggingface_hub at ``hub_cache``, offline, through ``monkeypatch`` (pytest's). It
+    reads both variables when imported, so its constants are set beside the environment
+    (which child processes read)."""
+    from huggingface_hub import constants
+
+    for name, value in hub_cache_env(hub_cache).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
 
 
 def aborting_source(requests):

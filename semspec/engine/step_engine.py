@@ -31,7 +31,7 @@ import torch
 from semspec.components import EMBEDDED_DRAFT, resolve_components, same_tokenizer, step_draft_problem
 from semspec.intake import Intake
 from semspec.models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cache
-from semspec.models.specs import DEFAULT_TARGET, model_directory
+from semspec.models.specs import DEFAULT_TARGET, model_source
 from semspec.adaptive import LiveCosts, Meter
 from semspec.probes import ProbePair, pool, resolve_probes
 from semspec.prompts import MethodUnavailable, judge_prompt, prompt_ids
@@ -132,9 +132,9 @@ class ModelFiles:
 
     @classmethod
     def read(cls, spec: str, cache: Path) -> "ModelFiles":
-        directory, sha = model_directory(spec, cache)
+        directory, identity = model_source(spec, cache)
         tokenizer, config, eos = model_files(directory)
-        shape = ModelShape(ModelIdentity(str(spec), sha), int(config.hidden_size), int(config.num_hidden_layers))
+        shape = ModelShape(identity, int(config.hidden_size), int(config.num_hidden_layers))
         return cls(str(spec), Path(directory), tokenizer, config, eos, shape)
 
     def serve(self, layer: int | None, kv_cache_gb: float | None, device: str, dtype: str, batch_size: int,

@@ -39,10 +39,10 @@ from semspec.intake import Intake
 from semspec.models.dtypes import cpu_has_fast_bf16
 from semspec.models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cache
 from semspec.models.loaded import eos_token_ids
-from semspec.models.specs import DEFAULT_TARGET, model_directory
+from semspec.models.specs import model_source
 from semspec.prompts import prompt_ids
 from semspec.steps import StepDetector, detect_think_end, step_spans
-from semspec.engine.speculation import speculative_config
+from semspec.engine.speculation import MODEL_FREE_METHODS, speculative_config
 from semspec.types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Counters, Finished,
                     GenerationConfig, GenerationResult, StepRecord)
 
@@ -248,19 +248,19 @@ class VLLMEngine:
         from vllm import EngineArgs
 
         threads = torch.get_num_threads()
-        model_dir, sha = model_directory(target, models_cache(cache_dir))
+        model_dir, identity = model_source(target, models_cache(cache_dir))
         tokenizer, _, eos = model_files(model_dir)
         speculation, spec_config = None, None
         if speculative_tokens:
-            spec_config, draft_identity = speculative_config(draft, target, speculative_tokens, model_dir, sha,
+            spec_config, draft_identity = speculative_config(draft, target, speculative_tokens, model_dir,
+                                                             identity.sha256,
                                                              models_cache(cache_dir) or DEFAULT_CACHE_DIR)
             speculation = Speculation(spec_config["method"], speculative_tokens, draft_identity)
         args = EngineArgs(**engine_arguments(model_dir, device, dtype, batch_size, kv_cache_gb, compile, seed,
                                              spec_config, user=engine_args))
         dt = args.dtype
         llm = start_engine(args)
-        name = str(target) if target is not None else DEFAULT_TARGET
-        engine = cls(llm, tokenizer, ModelIdentity(name, sha), dt, int(llm.model_config.max_model_len),
+        engine = cls(llm, tokenizer, identity, dt, int(llm.model_config.max_model_len),
                      eos, vllm.__version__, model_dir, threads,
                      speculation)
         # one token now: a model vLLM loads but cannot run (an attention shape its kernels
@@ -389,8 +389,9 @@ class VLLMEngine:
         last = run.arrivals[-1][1] if run.arrivals else run.t0
         counters = Counters(prompt_tokens=run.prompt_len, generated_tokens=len(ids),
                             target_forward_passes=len(run.arrivals), drafted_tokens=drafted, accepted_tokens=accepted,
-                            # the head runs once per drafted token; ngram runs no model
-                            draft_forward_passes=drafted if self.speculation and self.speculation.method == "eagle" else 0,
+                            # a draft model or head runs once per drafted token; ngram and suffix run none
+                            draft_forward_passes=drafted if self.speculation
+                            and self.speculation.method not in MODEL_FREE_METHODS else 0,
                             phase_seconds={"prefill": first - run.t0, "target_write": last - first})
         return GenerationResult(
             text=text, final_answer=final_answer(text, think_end), reasoning=reasoning, content=content,

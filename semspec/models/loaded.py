@@ -20,7 +20,7 @@ from semspec.models.dtypes import pick_device
 from semspec.models.hf import from_pretrained
 from semspec.models.identity import ModelIdentity
 from semspec.models.reduced_vocab import ReducedHead, read_vocab_subset, reduced_head_logits
-from semspec.models.specs import DEFAULT_TARGET, model_directory
+from semspec.models.specs import DEFAULT_TARGET, model_source
 
 
 @functools.cache
@@ -172,7 +172,7 @@ def load_model(
     dtype: torch.dtype | None = None,
 ) -> LoadedModel:
     """Load a causal LM + tokenizer from a spec (``semspec.models.specs``), ready for inference."""
-    load_dir, sha = model_directory(spec, cache_dir)
+    load_dir, identity = model_source(spec, cache_dir)
     dev, default_dtype = pick_device(device)
     dtype = dtype or default_dtype
     model, tokenizer = from_pretrained(load_dir, dtype)
@@ -182,7 +182,7 @@ def load_model(
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
-        identity=ModelIdentity(name, sha),
+        identity=identity,
         device=dev,
         dtype=dtype,
         spec=name,

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from semspec.models import embedded_draft
 from semspec.models.gguf import converted_copy, loadable_directory
 from semspec.models.hub import WEIGHT_SUFFIX, fetch_snapshot, parse_hub_name
-from semspec.models.identity import cache_root, content_sha256, derived_sha256
+from semspec.models.identity import ModelIdentity, cache_root, content_sha256, derived_sha256
 from semspec.models.paths import ModelLoadError, ResolvedSpec, resolve_path, smollm2_gguf
 
 EMBEDDED_PREFIX = "embedded:"
@@ -105,14 +105,26 @@ def spec_sha256(spec: str | os.PathLike | None, cache_dir: str | os.PathLike | N
     return derived_sha256("hf-hub", resolved.commit, weights)
 
 
-def model_directory(spec: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None
-                    ) -> tuple[Path, str]:
-    """(a model directory transformers and vLLM load, the model's identity hash) of a spec:
-    a GGUF is de-quantized into the cache once."""
+def model_source(spec: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None
+                 ) -> tuple[Path, ModelIdentity]:
+    """(a model directory transformers and vLLM load, the model's identity) of a spec: a GGUF
+    is de-quantized into the cache once. The identity is named by the spec, a hub model's by
+    the commit its name resolved to (``org/name@<commit>``), so that a manifest says which
+    snapshot made the outputs."""
     cache = cache_root(cache_dir)
     resolved = resolve_spec(spec, cache)
     sha = spec_sha256(spec, cache, resolved)
-    return loadable_directory(resolved, sha, cache), sha
+    name = str(spec) if spec is not None else DEFAULT_TARGET
+    if resolved.commit is not None:
+        name = f"{parse_hub_name(name).repo_id}@{resolved.commit}"
+    return loadable_directory(resolved, sha, cache), ModelIdentity(name, sha)
+
+
+def model_directory(spec: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None
+                    ) -> tuple[Path, str]:
+    """(a model directory transformers and vLLM load, the model's identity hash) of a spec."""
+    directory, identity = model_source(spec, cache_dir)
+    return directory, identity.sha256
 
 
 def load_tokenizer(spec: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None

@@ -313,15 +313,28 @@ def test_ngram_is_a_draft_without_files(monkeypatch):
     assert missing_model_files() == []
     monkeypatch.setattr(settings, "draft_model", "ngrams")
     assert missing_model_files() == ["SEMJOBS_DRAFT_MODEL=ngrams: no such file or directory here"]
+    for word in ("suffix", "mtp"):  # vLLM's drafts without files of their own
+        monkeypatch.setattr(settings, "draft_model", word)
+        assert missing_model_files() == []
+    monkeypatch.setattr(settings, "draft_model", "eagle3:/no/such/head")  # the model a kind names is looked for
+    assert missing_model_files() == ["SEMJOBS_DRAFT_MODEL=eagle3:/no/such/head: no such file or directory here"]
 
 
-def test_a_hub_name_is_no_missing_file(monkeypatch):
-    """Qwen/Qwen3-0.6B names no local file: the hub cache resolves it (semspec.models.hub)."""
+def test_a_hub_name_is_looked_up_in_the_hub_cache(tmp_path, monkeypatch):
+    """Qwen/Qwen3-0.6B names no local file: the hub cache resolves it (semspec.models.hub), and
+    a revision it lacks offline is missing."""
     from semjobs.settings import settings
+    from semspec.testing import lay_out_hub_cache, tiny_model_dir, use_hub_cache
 
+    lay_out_hub_cache(tmp_path / "hf", "Qwen/Qwen3-0.6B", tiny_model_dir(tmp_path / "model"))
+    use_hub_cache(monkeypatch, tmp_path / "hf")
     monkeypatch.setattr(settings, "check_prompt_lengths", True)
     monkeypatch.setattr(settings, "draft_model", "Qwen/Qwen3-0.6B@main")
     assert missing_model_files() == []
+    monkeypatch.setattr(settings, "draft_model", "Qwen/Qwen3-0.6B@nosuchrev")
+    [missing] = missing_model_files()
+    assert missing.startswith("SEMJOBS_DRAFT_MODEL=Qwen/Qwen3-0.6B@nosuchrev: hub model Qwen/Qwen3-0.6B at "
+                              "revision 'nosuchrev' is not in the Hugging Face cache"), missing
 
 
 @pytest.mark.parametrize("env, words", [

@@ -23,3 +23,10 @@ def test_ar_needs_nothing_but_the_target():
 def test_ngram_drafts_no_steps():
     for method in ("semspec", "step_judge"):
         assert "prompt lookup" in method_problem(method, None, "ngram", "none")
+
+
+def test_a_step_draft_must_tokenize_as_the_target(tiny_dirs):
+    target, draft, other = (str(tiny_dirs[k]) for k in ("target", "draft", "other_tok"))
+    assert method_problem("step_judge", target, draft, "none") is None
+    problem = method_problem("step_judge", target, other, "none")
+    assert "needs a draft with the target's tokenizer" in problem and repr(other) in problem

@@ -32,7 +32,7 @@ def test_without_engine_arguments_an_engine_keeps_its_key(vllm_double):
     arguments existed."""
     for method in ("ar", "semspec"):
         factory, extra = engines.factory_for(method)
-        assert extra == {"kv_cache_gb": settings.kv_cache_gb, "compile": settings.vllm_compile}
+        assert extra == {"kv_cache_gb": settings.kv_cache_gb, "compile": bool(settings.vllm_compile)}
         assert engines.engine_key(factory, extra)[0] == (factory, tuple(sorted(extra.items())))
 
 

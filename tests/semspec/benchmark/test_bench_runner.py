@@ -39,8 +39,8 @@ def settings(prompts_file, **kw):
 @pytest.fixture(scope="module")
 def engines(tiny_vllm_dir, tiny_cache, prompts_file):
     """Every method planned, the model its own draft, probes rejecting every step, and ngram
-    as a second draft: a step engine (target and draft) and ngram's token_sd engine start;
-    the model directory drafts no tokens for token_sd."""
+    as a second draft: a step engine (target and draft), token_sd's engine (the model drafting
+    for itself, vLLM's draft_model) and ngram's start."""
     require_vllm()
     from semspec.benchmark.engines import load_engines
 
@@ -82,14 +82,14 @@ def greedy_reject_run(engines, prompts_file):
 def test_greedy_lossless_methods_reproduce_ar(greedy_reject_run):
     br = greedy_reject_run
     assert "ar_2" not in br.runs and not br.errors
-    # a draft model drafts steps, not tokens on vLLM; ngram drafts no steps
-    assert set(br.skipped) == {"token_sd", "step_judge@draft=ngram", "semspec@draft=ngram"}
-    assert "draft head" in br.skipped["token_sd"] and "'ngram'" in br.skipped["token_sd"]
+    # ngram drafts no steps
+    assert set(br.skipped) == {"step_judge@draft=ngram", "semspec@draft=ngram"}
     ar = [r["text"] for r in br.runs["ar"]]
-    # greedy from the same float32 weights: token_sd (vLLM's speculation), transformers'
+    # greedy from the same float32 weights: token_sd (vLLM's speculation, drafting with the
+    # model itself or with ngram), transformers'
     # generate with and without its assistant, and the steps the draft (the target itself)
     # writes, rejected or judged, are all ar's text
-    for label in ("token_sd@draft=ngram", "hf_assisted", "hf_generate", "semspec", "step_judge"):
+    for label in ("token_sd", "token_sd@draft=ngram", "hf_assisted", "hf_generate", "semspec", "step_judge"):
         assert [r["text"] for r in br.runs[label]] == ar, label
     from semspec.benchmark.metrics import method_figures
 
@@ -103,7 +103,8 @@ def test_greedy_lossless_methods_reproduce_ar(greedy_reject_run):
 
 def test_report_records_the_engines_and_the_skipped_runs(greedy_reject_run, engines, tmp_path):
     res = write_report(greedy_reject_run, tmp_path, engine=engines, command="semjobs bench --test")
-    assert res["methods"]["token_sd"]["skipped"] == greedy_reject_run.skipped["token_sd"]
+    skipped = "semspec@draft=ngram"
+    assert res["methods"][skipped]["skipped"] == greedy_reject_run.skipped[skipped]
     env = res["environment"]
     assert env["models"]["engine"].startswith("vllm ") and env["models"]["draft=ngram"].startswith("ngram@")
     assert env["device"] == "cpu" and env["dtype"] == "float32" and set(env["model_specs"]) == {"target", "draft"}

@@ -1,19 +1,27 @@
 """token_sd on vLLM's own speculative decoding (semspec.engine.speculation, semspec.engine.head_plugin):
 the head exported for vLLM's eagle method, and ngram, on a tiny random model (one engine at
-a time: vLLM's state is per process); the shipped head on SmolLM2 (real_model)."""
+a time: vLLM's state is per process); the shipped head on SmolLM2 (real_model); every other
+draft kind's speculative config, identity and refusals, from tiny random models laid out as
+each kind is published (decoding with them: test_token_engine_drafts.py)."""
 
 from __future__ import annotations
 
 import gc
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
-from semspec.components import EMBEDDED_HEAD
+from semspec.components import EMBEDDED_DRAFT, EMBEDDED_HEAD, draft_model_spec, step_draft_problem
+from semspec.models.identity import ModelIdentity, derived_sha256
+from semspec.models.specs import spec_sha256
 from semspec.types import NGRAM_DRAFT, GenerationConfig
+from semspec.engine import speculation
 from semspec.engine.token_engine import VLLMEngine
-from semspec.engine.speculation import draft_problem
+from semspec.engine.speculation import (SUFFIX_INSTALL, SUFFIX_SETTINGS, draft_problem, mtp_layers,
+                                        speculative_config)
 from tests.conftest import require_vllm
 
 PROMPTS = ["What is 2+2?", "Name three colours.", [{"role": "user", "content": "Count to five."}],
@@ -121,6 +129,7 @@ def test_vllm_drafts_with_a_head_or_ngram_only(tiny_head_dir):
     assert draft_problem(NGRAM_DRAFT, "some/model") is None and draft_problem(str(tiny_head_dir), "some/model") is None
     assert "neither" in draft_problem("embedded:smollm2-135m-draft")
     assert "no draft is configured" in draft_problem(None, "some/model")
+    assert "no draft is configured" in draft_problem("none")  # as the step methods read it
 
 
 def test_the_export_reorders_the_fused_input_and_refuses_another_target(tiny_head_dir, tiny_vllm_dir, tmp_path):
@@ -141,3 +150,232 @@ def test_the_export_reorders_the_fused_input_and_refuses_another_target(tiny_hea
     (other / "config.json").write_text(json.dumps({**config, "hidden_size": 512}))
     with pytest.raises(HeadMismatchError, match="hidden_size"):
         export_head(tiny_head_dir, other, tmp_path / "export2")
+
+
+# --------------------------------------------------------------------------- every vLLM draft kind
+
+TARGET_SHA = "0" * 64
+
+
+def write_eagle3_head(path: Path, target_dir: Path, layout: str = "plain",
+                      architecture: str = "Eagle3LlamaForCausalLM", speculators_type: str = "eagle3") -> Path:
+    """A random EAGLE-3 head for the target in ``target_dir`` as vLLM's Eagle3LlamaForCausalLM
+    loads it: one decoder layer over (embedding, state), the state fused by ``fc`` from the
+    target's states after its embedding and each of its two layers (named in
+    ``eagle_aux_hidden_state_layer_ids``: vLLM's default reads layers a two-layer target
+    lacks), a final norm and an LM head over the target's vocabulary. ``layout`` "plain": a
+    config.json naming ``architecture``; "speculators": vLLM's speculators format (the layer's
+    config in ``transformer_layer_config``, ``speculators_config`` naming the verifier)."""
+    from safetensors.torch import save_file
+
+    target = json.loads((target_dir / "config.json").read_text())
+    hidden, heads, kv = target["hidden_size"], target["num_attention_heads"], target["num_key_value_heads"]
+    head_dim, inner, vocab = hidden // heads, target["intermediate_size"], target["vocab_size"]
+    torch.manual_seed(0)
+    random = lambda *shape: torch.randn(*shape) * 0.02  # noqa: E731
+    layer = "midlayer."
+    weights = {f"{layer}self_attn.q_proj.weight": random(heads * head_dim, 2 * hidden),
+               f"{layer}self_attn.k_proj.weight": random(kv * head_dim, 2 * hidden),
+               f"{layer}self_attn.v_proj.weight": random(kv * head_dim, 2 * hidden),
+               f"{layer}self_attn.o_proj.weight": random(hidden, heads * head_dim),
+               f"{layer}mlp.gate_proj.weight": random(inner, hidden), f"{layer}mlp.up_proj.weight": random(inner, hidden),
+               f"{layer}mlp.down_proj.weight": random(hidden, inner),
+               **{f"{layer}{norm}.weight": torch.ones(hidden)
+                  for norm in ("input_layernorm", "hidden_norm", "post_attention_layernorm")},
+               "fc.weight": random(hidden, 3 * hidden), "norm.weight": torch.ones(hidden),
+               "lm_head.weight": random(vocab, hidden)}
+    path.mkdir(parents=True)
+    save_file(weights, str(path / "model.safetensors"))
+    layer_config = {**{k: v for k, v in target.items() if k not in ("architectures", "transformers_version")},
+                    "num_hidden_layers": 1}
+    head = {"draft_vocab_size": vocab, "target_hidden_size": hidden, "eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
+    if layout == "plain":
+        config = {**layer_config, **head, "architectures": [architecture]}
+    else:
+        config = {**head, "architectures": ["Eagle3Speculator"], "speculators_model_type": speculators_type,
+                  "transformer_layer_config": {**layer_config, "architectures": ["LlamaForCausalLM"]},
+                  "speculators_config": {"algorithm": speculators_type, "default_proposal_method": "greedy",
+                                         "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                         "verifier": {"name_or_path": str(target_dir),
+                                                      "architectures": target["architectures"]}}}
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    return path
+
+
+def _copy_with_config(source: Path, dest: Path, **changes) -> Path:
+    """``source`` copied to ``dest`` with ``changes`` made to its config.json."""
+    shutil.copytree(source, dest)
+    config = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**config, **changes}))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def drafts(tiny_vllm_dir, tmp_path_factory) -> dict[str, Path]:
+    """Drafts for the tiny target, one of each layout (no directory's name holds "eagle",
+    from which vLLM guesses a method when none is named)."""
+    from semspec.testing import tiny_model_dir
+
+    root = tmp_path_factory.mktemp("drafts")
+    small = tiny_model_dir(root / "small", num_layers=1, hidden_size=256, seed=4)
+    head3 = write_eagle3_head(root / "head3", tiny_vllm_dir)
+    reduced = _copy_with_config(small, root / "reduced")
+    (reduced / "semspec_vocab.json").write_text(json.dumps({"token_ids": list(range(0, 320, 2))}))
+    pickled = shutil.copytree(small, root / "pickled", ignore=shutil.ignore_patterns("*.safetensors"))
+    (pickled / "pytorch_model.bin").write_bytes(b"never loaded")
+    return {
+        "small": small,  # a small model of the target's tokenizer
+        "other": tiny_model_dir(root / "other", num_layers=1, hidden_size=256, seed=5, vocab_size=300,
+                                seed_text="A different corpus makes different merges."),
+        # the target's tokenizer, its embedding padded (as Qwen2.5-32B's against 1.5B's)
+        "padded": _copy_with_config(small, root / "padded", vocab_size=384),
+        "head3": head3,
+        "head3_suffixed": _copy_with_config(head3, root / "head3s", architectures=["LlamaForCausalLMEagle3"]),
+        "head1": _copy_with_config(head3, root / "head1", architectures=["EagleLlamaForCausalLM"]),
+        # a head whose config names the plain architecture (as EAGLE-1's published heads)
+        "plain_head": _copy_with_config(head3, root / "plainhead", architectures=["LlamaForCausalLM"]),
+        "speculators": write_eagle3_head(root / "spec", tiny_vllm_dir, layout="speculators"),
+        "dflash": write_eagle3_head(root / "dflash", tiny_vllm_dir, layout="speculators", speculators_type="dflash"),
+        "reduced": reduced,
+        "pickled": pickled,
+        "mtp_target": _copy_with_config(tiny_vllm_dir, root / "mtptarget", num_nextn_predict_layers=1),
+    }
+
+
+def _build(draft: str, target_dir: Path, cache: Path) -> tuple[dict, ModelIdentity]:
+    return speculative_config(draft, str(target_dir), 3, target_dir, TARGET_SHA, cache)
+
+
+@pytest.mark.parametrize("name, method, extra", [
+    ("small", "draft_model", {}),
+    ("padded", "draft_model", {"use_heterogeneous_vocab": True}),  # vLLM refuses unequal sizes otherwise
+    ("head3", "eagle3", {}),
+    ("head3_suffixed", "eagle3", {}),
+    ("head1", "eagle", {}),
+    ("speculators", "eagle3", {}),
+])
+def test_a_model_drafts_with_the_method_its_config_names(drafts, tiny_vllm_dir, tiny_cache, name, method, extra):
+    spec = str(drafts[name])
+    config, identity = _build(spec, tiny_vllm_dir, tiny_cache)
+    assert config == {"method": method, "model": str(drafts[name].resolve()), "num_speculative_tokens": 3, **extra}
+    layout = "speculators" if name == "speculators" else "plain"
+    assert identity.name == spec
+    assert identity.sha256 == derived_sha256(f"vllm-{method}", layout, spec_sha256(spec, tiny_cache))
+    assert draft_problem(spec, str(tiny_vllm_dir), tiny_cache) is None
+
+
+def test_the_kind_may_be_named_before_the_model(drafts, tiny_vllm_dir, tiny_cache):
+    for name, kind in (("head3", "eagle3"), ("speculators", "eagle3"), ("small", "draft_model")):
+        named = _build(f"{kind}:{drafts[name]}", tiny_vllm_dir, tiny_cache)
+        assert named == _build(str(drafts[name]), tiny_vllm_dir, tiny_cache)  # identities compare by hash
+        assert named[1].name == f"{kind}:{drafts[name]}"
+    # a head whose config names a plain architecture drafts as the method named, and only so
+    for kind in ("eagle", "eagle3"):
+        assert _build(f"{kind}:{drafts['plain_head']}", tiny_vllm_dir, tiny_cache)[0]["method"] == kind
+    for kind in ("suffix", "mtp", NGRAM_DRAFT):
+        assert draft_problem(f"{kind}:", str(tiny_vllm_dir), tiny_cache).endswith(f"write {kind!r} alone")
+
+
+def test_a_drafts_identity_is_its_weights_and_kind_never_its_path(drafts, tiny_vllm_dir, tiny_cache, tmp_path):
+    moved = shutil.copytree(drafts["head3"], tmp_path / "elsewhere")
+    sha = _build(str(drafts["head3"]), tiny_vllm_dir, tiny_cache)[1].sha256
+    assert _build(str(moved), tiny_vllm_dir, tiny_cache)[1].sha256 == sha
+    # the same weights run as another method, or read from the other layout, are another draft
+    others = {_build(spec, tiny_vllm_dir, tiny_cache)[1].sha256
+              for spec in (f"eagle:{drafts['plain_head']}", str(drafts["speculators"]))}
+    assert len(others) == 2 and sha not in others
+    assert _build(f"eagle3:{drafts['plain_head']}", tiny_vllm_dir, tiny_cache)[1].sha256 == sha
+
+
+def test_a_draft_named_by_hub_name_resolves_offline_and_names_its_commit(drafts, tiny_vllm_dir, tiny_cache,
+                                                                           tmp_path, monkeypatch):
+    from semspec.testing import HUB_COMMIT, lay_out_hub_cache, use_hub_cache
+
+    hub = tmp_path / "hf"
+    snapshots = {name: lay_out_hub_cache(hub, f"org/{name}", drafts[name]) for name in ("small", "head3")}
+    use_hub_cache(monkeypatch, hub)
+    for spec, name, method in (("org/small@main", "small", "draft_model"), ("eagle3:org/head3", "head3", "eagle3")):
+        assert draft_problem(spec, str(tiny_vllm_dir), tiny_cache) is None
+        config, identity = _build(spec, tiny_vllm_dir, tiny_cache)
+        assert (config["method"], config["model"]) == (method, str(snapshots[name].resolve()))
+        assert identity.name == f"{spec.partition('@')[0]}@{HUB_COMMIT}"
+        assert identity.sha256 == derived_sha256(f"vllm-{method}", "plain", spec_sha256(spec.split(":")[-1], tiny_cache))
+    assert "is not in the Hugging Face cache" in draft_problem("eagle3:org/absent", str(tiny_vllm_dir), tiny_cache)
+
+
+@pytest.mark.parametrize("spec, reason", [
+    ("{other}", "a draft_model must share the target's tokenizer, and '{other}' (300 tokens) tokenizes otherwise"),
+    ("draft_model:{other}", "must share the target's tokenizer"),
+    ("eagle:{head3}", "'{head3}' is an eagle3 head (its config.json), not eagle"),
+    ("draft_model:{head3}", "is an eagle3 head (its config.json), not draft_model"),
+    ("eagle3:{head1}", "is an eagle head (its config.json), not eagle3"),
+    ("eagle3:", "eagle3: names no model (write eagle3:MODEL)"),
+    ("{dflash}", "a speculators-format head of type 'dflash'; token_sd drafts with type 'eagle3' ones"),
+    ("mtp", "mtp drafts with the target's own multi-token-prediction layers, and '{target}' declares none"),
+    ("{reduced}", "predicts a reduced vocabulary (semspec_vocab.json)"),
+    (EMBEDDED_DRAFT, "predicts a reduced vocabulary"),  # told by name: the layer draft is not materialised
+    ("{pickled}", "{pickled} holds no *.safetensors weights"),
+    ("{missing}", "{missing} does not exist"),
+])
+def test_a_draft_that_cannot_run_is_refused_with_its_reason(drafts, tiny_vllm_dir, tiny_cache, tmp_path, spec, reason):
+    names = {**{k: str(v) for k, v in drafts.items()}, "target": str(tiny_vllm_dir), "missing": str(tmp_path / "no")}
+    spec, reason = spec.format(**names), reason.format(**names)
+    problem = draft_problem(spec, str(tiny_vllm_dir), tiny_cache)
+    assert problem.startswith(f"token_sd cannot draft with {spec!r}: ") and reason in problem
+    with pytest.raises(ValueError) as refused:  # nothing is exported or resolved for vLLM
+        _build(spec, tiny_vllm_dir, tiny_cache)
+    assert str(refused.value) == problem
+
+
+def test_suffix_decoding_runs_where_its_package_is_installed(tiny_vllm_dir, tiny_cache, monkeypatch):
+    monkeypatch.setattr(speculation, "suffix_installed", lambda: False)
+    problem = draft_problem("suffix", str(tiny_vllm_dir), tiny_cache)
+    assert "needs the arctic_inference package, which is not installed here" in problem and SUFFIX_INSTALL in problem
+    monkeypatch.setattr(speculation, "suffix_installed", lambda: True)
+    config, identity = _build("suffix", tiny_vllm_dir, tiny_cache)
+    assert config == {"method": "suffix", "num_speculative_tokens": 3, **SUFFIX_SETTINGS}
+    settings = [f"{name}={value}" for name, value in sorted(SUFFIX_SETTINGS.items())]
+    assert identity == ModelIdentity("suffix", derived_sha256("vllm-suffix", *settings))
+
+
+def test_mtp_drafts_where_the_target_declares_mtp_layers(drafts, tiny_cache):
+    target = drafts["mtp_target"]
+    assert draft_problem("mtp", str(target), tiny_cache) is None
+    config, identity = _build("mtp", target, tiny_cache)
+    # no model named: vLLM loads the target's own MTP layers
+    assert config == {"method": "mtp", "num_speculative_tokens": 3}
+    assert identity == ModelIdentity("mtp", derived_sha256("vllm-mtp", TARGET_SHA))
+    # where vLLM 0.32.0 reads the count in other families' configs (Qwen3.5's, Inkling's)
+    assert mtp_layers({"text_config": {"mtp_num_hidden_layers": 1}}) == 1
+    assert mtp_layers({"mtp_config": {"num_nextn_predict_layers": 2}}) == 2
+    assert mtp_layers({"num_nextn_predict_layers": 0, "model_type": "qwen3"}) == 0
+
+
+def test_the_head_and_ngram_keep_their_configs_and_identities(tiny_head_dir, tiny_vllm_dir, tiny_cache):
+    from semspec.head import head_sha256
+
+    require_vllm()  # a head's export registers its architecture with vLLM
+    config, identity = _build(NGRAM_DRAFT, tiny_vllm_dir, tiny_cache)
+    assert config == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    assert identity == ModelIdentity(NGRAM_DRAFT, derived_sha256("vllm-ngram", "4", "2"))
+    config, identity = _build(str(tiny_head_dir), tiny_vllm_dir, tiny_cache)
+    assert config["method"] == "eagle" and config["model"].startswith(str(tiny_cache))
+    assert identity == ModelIdentity(str(tiny_head_dir), head_sha256(tiny_head_dir, TARGET_SHA))
+
+
+def test_submit_refuses_a_token_sd_draft_of_another_tokenizer(drafts, tiny_vllm_dir, tmp_path):
+    """semjobs submit's preflight (semspec.preflight) asks draft_problem, in the service's cache."""
+    from semspec.preflight import method_problem
+
+    problem = method_problem("token_sd", str(tiny_vllm_dir), str(drafts["other"]), None, tmp_path)
+    assert "must share the target's tokenizer" in problem
+    assert method_problem("token_sd", str(tiny_vllm_dir), f"eagle3:{drafts['head3']}", None, tmp_path) is None
+
+
+def test_a_token_sd_draft_drafts_no_steps():
+    for draft in ("suffix", "mtp", "eagle3:/some/head", "draft_model:/some/model"):
+        problem = step_draft_problem("semspec", draft)
+        assert problem is not None and "drafts tokens for token_sd" in problem
+    # the model a draft setting names, where it names one (for what looks for its files)
+    assert [draft_model_spec(d) for d in ("eagle3:/some/head", "/some/model", EMBEDDED_HEAD, "suffix", None)] == \
+        ["/some/head", "/some/model", EMBEDDED_HEAD, None, None]

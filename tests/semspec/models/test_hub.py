@@ -3,8 +3,6 @@ disk as the hub's own client lays it out."""
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
 from pathlib import Path
 
@@ -13,45 +11,12 @@ import pytest
 from semspec.models.hub import HubName, parse_hub_name
 from semspec.models.identity import content_sha256, derived_sha256
 from semspec.models.paths import ModelLoadError
-from semspec.models.specs import load_tokenizer, model_directory, resolve_spec, spec_sha256
+from semspec.models.specs import load_tokenizer, model_directory, model_source, resolve_spec, spec_sha256
+from semspec.testing import HUB_COMMIT as COMMIT, lay_out_hub_cache, use_hub_cache
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
 CONFIG_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "chat_template.jinja")
-
-
-def lay_out_hub_cache(hub_cache: Path, repo_id: str, source: Path, commit: str = COMMIT,
-                      refs: tuple[str, ...] = ("main",), names: tuple[str, ...] | None = None) -> Path:
-    """``source``'s files (those in ``names``, or all) as the snapshot ``commit`` of ``repo_id``
-    in the hub cache ``hub_cache``: content-addressed ``blobs/``, ``snapshots/<commit>/`` of
-    relative links to them, and ``refs/<ref>`` files holding the commit (no newline, as the
-    hub's client writes them). Returns the snapshot directory."""
-    repo = hub_cache / ("models--" + repo_id.replace("/", "--"))
-    snapshot = repo / "snapshots" / commit
-    (repo / "blobs").mkdir(parents=True, exist_ok=True)
-    snapshot.mkdir(parents=True, exist_ok=True)
-    for f in sorted(source.iterdir()):
-        if names is not None and f.name not in names:
-            continue
-        blob = repo / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
-        shutil.copyfile(f, blob)
-        (snapshot / f.name).symlink_to(os.path.relpath(blob, snapshot))
-    (repo / "refs").mkdir(exist_ok=True)
-    for ref in refs:
-        (repo / "refs" / ref).write_text(commit)
-    return snapshot
-
-
-def use_hub_cache(monkeypatch, hub_cache: Path) -> None:
-    """Point huggingface_hub at ``hub_cache``, offline. It reads both variables when imported,
-    so its constants are set beside the environment (which child processes read)."""
-    from huggingface_hub import constants
-
-    monkeypatch.setenv("HF_HUB_CACHE", str(hub_cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
 
 
 @pytest.fixture
@@ -84,6 +49,14 @@ def test_hub_names_resolve_to_their_snapshot(hub, tmp_path):
         assert (resolved.kind, resolved.path, resolved.commit) == ("hf", hub.resolve(), COMMIT), spec
     directory, sha = model_directory("org/tiny", tmp_path / "semjobs")
     assert directory == hub.resolve() and sha == spec_sha256(f"org/tiny@{COMMIT}", tmp_path / "semjobs")
+
+
+def test_the_identity_is_named_by_the_commit_the_name_resolved_to(hub, tmp_path):
+    """A manifest names the snapshot that made the outputs, whichever ref the spec named."""
+    for spec in ("org/tiny", "org/tiny@v1", f"org/tiny@{COMMIT}"):
+        directory, identity = model_source(spec, tmp_path / "semjobs")
+        assert (directory, identity.name) == (hub.resolve(), f"org/tiny@{COMMIT}"), spec
+        assert identity.sha256 == spec_sha256(spec, tmp_path / "semjobs")
 
 
 def test_the_identity_holds_the_commit_and_the_weights_not_the_caches(hub, tiny_dirs, tmp_path, monkeypatch):
