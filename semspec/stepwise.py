@@ -429,10 +429,13 @@ class SemSpecProgram(DraftingProgram):
             calls = [Call(TARGET, self.ids + s.tokens, 1, "verify", states_from=self.step_start) for s in steps]
             replies = [(yield calls[0])] if len(calls) == 1 else (yield from side_by_side([_one(c) for c in calls]))
             drafted = sum(len(s.tokens) for s in steps)  # a step's drafted tokens: every candidate's
+            read = [(step, reply, self.pool_states(TARGET, reply.states)) for step, reply in zip(steps, replies)]
+            if len(read) > 1:  # the one the target's probe finds most like the target's own is tried first
+                read.sort(key=lambda r: -self.probes.target.predict(r[2]))
+            steps = [step for step, _, _ in read]
             first_record = None
-            for step, reply in zip(steps, replies):
-                accepted, record = meaning_decision(self.probes, self.pool_states(TARGET, reply.states),
-                                                    step.pooled, cfg, self.coin)
+            for step, reply, pooled in read:
+                accepted, record = meaning_decision(self.probes, pooled, step.pooled, cfg, self.coin)
                 if accepted:
                     self.keep(step, reply.tokens, thrown + drafted - len(step.tokens), record)
                     return

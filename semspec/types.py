@@ -50,8 +50,9 @@ class GenerationConfig:
     draft_attempts: int = 1
     # semspec, sampling: candidate steps the draft writes side by side for each step (one
     # batch of draft requests), verified in one batch of target requests; the paper's rule is
-    # applied to them in order and the first accepted is kept, else the target writes the
-    # step. Greedy drafts one (the candidates would be the same).
+    # applied to them in order, the one the target's probe rates most target-like first, and
+    # the first accepted is kept, else the target writes the step. Greedy drafts one (the
+    # candidates would be the same).
     draft_candidates: int = 1
     # token_sd: tokens drafted per verification (vLLM's num_speculative_tokens: an engine
     # drafts as many for every request, so a job's count selects its engine).
