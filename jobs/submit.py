@@ -14,7 +14,6 @@ from typing import Callable, Iterable, Iterator
 
 from semjobs import __version__
 from semjobs.settings import settings
-from semspec.components import draft_model_spec
 from semspec.models.hub import HubName, fetch_snapshot, parse_hub_name
 from semspec.models.paths import ModelLoadError
 from semspec.types import METHODS, NGRAM_DRAFT, GenerationConfig
@@ -105,6 +104,8 @@ def missing_model_files() -> list[str]:
     workers whose files it lacks)."""
     if not settings.check_prompt_lengths:
         return []
+    from semspec.components import draft_model_spec  # imports torch: not in the worker's parent process
+
     missing = []
     for key, env in MODEL_SETTINGS.items():
         value = spec = getattr(settings, key)

@@ -114,7 +114,11 @@ def test_plan_runs():
                                           "semspec@tau=0.1,attempts=3"]
     assert [r.default_setting for r in crossed[2:]] == [True, False, False, False]
     assert crossed[3].meta() == {"method": "semspec", "default_setting": False, "tau": 0.0, "ratio_floor": 0.6,
-                                 "draft_attempts": 3, "adaptive": True, "token_speculation": True}
+                                 "draft_attempts": 3, "draft_candidates": 1, "adaptive": True,
+                                 "token_speculation": True}
+    candidates = plan_runs(["semspec"], None, temperature=0.6, candidates=(1, 3))
+    assert [r.label for r in candidates] == ["ar", "ar_2", "semspec", "semspec@candidates=3"]
+    assert candidates[3].meta()["draft_candidates"] == 3
     stacked = plan_runs(["semspec"], None, temperature=0.0, token_speculation=(True, False))
     assert [r.label for r in stacked] == ["ar", "semspec", "semspec@token_sd=0"]
     assert stacked[2].meta()["token_speculation"] is False
