@@ -37,6 +37,10 @@ def generation_options(f):
                      "(a line's own `n`, or `n` in a Batch body, wins). Needs --temperature > 0.")(f)
     f = click.option("--name", default=None, callback=_storable_name,
                      help="Job name (default: the file name).")(f)
+    f = click.option("--reproducible/--fastest", default=True, show_default=True,
+                     help="Sampling: every request carries its sample's seed, so a rerun writes the same; "
+                     "--fastest sends none (reruns differ; on a GPU vLLM keeps its fastest sampling "
+                     "kernels, docs/gpu.md).")(f)
     f = click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None, help="Sampling seed.")(f)
     f = click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None,
                      help="Nucleus sampling: draw from the smallest set of tokens holding this "
@@ -104,13 +108,16 @@ def db_option(f):
                         "database of the last `run` or `submit` here, else the embedded SQLite file).")(f)
 
 
-def _config(method, max_new_tokens, temperature, top_p, seed, samples) -> dict:
+def _config(method, max_new_tokens, temperature, top_p, seed, samples, reproducible) -> dict:
     from semjobs.jobs.submit import job_config
 
+    if seed is not None and not reproducible:
+        raise click.BadParameter("a seed means nothing to a job sampled without seeds", param_hint="--seed")
     try:
         config = job_config(method, max_new_tokens, temperature, seed, top_p)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--method") from None
+    config["reproducible"] = reproducible
     if samples > 1 and config["temperature"] == 0:
         raise click.BadParameter(f"{samples} samples of greedy decoding would be {samples} copies; "
                                  "give --temperature above 0 (e.g. 0.6)", param_hint="--n")
@@ -181,7 +188,7 @@ def _shown(url: str) -> str:
 @click.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @generation_options
-def submit(file, method, max_new_tokens, temperature, top_p, seed, name, samples) -> None:
+def submit(file, method, max_new_tokens, temperature, top_p, seed, reproducible, name, samples) -> None:
     """Validate FILE, store the job and its items, enqueue them; prints the job id last.
 
     Example: semjobs submit prompts.jsonl --method semspec --n 4 --temperature 0.6 --top-p 0.95"""
@@ -190,7 +197,7 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, name, samples
     from semjobs.settings import settings
     from semjobs.worker.queues import queue_name
 
-    config = _config(method, max_new_tokens, temperature, top_p, seed, samples)
+    config = _config(method, max_new_tokens, temperature, top_p, seed, samples, reproducible)
     queue = queue_name()
     t0 = time.perf_counter()
     validation = _storable(file, samples, method=config["method"])
@@ -427,7 +434,7 @@ def retry(job, include_pending, db_url) -> None:
               help="Engine processes (default: SEMJOBS_PROCESSES, else one per core on a CPU, at "
               "least 8 items each, one on a GPU).")
 @engine_arg_options
-def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, name, samples, db_url,
+def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, reproducible, name, samples, db_url,
         steps, force, resume, batch_size, processes, engine_args, draft_engine_args) -> None:
     """Embedded mode: no servers; process FILE on this machine into a SQLite file, then
     export. Same tables, same per-item code as the workers; on a CPU one engine process per
@@ -455,7 +462,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     if processes is not None:
         settings.processes = processes
     use_engine_args(engine_args, draft_engine_args)
-    config = _config(method, max_new_tokens, temperature, top_p, seed, samples)
+    config = _config(method, max_new_tokens, temperature, top_p, seed, samples, reproducible)
     try:  # before any work: an output that would be refused is refused now, not after the run
         check_targets(output, errors, force=force, input_path=file)
     except ValueError as e:

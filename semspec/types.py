@@ -93,6 +93,10 @@ class GenerationConfig:
     # (vLLM's speculative decoding, lossless: semspec.engine.step_engine's writer), where the
     # engine loaded one (by default the embedded target's draft head).
     token_speculation: bool = True
+    # Sampling: each request carries its sample's seed, so a rerun writes the same text. False:
+    # no seeds, reruns differ; on CUDA vLLM 0.32.0 then samples a batch with FlashInfer's
+    # kernels, which one seeded request in it swaps for PyTorch's sort-based top-p (docs/gpu.md).
+    reproducible: bool = True
     # Extra arguments of the tokenizer's chat template (e.g. {"enable_thinking": True}).
     chat_template_kwargs: dict[str, Any] | None = None
 

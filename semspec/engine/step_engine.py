@@ -501,7 +501,7 @@ class VLLMStepEngine:
         sampled = cfg.temperature > 0 and not call.scored  # a judge reads its scores greedily
         params = SamplingParams(
             temperature=cfg.temperature if sampled else 0.0, top_p=cfg.top_p if sampled else 1.0,
-            seed=(cfg.seed * 1_000_003 + item.calls) % 2**63 if sampled else None,
+            seed=(cfg.seed * 1_000_003 + item.calls) % 2**63 if sampled and cfg.reproducible else None,
             max_tokens=call.max_tokens, stop_token_ids=sorted(served.facts.eos),
             stop=stop if call.stop_at_step_end else None, include_stop_str_in_output=True,
             detokenize=call.stop_at_step_end, output_kind=RequestOutputKind.FINAL_ONLY, extra_args=extra,

@@ -347,7 +347,7 @@ class VLLMEngine:
         ids = prompt_ids(self.tokenizer, prompt, config.chat_template_kwargs, self.max_context)
         params = SamplingParams(
             temperature=config.temperature, top_p=config.top_p if config.temperature > 0 else 1.0,
-            seed=config.seed if config.temperature > 0 else None,
+            seed=config.seed if config.temperature > 0 and config.reproducible else None,
             max_tokens=min(config.max_new_tokens, self.max_context - len(ids)),
             stop_token_ids=sorted(self.eos), detokenize=False, output_kind=RequestOutputKind.DELTA,
         )

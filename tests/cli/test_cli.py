@@ -311,3 +311,15 @@ def test_last_run_record_holds_no_password(last_run_file, monkeypatch):
     # the configured database carries its own password and wins over the record
     monkeypatch.setattr(settings, "database_url", with_password)
     assert database_url() == with_password
+
+
+# --- reproducible or fastest sampling (issue 45) -------------------------------------------------
+
+def test_a_job_sampled_without_seeds_says_so_and_refuses_a_seed(tmp_path, sqlite_db, fake_engine):
+    src = ROOT / "examples" / "prompts.jsonl"
+    res = invoke("run", src, "-o", tmp_path / "o.jsonl", "--db", sqlite_db, "--temperature", 0.6, "--fastest")
+    assert res.exit_code == 0, res.output
+    st = json.loads(invoke("status", res.output.strip().splitlines()[-1], "--json", "--db", sqlite_db).output)
+    assert st["config"]["reproducible"] is False
+    refused = invoke("run", src, "-o", tmp_path / "p.jsonl", "--db", sqlite_db, "--fastest", "--seed", 3)
+    assert refused.exit_code == 2 and "a seed means nothing to a job sampled without seeds" in refused.output

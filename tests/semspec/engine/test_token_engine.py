@@ -56,6 +56,20 @@ def test_a_seed_reproduces_a_sample_alone_or_in_a_batch(engine):
     assert engine.generate(PROMPTS[2], GREEDY).text != alone.text
 
 
+def test_a_job_that_asks_for_speed_over_reruns_sends_vllm_no_seed(engine, monkeypatch):
+    """reproducible=False: sampled requests carry no seed (on CUDA vLLM then keeps FlashInfer's
+    sampling kernels); the default carries the sample's."""
+    import dataclasses
+
+    seeds = []
+    add = engine.llm.add_request
+    monkeypatch.setattr(engine.llm, "add_request", lambda rid, prompt, params: (seeds.append(params.seed),
+                                                                                 add(rid, prompt, params))[1])
+    _results(engine, PROMPTS[:1], SAMPLED)
+    _results(engine, PROMPTS[:1], dataclasses.replace(SAMPLED, reproducible=False))
+    assert seeds == [SAMPLED.seed, None]
+
+
 def test_results_have_the_service_shape(engine):
     r = engine.generate(PROMPTS[0], GenerationConfig(method="ar", max_new_tokens=7))
     c = r.counters
