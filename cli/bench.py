@@ -252,7 +252,7 @@ def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_di
         t0 = time.perf_counter()
         common = dict(device=device, cache_dir=cache_dir, dtype=str(dt), batch_size=max(batch_sizes),
                       seed=settings.seed, kv_cache_gb=kv_cache_gb or service_settings.kv_cache_gb,
-                      engine_args=sweep.engine_args)
+                      engine_args=sweep.engine_args, compile=bool(service_settings.vllm_compile))
         if kind == "steps":
             loaded = VLLMStepEngine.load(target, draft=draft, probes=probes, **common,
                                          draft_engine_args=sweep.draft_engine_args)

@@ -83,7 +83,7 @@ def engine_run(engine, method: str, prompts: list[dict], s: SweepSettings, batch
 
 def vllm_generate_run(engine, prompts: list[dict], s: SweepSettings, batch_size: int,
                       device: str = "auto") -> tuple[list[dict], float]:
-    """Plain ``vllm.LLM.generate`` on ``engine``'s model, number type and KV budget, with
+    """Plain ``vllm.LLM.generate``, compiled (vLLM's default), on ``engine``'s model, number type and KV budget, with
     ``batch_size`` sequences at most in flight, over the prompt ids ``engine`` would decode:
     (records, seconds of the generate call). Its ``LLM`` starts (untimed) in a process of its
     own: vLLM's parallel state is one per process, and freeing a second engine would tear
@@ -94,8 +94,11 @@ def vllm_generate_run(engine, prompts: list[dict], s: SweepSettings, batch_size:
     from semspec.engine.token_engine import engine_arguments
 
     kv_bytes = engine.llm.vllm_config.cache_config.kv_cache_memory_bytes  # None: sized by vLLM on a GPU
+    # vLLM at its own defaults, compiled graphs included (what `vllm run-batch` runs): the peer
+    # a worker's ar is held against
     args = engine_arguments(engine.model_dir, device, engine.dtype, batch_size,
-                            None if kv_bytes is None else kv_bytes / 2**30, seed=s.seed, user=s.engine_args)
+                            None if kv_bytes is None else kv_bytes / 2**30, compile=True, seed=s.seed,
+                            user=s.engine_args)
     ids = [encode_prompt(engine.tokenizer, p["prompt"]) for p in prompts]
     sampling = [dict(temperature=s.temperature, top_p=s.top_p if s.temperature > 0 else 1.0,
                      seed=s.seed + i if s.temperature > 0 else None, max_tokens=s.max_new_tokens,
