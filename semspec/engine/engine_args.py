@@ -70,8 +70,8 @@ def parse_assignment(text: str) -> tuple[str, Any]:
         return key, raw
 
 
-def vllm_importable() -> bool:
-    """Whether vLLM is installed here (looked up, not imported: importing takes seconds)."""
+def vllm_installed() -> bool:
+    """Whether vLLM can be imported here (looked up, not imported: importing takes seconds)."""
     return importlib.util.find_spec("vllm") is not None
 
 
@@ -81,7 +81,7 @@ def check(args: dict[str, Any], where: str) -> bool:
     ``EngineArgs`` (with the closest name) or of a type its field refuses. True when checked
     against vLLM; False where vLLM is not installed, when only the owned names were."""
     problems = [f"{where}: {name!r} is set by semjobs: {OWNED[name]}" for name in args if name in OWNED]
-    checked = vllm_importable()
+    checked = vllm_installed()
     if checked:
         problems += [f"{where}: {problem}" for problem in _vllm_problems({k: v for k, v in args.items()
                                                                          if k not in OWNED})]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import bisect
 import gc
-import importlib.util
 import os
 import sys
 import time
@@ -43,6 +42,8 @@ from semspec.models.specs import model_source
 from semspec.prompts import prompt_ids
 from semspec.steps import StepDetector, detect_think_end, step_spans
 from semspec.engine.speculation import MODEL_FREE_METHODS, speculative_config
+# one check that vLLM is here, for the engines and for the engine arguments (which load no torch)
+from semspec.engine.engine_args import vllm_installed  # noqa: F401  (re-exported: worker.tasks, calibration)
 from semspec.types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, Abort, Cancelled, Counters, Finished,
                     GenerationConfig, GenerationResult, StepRecord)
 
@@ -56,11 +57,6 @@ DEFAULT_KV_CACHE_GB = 2.0
 # KV block size on a CPU: vLLM's CPU attention wants multiples of 32 and caches only whole
 # blocks, so its default (128) would cache no prompt shorter than 128 tokens.
 CPU_BLOCK_SIZE = 32
-
-
-def vllm_installed() -> bool:
-    """Whether vLLM can be imported here (looked up, not imported: importing takes seconds)."""
-    return importlib.util.find_spec("vllm") is not None
 
 
 def vllm_dtype(device: str, dtype: str) -> str:

@@ -75,7 +75,7 @@ def test_where_vllm_is_missing_run_says_the_arguments_were_not_checked(tmp_path,
                                                                         engine_settings):
     from semspec.engine import engine_args
 
-    engine_settings.setattr(engine_args, "vllm_importable", lambda: False)
+    engine_settings.setattr(engine_args, "vllm_installed", lambda: False)
     res = invoke("run", PROMPTS, "-o", tmp_path / "o.jsonl", "--db", sqlite_db, "--engine-arg", "max_model_len=64")
     assert res.exit_code == 0, res.output
     assert "engine arguments not checked against vLLM's (vLLM is not installed here)" in res.output

@@ -92,7 +92,7 @@ def test_values_vllm_takes_pass():
 
 
 def test_without_vllm_only_the_owned_names_are_checked(monkeypatch):
-    monkeypatch.setattr(engine_args, "vllm_importable", lambda: False)
+    monkeypatch.setattr(engine_args, "vllm_installed", lambda: False)
     assert check({"max_model_length": 1}, "--engine-arg") is False
     with pytest.raises(EngineArgsError, match="'seed' is set by semjobs"):
         check({"seed": 1}, "--engine-arg")
