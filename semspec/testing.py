@@ -4,13 +4,15 @@
 config, random weights, a small byte-level BPE tokenizer trained on a fixed text, a chat template) that
 :func:`semspec.models.loaded.load_model` loads like any real model; ``thinking=True`` makes it a
 reasoning model's: ``<think>`` and ``</think>`` tokens, a Qwen3-shaped template, and ``</think>``
-written now and then. ``lay_out_hub_cache`` puts a directory into a Hugging Face cache as the
-hub's client does, for tests that name models by hub name offline (``use_hub_cache``).
+written now and then. ``write_eagle3_head`` writes a random EAGLE-3 head for such a target, as
+published ones are laid out. ``lay_out_hub_cache`` puts a directory into a Hugging Face cache as
+the hub's client does, for tests that name models by hub name offline (``use_hub_cache``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -148,6 +150,56 @@ def tiny_model_dir(path, num_layers: int = 2, hidden_size: int = 64, seed: int =
                        think_end_logit=THINK_END_LOGIT if thinking else None)
     model.save_pretrained(path)
     tok.save_pretrained(path)
+    return path
+
+
+def write_eagle3_head(path: Path, target_dir: Path, layout: str = "plain",
+                      architecture: str = "Eagle3LlamaForCausalLM", speculators_type: str = "eagle3") -> Path:
+    """A random EAGLE-3 head for the target in ``target_dir`` (a Llama, Qwen2 or Qwen3) as
+    vLLM's Eagle3LlamaForCausalLM loads it: one Llama decoder layer over (embedding, state),
+    as published heads have for every one of those families, the state fused by ``fc`` from
+    the target's states after its embedding and each of its two layers (named in
+    ``eagle_aux_hidden_state_layer_ids``: vLLM's default reads layers a two-layer target
+    lacks), a final norm and an LM head over the target's vocabulary. ``layout`` "plain": a
+    config.json naming ``architecture``; "speculators": vLLM's speculators format (the layer's
+    config in ``transformer_layer_config``, ``speculators_config`` naming the verifier)."""
+    import transformers
+    from safetensors.torch import save_file
+
+    target = json.loads((Path(target_dir) / "config.json").read_text())
+    hidden, heads, kv = target["hidden_size"], target["num_attention_heads"], target["num_key_value_heads"]
+    head_dim, inner, vocab = hidden // heads, target["intermediate_size"], target["vocab_size"]
+    torch.manual_seed(0)
+    random = lambda *shape: torch.randn(*shape) * 0.02  # noqa: E731
+    layer = "midlayer."
+    weights = {f"{layer}self_attn.q_proj.weight": random(heads * head_dim, 2 * hidden),
+               f"{layer}self_attn.k_proj.weight": random(kv * head_dim, 2 * hidden),
+               f"{layer}self_attn.v_proj.weight": random(kv * head_dim, 2 * hidden),
+               f"{layer}self_attn.o_proj.weight": random(hidden, heads * head_dim),
+               f"{layer}mlp.gate_proj.weight": random(inner, hidden), f"{layer}mlp.up_proj.weight": random(inner, hidden),
+               f"{layer}mlp.down_proj.weight": random(hidden, inner),
+               **{f"{layer}{norm}.weight": torch.ones(hidden)
+                  for norm in ("input_layernorm", "hidden_norm", "post_attention_layernorm")},
+               "fc.weight": random(hidden, 3 * hidden), "norm.weight": torch.ones(hidden),
+               "lm_head.weight": random(vocab, hidden)}
+    path = Path(path)
+    path.mkdir(parents=True)
+    save_file(weights, str(path / "model.safetensors"))
+    # the target's shape as a Llama layer's config (a Qwen target's sliding-window fields dropped)
+    llama_fields = set(transformers.LlamaConfig().to_dict()) - {"architectures", "transformers_version"}
+    layer_config = {**{k: v for k, v in target.items() if k in llama_fields}, "model_type": "llama",
+                    "num_hidden_layers": 1}
+    head = {"draft_vocab_size": vocab, "target_hidden_size": hidden, "eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
+    if layout == "plain":
+        config = {**layer_config, **head, "architectures": [architecture]}
+    else:
+        config = {**head, "architectures": ["Eagle3Speculator"], "speculators_model_type": speculators_type,
+                  "transformer_layer_config": {**layer_config, "architectures": ["LlamaForCausalLM"]},
+                  "speculators_config": {"algorithm": speculators_type, "default_proposal_method": "greedy",
+                                         "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                         "verifier": {"name_or_path": str(target_dir),
+                                                      "architectures": target["architectures"]}}}
+    (path / "config.json").write_text(json.dumps(config, indent=1))
     return path
 
 

@@ -37,12 +37,18 @@ def require_vllm() -> None:
         (pytest.fail if REQUIRE else pytest.skip)("vLLM is not installed (scripts/install.sh installs it)")
 
 
-@pytest.fixture(scope="session")
-def tiny_vllm_dir(tmp_path_factory):
-    """A tiny random model vLLM's CPU attention runs (64-wide heads, as SmolLM2's)."""
+def tiny_vllm_model(tmp_path_factory, arch: str = "llama") -> Path:
+    """A tiny random model of ``arch`` (semspec.testing.ARCHITECTURES) vLLM's CPU attention runs
+    (64-wide heads, as SmolLM2's)."""
     from semspec.testing import tiny_model_dir
 
-    return tiny_model_dir(tmp_path_factory.mktemp("tiny-vllm") / "model", hidden_size=256, seed=3)
+    return tiny_model_dir(tmp_path_factory.mktemp(f"tiny-vllm-{arch}") / "model", hidden_size=256, seed=3, arch=arch)
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_dir(tmp_path_factory):
+    """tiny_vllm_model's Llama."""
+    return tiny_vllm_model(tmp_path_factory)
 
 
 def _unavailable(what: str, err: Exception):

@@ -22,18 +22,20 @@ from semspec.draft.config import HeadTrainConfig
 from semspec.draft.head_data import Trace, build_traces, cached_target_states, selection_split, split_traces
 from semspec.draft.head_train import evaluate_depths, resolve_train_dtype, select_vocab, train_head
 from semspec.head import HeadModel, save_head, target_fingerprint
-from semspec.engine.token_engine import DEFAULT_KV_CACHE_GB, VLLMEngine
+from semspec.engine.token_engine import VLLMEngine
 
 Log = Callable[[str], None]
 DRAFT_VOCAB = 8192  # the reduced vocabulary's size, as the layer draft's (docs/draft.md)
 SELECT_K = 6  # drafted tokens per verification the selection scores (the bench's --draft-tokens)
 
 
-def trace_engine(target_spec: str, cfg: HeadTrainConfig, kv_cache_gb: float = DEFAULT_KV_CACHE_GB) -> VLLMEngine:
+def trace_engine(target_spec: str, cfg: HeadTrainConfig, kv_cache_gb: float | None = None) -> VLLMEngine:
     """vLLM on the target, to decode the traces: ``cfg.gen_batch_size`` answers in flight,
     seeded with ``cfg.seed``, in the number type "auto" picks: bfloat16 on a GPU or a CPU with
     bfloat16 matrix instructions, float32 elsewhere, as the embedded engine picked for the
-    recipe's 32 in flight (the shipped head's traces are bfloat16 ones; docs/draft.md)."""
+    recipe's 32 in flight (the shipped head's traces are bfloat16 ones; docs/draft.md).
+    ``kv_cache_gb``: the KV cache's budget; None leaves it to ``token_engine.kv_budget_gb`` (a
+    CPU's default budget on a CPU; on a GPU what vLLM's memory share leaves)."""
     return VLLMEngine.load(target_spec, batch_size=cfg.gen_batch_size, kv_cache_gb=kv_cache_gb, seed=cfg.seed)
 
 

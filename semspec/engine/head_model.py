@@ -2,10 +2,11 @@
 Imported by vLLM's model registry only, when an engine loads an exported head.
 
 Per drafted position: ``fc`` (with its bias) fuses the token's embedding with the state the
-head reads, the head's decoder layer(s) run as the target's own (input norm included), and
-the final norm gives the predicted state: both the one the LM head reads and the one the
-next drafted position reads. Logits are the target's LM head (shared by vLLM) restricted to
-the head's reduced vocabulary, as in its training.
+head reads, the head's decoder layer(s) run as the target's own (input norm included: vLLM's
+layer of the target's family, ``DECODER_LAYERS``), and the final norm gives the predicted
+state: both the one the LM head reads and the one the next drafted position reads. Logits are
+the target's LM head (shared by vLLM) restricted to the head's reduced vocabulary, as in its
+training.
 """
 
 from __future__ import annotations
@@ -21,11 +22,39 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.llama import LlamaDecoderLayer
 from vllm.model_executor.models.llama_eagle import EagleLlamaForCausalLM
+from vllm.model_executor.models.qwen2 import Qwen2DecoderLayer
+from vllm.model_executor.models.qwen3 import Qwen3DecoderLayer
 from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, maybe_prefix, process_eagle_weight
 
 
+def _llama_layer(vllm_config: VllmConfig, config, prefix: str) -> nn.Module:
+    return LlamaDecoderLayer(vllm_config, prefix=prefix, config=config)
+
+
+def _qwen_layer(layer_class: type[nn.Module]):
+    # Qwen2's and Qwen3's layers take the parts of vLLM's config they read, as their models pass them
+    def build(vllm_config: VllmConfig, config, prefix: str) -> nn.Module:
+        return layer_class(config=config, cache_config=vllm_config.cache_config, quant_config=vllm_config.quant_config,
+                           prefix=prefix)
+    return build
+
+
+# a target family (transformers' model_type) -> its decoder layer in vLLM: Qwen2's has biases on
+# q/k/v, Qwen3's norms q and k per head (and reads head_dim from the config), as in training.
+# Its keys are head_plugin.HEAD_MODEL_TYPES (tests/semspec/engine/test_head_model.py)
+DECODER_LAYERS = {"llama": _llama_layer, "qwen2": _qwen_layer(Qwen2DecoderLayer),
+                  "qwen3": _qwen_layer(Qwen3DecoderLayer)}
+
+
+def target_family(config) -> str:
+    """The model_type of the target the head was trained on: vLLM's eagle method wraps the
+    exported config (the target's) in its own (model_type "eagle"), which keeps it as ``model``."""
+    return getattr(config, "model", config).model_type
+
+
 class SemspecHeadModel(nn.Module):
-    # the checkpoint holds transformers' separate projections; vLLM's layers stack them
+    # the checkpoint holds transformers' separate projections (and Qwen2's biases on them);
+    # vLLM's layers of every family in DECODER_LAYERS stack them under these names
     hf_to_vllm_mapper = WeightsMapper(orig_to_new_stacked={
         ".q_proj": (".qkv_proj", "q"), ".k_proj": (".qkv_proj", "k"), ".v_proj": (".qkv_proj", "v"),
         ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1),
@@ -37,9 +66,11 @@ class SemspecHeadModel(nn.Module):
         hidden = int(config.hidden_size)
         # replaced by the target's embedding when the checkpoint has none (it has none)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, hidden, prefix=maybe_prefix(prefix, "embed_tokens"))
+        # a head of a family not listed never gets here: speculation.draft_problem refuses it
+        layer = DECODER_LAYERS[target_family(config)]
         # attention layer names must not collide with the target's: number them after its layers
         self.layers = nn.ModuleList([
-            LlamaDecoderLayer(vllm_config, prefix=maybe_prefix(prefix, f"layers.{i + start_layer_id}"), config=config)
+            layer(vllm_config, config, maybe_prefix(prefix, f"layers.{i + start_layer_id}"))
             for i in range(int(config.num_hidden_layers))
         ])
         self.fc = ReplicatedLinear(2 * hidden, hidden, bias=True, params_dtype=vllm_config.model_config.dtype,

@@ -16,6 +16,12 @@ training starts with (a zero state with the first prompt token). Rotary position
 lower than in training for every pair, which attention, reading only relative positions,
 does not see.
 
+The head's decoder layers are the target family's own in vLLM, as in training (where they are
+transformers' layers of the target's class): ``HEAD_MODEL_TYPES`` names the families
+(transformers' ``model_type``) whose layers ``semspec.engine.head_model`` runs -- Llama's, Qwen2's
+(biases on q/k/v) and Qwen3's (q/k norms) -- and heads trained on other targets are refused
+before an engine starts (``semspec.engine.speculation``).
+
 ``export_head`` writes the checkpoint (``config.json`` + ``model.safetensors``) vLLM loads;
 ``register`` puts the architecture in this process's registry (``semspec.engine.token_engine`` calls
 it before starting an engine; the ``vllm.general_plugins`` entry point does it in engine
@@ -33,6 +39,9 @@ import torch
 
 # vLLM's eagle method keeps an architecture that starts with "Eagle" as it is
 ARCHITECTURE = "EagleSemspecHeadForCausalLM"
+# the target families (transformers' model_type) whose decoder layers the head runs in vLLM:
+# names only, so that checking a head needs no vLLM (head_model maps each to its layer)
+HEAD_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 EXPORT_FORMAT = "semspec-head-vllm/1"
 
 
@@ -63,6 +72,9 @@ def export_head(head_dir: str | os.PathLike, target_dir: str | os.PathLike, out_
     fc = tensors["fc.weight"]
     tensors["fc.weight"] = torch.cat([fc[:, hidden:], fc[:, :hidden]], dim=1).contiguous()
     layers = int(meta["layers"])
+    # the target's config otherwise as it is: its model_type picks the family's decoder layer
+    # (head_model), which reads its shapes, rope, q/k/v biases and head_dim from it as the
+    # target's own layers do
     config.update(architectures=[ARCHITECTURE], num_hidden_layers=layers, semspec_format=EXPORT_FORMAT)
     if isinstance(config.get("layer_types"), list):
         config["layer_types"] = config["layer_types"][-layers:]
@@ -82,8 +94,14 @@ def export_head(head_dir: str | os.PathLike, target_dir: str | os.PathLike, out_
 
 
 def register() -> None:
-    """Make the head's architecture known to vLLM in this process (idempotent)."""
+    """Make the head's architecture, and those of models with a reduced vocabulary
+    (``semspec.engine.reduced_vocab_plugin``), known to vLLM in this process (idempotent)."""
     from vllm import ModelRegistry
 
-    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(ARCHITECTURE, "semspec.engine.head_model:EagleSemspecHeadForCausalLM")
+    from semspec.engine.reduced_vocab_plugin import MODEL_CLASSES
+
+    known = set(ModelRegistry.get_supported_archs())
+    for architecture, model_class in {ARCHITECTURE: "semspec.engine.head_model:EagleSemspecHeadForCausalLM",
+                                      **MODEL_CLASSES}.items():
+        if architecture not in known:
+            ModelRegistry.register_model(architecture, model_class)

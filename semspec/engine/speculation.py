@@ -3,8 +3,10 @@ config (``VLLMEngine.load``) and the draft's identity (docs/draft.md, "Drafts fo
 
 A draft spec is one of
 - a draft head trained here (``embedded:smollm2-135m-head`` or a directory holding
-  ``head.json``): vLLM's ``eagle`` method on the exported head (``semspec.engine.head_plugin``);
-  the embedded head is the default draft of the embedded target;
+  ``head.json``): vLLM's ``eagle`` method on the exported head (``semspec.engine.head_plugin``),
+  for a head trained on a Llama, Qwen2 or Qwen3 target (``HEAD_MODEL_TYPES``: its layers run as
+  that family's in vLLM; a head of another family is refused); the embedded head is the
+  default draft of the embedded target;
 - ``ngram``: vLLM's prompt lookup (drafts by matching the sequence's last tokens earlier in it;
   no model);
 - ``suffix``: vLLM's suffix decoding (suffix trees over the prompt and earlier responses; no
@@ -24,8 +26,9 @@ A draft spec is one of
 ``draft_problem`` says why a spec cannot draft, from the files alone (no weights loaded, a hub
 model's config and tokenizer fetched without its weights), before a job is stored.
 
-On vLLM's CPU build the head, ngram, draft_model and EAGLE-3 heads in both layouts decode
-(tests/semspec/engine/test_token_engine_drafts.py); a published EAGLE (1) head is checked by
+On vLLM's CPU build the head (on tiny Llama, Qwen2 and Qwen3 targets:
+tests/semspec/engine/test_head_model.py), ngram, draft_model and EAGLE-3 heads in both layouts
+decode (tests/semspec/engine/test_token_engine_drafts.py); a published EAGLE (1) head is checked by
 vLLM's configuration only, ``mtp`` is untested here (its families are large GPU models), and
 ``suffix`` needs its package, not installed here.
 """
@@ -39,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from semspec.components import EMBEDDED_DRAFT, EMBEDDED_HEAD, TOKEN_DRAFT_KINDS, TOKEN_DRAFT_WORDS, same_tokenizer
+# the target families whose heads vLLM runs here (by name: head_plugin imports no vLLM)
+from semspec.engine.head_plugin import HEAD_MODEL_TYPES
 from semspec.head import HEAD_META, head_sha256, resolve_head
 from semspec.models.hf import library_tag
 from semspec.models.identity import ModelIdentity, cache_root, derived_sha256
@@ -47,9 +52,6 @@ from semspec.models.reduced_vocab import VOCAB_SUBSET_FILE
 from semspec.models.specs import DEFAULT_TARGET, EMBEDDED_PREFIX, load_tokenizer, model_source, resolve_spec
 from semspec.types import NGRAM_DRAFT
 
-# the targets whose heads semspec.engine.head_model runs: its layers are vLLM's Llama layers (no
-# attention bias as Qwen2's, no q/k norms as Qwen3's, which heads trained on those targets have)
-HEAD_MODEL_TYPES = ("llama",)
 # what a draft head trained here drafts with in vLLM (Draft.kind); vLLM's method is eagle
 HEAD = "head"
 # vLLM's methods that draft without running a model (a draft pass per drafted token otherwise)

@@ -57,6 +57,13 @@ DEFAULT_KV_CACHE_GB = 2.0
 # KV block size on a CPU: vLLM's CPU attention wants multiples of 32 and caches only whole
 # blocks, so its default (128) would cache no prompt shorter than 128 tokens.
 CPU_BLOCK_SIZE = 32
+# On a CPU a verification of K drafted tokens costs about K + 1 tokens' work per row, so beside
+# other rows it no longer comes nearly free: token_sd made 1.4-1.9x ar alone but 0.88x at 4 in
+# flight and 0.45x at 32 (T 0.6, docs/benchmarks.md). An engine there drafts only while at most
+# this many requests run (vLLM's num_speculative_tokens_per_batch_size; above it the draft
+# runs one pass per step to keep its KV cache whole, and drafts nothing). On a GPU vLLM
+# speculates at every batch size, as it would by itself.
+CPU_SPECULATION_MAX_BATCH = 1
 
 
 def vllm_dtype(device: str, dtype: str) -> str:
@@ -105,6 +112,8 @@ def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: 
     transfer, scheduler = states.connector_config(), None
     if states_layer is not None:
         speculative_config, scheduler = states.speculative_config(states_layer), states.scheduler_class()
+    elif speculative_config and on_cpu:
+        speculative_config = cpu_speculation_schedule(speculative_config, batch_size)
     shares = {} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}
     ours = dict(
         model=str(model_dir), tokenizer=str(model_dir), dtype=vllm_dtype("cpu" if on_cpu else "cuda", dtype),
@@ -122,6 +131,16 @@ def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: 
         **({"scheduler_cls": scheduler, "async_scheduling": False} if scheduler else {}),
     )
     return {**ours, **(user or {})}
+
+
+def cpu_speculation_schedule(speculative_config: dict, batch_size: int) -> dict:
+    """``speculative_config`` drafting only while at most ``CPU_SPECULATION_MAX_BATCH`` requests
+    run (a schedule the caller gave is kept)."""
+    if "num_speculative_tokens_per_batch_size" in speculative_config or batch_size <= CPU_SPECULATION_MAX_BATCH:
+        return speculative_config
+    tokens = speculative_config["num_speculative_tokens"]
+    schedule = [(1, CPU_SPECULATION_MAX_BATCH, tokens), (CPU_SPECULATION_MAX_BATCH + 1, batch_size, 0)]
+    return {**speculative_config, "num_speculative_tokens_per_batch_size": schedule}
 
 
 def configure_process() -> None:
@@ -212,7 +231,8 @@ class VLLMEngine:
                  eos: set[int], version: str, model_dir: Path, threads: int, speculation: Speculation | None = None):
         """``model_dir``: what vLLM loaded; ``threads``: torch's threads in the thread that
         loaded it (see generate_many); ``speculation``: what it drafts with, when it serves
-        token_sd (an engine serves either ar or token_sd: vLLM speculates for every request)."""
+        token_sd (an engine serves either ar or token_sd: vLLM's speculation is the engine's, for
+        every request it runs, or on a CPU for every request while it runs alone)."""
         self.llm = llm
         self.tokenizer = tokenizer
         self.identity = identity

@@ -66,12 +66,18 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def tiny_vllm_greedy(tiny_vllm_dir, tiny_cache):
+    """greedy_reference on the tiny vLLM model."""
+    return greedy_reference(tiny_vllm_dir, tiny_cache)
+
+
+def greedy_reference(model_dir: Path, cache: Path):
     """``greedy(prompt, max_new_tokens) -> (text, finish_reason, tokens)``: transformers' own
-    float32 greedy generate on the tiny vLLM model, the reference vLLM's greedy text must equal."""
+    float32 greedy generate on the model in ``model_dir``, the reference vLLM's greedy text must
+    equal."""
     from semspec.models.loaded import load_model
     from semspec.prompts import encode_prompt
 
-    model = load_model(str(tiny_vllm_dir), device="cpu", cache_dir=tiny_cache, dtype=torch.float32)
+    model = load_model(str(model_dir), device="cpu", cache_dir=cache, dtype=torch.float32)
     tok, eos = model.tokenizer, sorted(model.eos_token_ids)
 
     def greedy(prompt, max_new_tokens: int) -> tuple[str, str, int]:

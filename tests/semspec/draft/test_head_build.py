@@ -25,7 +25,7 @@ from semspec.draft.head_data import Trace, build_traces, generate_traces, split_
 from semspec.draft.head_train import resolve_train_dtype, train_head
 from semspec.head import HEAD_META, HEAD_WEIGHTS, HeadModel
 from semspec.types import GenerationConfig
-from semspec.engine.token_engine import VLLMEngine
+from semspec.engine.token_engine import DEFAULT_KV_CACHE_GB, VLLMEngine, engine_arguments
 from tests.conftest import require_vllm
 
 KV_CACHE_GB = 0.25  # ample for the tiny model's few short answers
@@ -331,3 +331,16 @@ def test_train_dtype_auto_is_bfloat16_only_where_the_cpu_has_bfloat16_instructio
         assert resolve_train_dtype(HeadTrainConfig()).train_dtype == want
         assert resolve_train_dtype(HeadTrainConfig(train_dtype="float32")).train_dtype == "float32"
         assert resolve_train_dtype(HeadTrainConfig(train_dtype="bfloat16")).train_dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("device, kv_cache_bytes", [("cpu", int(DEFAULT_KV_CACHE_GB * 2**30)), ("cuda", None)])
+def test_the_trace_engine_leaves_the_kv_cache_to_the_device(monkeypatch, device, kv_cache_bytes):
+    """The traces' engine sizes its KV cache as any engine on its device (kv_budget_gb): on a
+    GPU from what vLLM's memory share leaves, not the CPU's budget; on a CPU that budget."""
+    asked = {}
+    monkeypatch.setattr(VLLMEngine, "load", classmethod(lambda cls, target, **kw: asked.update(kw, target=target)))
+    head_build.trace_engine("some/target", HeadTrainConfig(seed=3))
+    args = engine_arguments("some/model", device=device, batch_size=asked["batch_size"],
+                            kv_cache_gb=asked["kv_cache_gb"], seed=asked["seed"])
+    assert args["kv_cache_memory_bytes"] == kv_cache_bytes
+    assert (asked["target"], args["max_num_seqs"], args["seed"]) == ("some/target", HeadTrainConfig().gen_batch_size, 3)

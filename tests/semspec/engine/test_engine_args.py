@@ -15,7 +15,7 @@ import pytest
 
 from semspec.engine import engine_args
 from semspec.engine.engine_args import EngineArgsError, check, parameter_count, parse_assignment, split_gpu_memory
-from semspec.engine.token_engine import DEFAULT_KV_CACHE_GB, engine_arguments
+from semspec.engine.token_engine import CPU_SPECULATION_MAX_BATCH, DEFAULT_KV_CACHE_GB, engine_arguments
 from tests.conftest import ROOT, require_vllm
 from tests.semspec.engine.test_speculation import tiny_head_dir  # noqa: F401 -- a fixture used here
 
@@ -147,6 +147,20 @@ def test_the_cpu_kv_budget_is_a_cpu_default_only():
     assert gpu["kv_cache_memory_bytes"] is None and gpu["block_size"] is None
     assert "gpu_memory_utilization" not in gpu  # vLLM's own default
     assert engine_arguments("/m", device="cuda", dtype="bfloat16", kv_cache_gb=4)["kv_cache_memory_bytes"] == 4 * 2**30
+
+
+def test_a_cpu_engine_speculates_only_while_one_request_runs():
+    """vLLM's batch-size schedule on a CPU: drafted tokens while at most
+    CPU_SPECULATION_MAX_BATCH requests run, none beside more; on a GPU vLLM speculates at every
+    size; a schedule of the caller's is kept, and one request at most needs none."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    schedule = lambda **kw: engine_arguments("/m", speculative_config=spec, **kw)["speculative_config"]  # noqa: E731
+    assert schedule(device="cpu", dtype="float32", batch_size=32)["num_speculative_tokens_per_batch_size"] == [
+        (1, CPU_SPECULATION_MAX_BATCH, 3), (CPU_SPECULATION_MAX_BATCH + 1, 32, 0)]
+    assert schedule(device="cuda", dtype="bfloat16", batch_size=32) == spec
+    assert schedule(device="cpu", dtype="float32", batch_size=1) == spec
+    mine = {**spec, "num_speculative_tokens_per_batch_size": [(1, 64, 3)]}
+    assert engine_arguments("/m", device="cpu", dtype="float32", speculative_config=mine)["speculative_config"] == mine
 
 
 # --------------------------------------------------------------------------- one GPU's memory, shared

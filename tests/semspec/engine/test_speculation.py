@@ -17,6 +17,7 @@ import torch
 from semspec.components import EMBEDDED_DRAFT, EMBEDDED_HEAD, draft_model_spec, step_draft_problem
 from semspec.models.identity import ModelIdentity, derived_sha256
 from semspec.models.specs import spec_sha256
+from semspec.testing import write_eagle3_head
 from semspec.types import NGRAM_DRAFT, GenerationConfig
 from semspec.engine import speculation
 from semspec.engine.token_engine import VLLMEngine
@@ -43,7 +44,7 @@ def test_the_shipped_head_drafts_smollm2_in_vllm(tmp_path_factory):
         done = _results(eng, ["Natalia sold clips to 48 of her friends in April, and then she sold half as many "
                               "clips in May. How many clips did Natalia sell altogether in April and May?",
                               "A robe takes 2 bolts of blue fiber and half that much white fiber. How many "
-                              "bolts in total does it take?"], config)
+                              "bolts in total does it take?"], config, batch_size=1)  # alone: a CPU drafts
         c = [d.result.counters for d in done.values()]
         verifications = sum(x.target_forward_passes - 1 for x in c)
         assert sum(x.accepted_tokens for x in c) / verifications > 0.8
@@ -52,22 +53,33 @@ def test_the_shipped_head_drafts_smollm2_in_vllm(tmp_path_factory):
         gc.collect()
 
 
-@pytest.fixture(scope="module")
-def tiny_head_dir(tiny_vllm_dir, tmp_path_factory):
-    """A head on the tiny target: its last layer, the state passed through, half the
+def write_head(path: Path, target_dir: Path) -> Path:
+    """A head on the target in ``target_dir`` (saved with its signature, as a trained one):
+    its last layer with every weight nudged (Qwen2's q/k/v biases, zero in a random target, and
+    Qwen3's q/k norms among them: a drafter that drops one differs), the state passed through
+    plus a little of the token's embedding (so the export's column order matters), half the
     vocabulary (so the reduced LM head is exercised)."""
     from transformers import AutoModelForCausalLM
 
     from semspec.head import HeadModel, save_head, target_fingerprint
 
-    target = AutoModelForCausalLM.from_pretrained(tiny_vllm_dir, dtype=torch.float32)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
     torch.manual_seed(0)
     head = HeadModel(target, layers=1)
-    with torch.no_grad():  # not the identity: the export's column order must matter
-        head.fc.weight[:, 256:].normal_(0, 0.02)
+    hidden = target.config.hidden_size
+    with torch.no_grad():
+        for weight in head.layers.parameters():  # norms and biases further than the matrices
+            weight.add_(torch.randn_like(weight) * (0.02 if weight.dim() > 1 else 0.2))
+        head.fc.weight[:, hidden:].normal_(0, 0.02)
         head.fc.bias.normal_(0, 0.02)
     vocab = torch.arange(0, target.config.vocab_size, 2)
-    return save_head(head, vocab, {"target": target_fingerprint(target)}, tmp_path_factory.mktemp("head"))
+    return save_head(head, vocab, {"target": target_fingerprint(target)}, path)
+
+
+@pytest.fixture(scope="module")
+def tiny_head_dir(tiny_vllm_dir, tmp_path_factory):
+    """write_head's head on the tiny target."""
+    return write_head(tmp_path_factory.mktemp("head"), tiny_vllm_dir)
 
 
 @pytest.fixture(scope="module", params=["head", NGRAM_DRAFT])
@@ -87,8 +99,9 @@ def _results(engine, prompts, config, batch_size=8):
 
 def test_greedy_text_is_the_targets_own(engine, tiny_vllm_greedy):
     """Lossless: float32 greedy token_sd writes what the target alone writes (transformers'
-    greedy generate on the same weights), and its counters add up over the step log."""
-    got = _results(engine, PROMPTS, GREEDY)
+    greedy generate on the same weights), and its counters add up over the step log. One
+    request at a time: beside others a CPU engine drafts nothing (the next test)."""
+    got = _results(engine, PROMPTS, GREEDY, batch_size=1)
     drafted = 0
     for key, prompt in enumerate(PROMPTS):
         mine = got[key].result
@@ -104,6 +117,19 @@ def test_greedy_text_is_the_targets_own(engine, tiny_vllm_greedy):
         drafted += c.drafted_tokens
     if engine.speculation.method == "eagle":
         assert drafted > 0 and engine.identities["draft"].startswith(str(engine.speculation.draft.name))
+
+
+def test_beside_other_requests_a_cpu_engine_drafts_nothing(engine, tiny_vllm_greedy):
+    """On a CPU a verification beside other rows costs about its drafted tokens' work, so an
+    engine drafts only while one request runs (token_engine.CPU_SPECULATION_MAX_BATCH): two
+    requests that end together never run alone, and write the target's text without a draft."""
+    got = _results(engine, [PROMPTS[0], PROMPTS[0]], GREEDY)
+    text, finish, _ = tiny_vllm_greedy(PROMPTS[0], GREEDY.max_new_tokens)
+    for done in got.values():
+        assert (done.result.text, done.result.finish_reason) == (text, finish)
+        assert done.result.counters.drafted_tokens == 0 < done.result.counters.generated_tokens
+    if engine.speculation.method == "eagle":  # alone, the same request drafts (ngram may find nothing)
+        assert engine.generate(PROMPTS[0], GREEDY).counters.drafted_tokens > 0
 
 
 def test_sampled_requests_follow_their_seeds(engine):
@@ -155,51 +181,6 @@ def test_the_export_reorders_the_fused_input_and_refuses_another_target(tiny_hea
 # --------------------------------------------------------------------------- every vLLM draft kind
 
 TARGET_SHA = "0" * 64
-
-
-def write_eagle3_head(path: Path, target_dir: Path, layout: str = "plain",
-                      architecture: str = "Eagle3LlamaForCausalLM", speculators_type: str = "eagle3") -> Path:
-    """A random EAGLE-3 head for the target in ``target_dir`` as vLLM's Eagle3LlamaForCausalLM
-    loads it: one decoder layer over (embedding, state), the state fused by ``fc`` from the
-    target's states after its embedding and each of its two layers (named in
-    ``eagle_aux_hidden_state_layer_ids``: vLLM's default reads layers a two-layer target
-    lacks), a final norm and an LM head over the target's vocabulary. ``layout`` "plain": a
-    config.json naming ``architecture``; "speculators": vLLM's speculators format (the layer's
-    config in ``transformer_layer_config``, ``speculators_config`` naming the verifier)."""
-    from safetensors.torch import save_file
-
-    target = json.loads((target_dir / "config.json").read_text())
-    hidden, heads, kv = target["hidden_size"], target["num_attention_heads"], target["num_key_value_heads"]
-    head_dim, inner, vocab = hidden // heads, target["intermediate_size"], target["vocab_size"]
-    torch.manual_seed(0)
-    random = lambda *shape: torch.randn(*shape) * 0.02  # noqa: E731
-    layer = "midlayer."
-    weights = {f"{layer}self_attn.q_proj.weight": random(heads * head_dim, 2 * hidden),
-               f"{layer}self_attn.k_proj.weight": random(kv * head_dim, 2 * hidden),
-               f"{layer}self_attn.v_proj.weight": random(kv * head_dim, 2 * hidden),
-               f"{layer}self_attn.o_proj.weight": random(hidden, heads * head_dim),
-               f"{layer}mlp.gate_proj.weight": random(inner, hidden), f"{layer}mlp.up_proj.weight": random(inner, hidden),
-               f"{layer}mlp.down_proj.weight": random(hidden, inner),
-               **{f"{layer}{norm}.weight": torch.ones(hidden)
-                  for norm in ("input_layernorm", "hidden_norm", "post_attention_layernorm")},
-               "fc.weight": random(hidden, 3 * hidden), "norm.weight": torch.ones(hidden),
-               "lm_head.weight": random(vocab, hidden)}
-    path.mkdir(parents=True)
-    save_file(weights, str(path / "model.safetensors"))
-    layer_config = {**{k: v for k, v in target.items() if k not in ("architectures", "transformers_version")},
-                    "num_hidden_layers": 1}
-    head = {"draft_vocab_size": vocab, "target_hidden_size": hidden, "eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
-    if layout == "plain":
-        config = {**layer_config, **head, "architectures": [architecture]}
-    else:
-        config = {**head, "architectures": ["Eagle3Speculator"], "speculators_model_type": speculators_type,
-                  "transformer_layer_config": {**layer_config, "architectures": ["LlamaForCausalLM"]},
-                  "speculators_config": {"algorithm": speculators_type, "default_proposal_method": "greedy",
-                                         "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-                                         "verifier": {"name_or_path": str(target_dir),
-                                                      "architectures": target["architectures"]}}}
-    (path / "config.json").write_text(json.dumps(config, indent=1))
-    return path
 
 
 def _copy_with_config(source: Path, dest: Path, **changes) -> Path:
