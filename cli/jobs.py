@@ -54,8 +54,9 @@ def generation_options(f):
     return f
 
 
-def _assignments(ctx, param, values: tuple[str, ...]) -> dict:
-    """KEY=VALUE options as a dict (a later KEY wins)."""
+def assignments(ctx, param, values: tuple[str, ...]) -> dict:
+    """KEY=VALUE options as a dict (a later KEY wins; VALUE JSON where it parses, else text):
+    the callback of --engine-arg and probe collect's --chat-template-kwarg."""
     from semspec.engine.engine_args import EngineArgsError, parse_assignment
 
     try:
@@ -65,12 +66,12 @@ def _assignments(ctx, param, values: tuple[str, ...]) -> dict:
 
 
 def engine_arg_options(f):
-    """--engine-arg / --draft-engine-arg (`run`, `worker`, `bench`): vLLM's own engine
+    """--engine-arg / --draft-engine-arg (`run`, `worker`, `bench`, `probe collect`): vLLM's own engine
     arguments per role, over the settings' (``use_engine_args``)."""
     f = click.option("--draft-engine-arg", "draft_engine_args", multiple=True, metavar="KEY=VALUE",
-                     callback=_assignments,
+                     callback=assignments,
                      help="As --engine-arg, for the step methods' draft engine (over SEMJOBS_DRAFT_ENGINE_ARGS).")(f)
-    f = click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE", callback=_assignments,
+    f = click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE", callback=assignments,
                      help="A vLLM engine argument (EngineArgs name) for the target's engines, repeatable, "
                      "e.g. --engine-arg tensor_parallel_size=2 --engine-arg max_model_len=32768; VALUE is "
                      "JSON where it parses, else text (over SEMJOBS_TARGET_ENGINE_ARGS).")(f)

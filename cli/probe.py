@@ -9,10 +9,25 @@ import json
 
 import click
 
+from semjobs.cli.jobs import assignments, engine_arg_options, use_engine_args
+from semspec.prompts import TEMPLATE_KWARGS
+
 
 @click.group()
 def probe() -> None:
     """Calibrate SemanticSpec probes for a target/draft pair (once per pair and domain)."""
+
+
+def _template_kwargs(ctx, param, values: tuple[str, ...]) -> dict | None:
+    """--chat-template-kwarg as a dict, refused where a job's chat_template_kwargs would be."""
+    from semspec.prompts import TemplateKwargsError, check_template_kwargs
+
+    kwargs = assignments(ctx, param, values)
+    try:
+        check_template_kwargs(kwargs)
+    except TemplateKwargsError as e:
+        raise click.BadParameter(str(e)) from None
+    return kwargs or None
 
 
 @probe.command()
@@ -46,6 +61,12 @@ def probe() -> None:
               help="hidden_states index pooled for the probes (negative: from the end).")
 @click.option("--draft-layer", type=int, default=None, help="Layer for the draft, if different.")
 @click.option("--seed", default=0, show_default=True)
+@click.option("--chat-template-kwarg", "chat_template_kwargs", multiple=True, metavar="KEY=VALUE",
+              callback=_template_kwargs,
+              help=f"Passed to the chat template as a job's chat_template_kwargs are ({', '.join(TEMPLATE_KWARGS)}), "
+                   "repeatable; VALUE is JSON where it parses, else text. Give the jobs' own, e.g. "
+                   "--chat-template-kwarg enable_thinking=false, so the probes learn on prompts rendered alike.")
+@engine_arg_options
 @click.option("--device", default="auto", show_default=True)
 @click.option("--threads", type=int, default=None,
               help="torch CPU threads (default: torch's choice; 1 is much faster on a busy CPU).")
@@ -56,7 +77,8 @@ def probe() -> None:
 @click.pass_context
 def collect(ctx, target, draft, prompts_file, out_dir, samples, skip_lines, limit_prompts, max_prefixes,
             max_trace_steps, prefixes, max_trace_tokens, max_step_tokens, step_delimiter, temperature, top_p,
-            trace_temperature, layer, draft_layer, seed, device, threads, submit):
+            trace_temperature, layer, draft_layer, seed, chat_template_kwargs, engine_args, draft_engine_args, device,
+            threads, submit):
     """Generate target traces, cut them into prefixes, sample next steps from both models and
     store texts and pooled hidden states in OUT (resumable), or, with --submit, have the
     workers do it.
@@ -72,12 +94,13 @@ def collect(ctx, target, draft, prompts_file, out_dir, samples, skip_lines, limi
         samples=samples, temperature=temperature, top_p=top_p, layer=layer, draft_layer=draft_layer,
         step_delimiter=step_delimiter, max_step_tokens=max_step_tokens, max_trace_tokens=max_trace_tokens,
         max_trace_steps=max_trace_steps, max_prefixes=max_prefixes, trace_temperature=trace_temperature,
-        prefixes=prefixes, seed=seed,
+        prefixes=prefixes, seed=seed, chat_template_kwargs=chat_template_kwargs,
     )
     if submit:
         return _submit(ctx, prompts, cfg)
     if out_dir is None:
         raise click.UsageError("give --out DIR (or --submit)")
+    use_engine_args(engine_args, draft_engine_args)  # a bad one is refused before anything loads
     import torch
 
     from semjobs.settings import settings
@@ -90,7 +113,8 @@ def collect(ctx, target, draft, prompts_file, out_dir, samples, skip_lines, limi
     try:
         models = load_models(target, draft, cfg, device=device, dtype=settings.dtype, batch_size=settings.batch_size,
                              kv_cache_gb=settings.kv_cache_gb, compile=bool(settings.vllm_compile),
-                             cache_dir=settings.cache_dir)
+                             cache_dir=settings.cache_dir, engine_args=settings.target_engine_args,
+                             draft_engine_args=settings.draft_engine_args)
     except ValueError as e:  # a pair that cannot calibrate (a draft head)
         raise click.UsageError(str(e)) from e
     click.echo(f"sampling and reading states with {models.engine}", err=True)
@@ -107,12 +131,14 @@ def _submit(ctx, prompts, cfg) -> None:
     from semjobs.worker.queues import queue_name
 
     options = {"target": "--target", "draft": "--draft", "out_dir": "--out", "device": "--device",
-               "threads": "--threads", "max_prefixes": "--max-prefixes"}  # the workers' or per-run
+               "threads": "--threads", "max_prefixes": "--max-prefixes", "engine_args": "--engine-arg",
+               "draft_engine_args": "--draft-engine-arg"}  # the workers' or per-run
     given = [flag for name, flag in options.items()
              if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)]
     if given:
         raise click.UsageError(f"{', '.join(given)} cannot go with --submit: the workers of the deployment's "
-                               "pair collect (SEMJOBS_TARGET_MODEL / SEMJOBS_DRAFT_MODEL pick it)")
+                               "pair collect (SEMJOBS_TARGET_MODEL / SEMJOBS_DRAFT_MODEL pick it, "
+                               "SEMJOBS_TARGET_ENGINE_ARGS / SEMJOBS_DRAFT_ENGINE_ARGS its engines)")
     from semjobs.settings import settings
     from semspec.components import step_draft_problem
 

@@ -14,6 +14,10 @@ For each prompt:
    `hidden_states[layer]` over the step's tokens after the prefix
    (`semspec.probes.step_features`, the computation the engine does when decoding).
 
+Prompts are rendered through the target's chat template with ``chat_template_kwargs`` (a
+job's, e.g. ``{"enable_thinking": false}``), so probes for a thinking model learn on prompts
+rendered as the jobs they serve render theirs.
+
 The models come as a `CalibrationModels`: on vLLM (`semspec.calibration.vllm_models`), the
 engines and stored layers decoding serves with, so the probes learn the states they will
 read; or transformers' forward (`semspec.calibration.transformers_models`) where vLLM is not
@@ -62,6 +66,8 @@ class CollectConfig:
     max_prefixes: int | None = None  # total cap for the run (complete prefixes count)
     trace_temperature: float = 0.6  # sampled traces, as decoding samples; 0 = greedy
     seed: int = 0
+    # passed to the chat template as a job's are (the keys semspec.prompts.TEMPLATE_KWARGS allows)
+    chat_template_kwargs: dict | None = None
 
 
 @dataclass
@@ -117,20 +123,24 @@ def layer_for(cfg: CollectConfig, role: str) -> int:
     return cfg.draft_layer if role == "draft" and cfg.draft_layer is not None else cfg.layer
 
 
-def prefix_ids(tokenizer, prompt: str, prefix_text: str) -> list[int]:
-    """The prompt (its chat template applied) and the trace's first steps, as token ids."""
+def prefix_ids(tokenizer, prompt: str, prefix_text: str, template_kwargs: dict | None = None) -> list[int]:
+    """The prompt (its chat template applied, with ``template_kwargs``) and the trace's first
+    steps, as token ids."""
     from semspec.prompts import encode_prompt
 
-    ids = encode_prompt(tokenizer, prompt)
+    ids = encode_prompt(tokenizer, prompt, template_kwargs)
     if prefix_text:
         ids = ids + tokenizer(prefix_text, add_special_tokens=False)["input_ids"]
     return ids
 
 
 def _sampling_settings(cfg: CollectConfig) -> dict:
-    return {"samples": cfg.samples, "temperature": cfg.temperature, "top_p": cfg.top_p,
-            "step_delimiter": cfg.step_delimiter, "max_step_tokens": cfg.max_step_tokens,
-            "seed": cfg.seed}
+    settings = {"samples": cfg.samples, "temperature": cfg.temperature, "top_p": cfg.top_p,
+                "step_delimiter": cfg.step_delimiter, "max_step_tokens": cfg.max_step_tokens,
+                "seed": cfg.seed}
+    if cfg.chat_template_kwargs:  # only when set: memos sampled before the setting existed stay valid
+        settings["chat_template_kwargs"] = cfg.chat_template_kwargs
+    return settings
 
 
 @dataclass
@@ -163,8 +173,8 @@ def sampled_steps_for(models: CalibrationModels, role: str, prompt: str, prefixe
         got.append([SampledStep(list(x["tokens"]), x["text"], x["end"]) for x in row["steps"]] if ok else None)
     missing = [i for i, g in enumerate(got) if g is None]
     tok = models.tokenizer(role)
-    fresh = models.sample(role, [(prefix_ids(tok, prompt, prefixes[i].text), _seed_for(prefixes[i].seed, role))
-                                 for i in missing], cfg) if missing else []
+    fresh = models.sample(role, [(prefix_ids(tok, prompt, prefixes[i].text, cfg.chat_template_kwargs),
+                                  _seed_for(prefixes[i].seed, role)) for i in missing], cfg) if missing else []
     from semspec.calibration.store import atomic_write_json
 
     for i, steps in zip(missing, fresh):
@@ -187,7 +197,7 @@ def collect_prefixes(models: CalibrationModels, prompt: str, prefixes: list[Pref
     features: list[dict] = [{} for _ in prefixes]
     for role in SOURCES:
         tok, eos = models.tokenizer(role), models.eos(role)
-        requests = [(prefix_ids(tok, prompt, p.text),
+        requests = [(prefix_ids(tok, prompt, p.text, cfg.chat_template_kwargs),
                      [step_ids(tok, eos, s, own=(src == role)) for s, src in zip(samples[i], sources[i])])
                     for i, p in enumerate(prefixes)]
         for i, pooled in enumerate(models.features(role, requests, cfg)):
@@ -273,6 +283,7 @@ def collect(
             "trace_temperature": cfg.trace_temperature,
             "prefixes": cfg.prefixes,
             "seed": cfg.seed,
+            "chat_template_kwargs": cfg.chat_template_kwargs or None,
             "prompts": len(prompts),
         })
     traces = store.load_traces()
@@ -294,8 +305,8 @@ def collect(
             if qid not in traces:
                 from semspec.prompts import encode_prompt
 
-                steps = models.trace(encode_prompt(models.tokenizer("target"), prompt), cfg,
-                                     _seed_for(cfg.seed, "trace", qid))
+                steps = models.trace(encode_prompt(models.tokenizer("target"), prompt, cfg.chat_template_kwargs),
+                                     cfg, _seed_for(cfg.seed, "trace", qid))
                 store.append_trace(qid, steps)
                 traces[qid] = steps
                 stats["traces_new"] += 1

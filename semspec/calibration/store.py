@@ -82,7 +82,7 @@ class CalibrationStore:
         if path.exists():
             old = json.loads(path.read_text())
             keys = ("target", "draft", "layer", "pooling", "samples", "step_delimiter", "prefixes",
-                    "trace_temperature", "engine")
+                    "trace_temperature", "engine", "chat_template_kwargs")
             old, new = with_old_defaults(old), with_old_defaults(meta)
             diff = {k: (old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)}
             # The same spec can name new weights (a retrained embedded draft): compare content.
@@ -192,7 +192,8 @@ class CalibrationStore:
 # Settings that must agree for collections to be merged: the samples would not be comparable
 # otherwise (the seed may differ: shards are disjoint samples of the same process).
 MERGE_KEYS = ("target", "draft", "models", "layer", "pooling", "samples", "temperature", "top_p",
-              "step_delimiter", "max_step_tokens", "max_trace_tokens", "trace_temperature", "prefixes", "engine")
+              "step_delimiter", "max_step_tokens", "max_trace_tokens", "trace_temperature", "prefixes", "engine",
+              "chat_template_kwargs")
 
 
 def merge_stores(out: str | os.PathLike, sources: list[str | os.PathLike]) -> dict:

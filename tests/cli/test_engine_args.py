@@ -100,7 +100,7 @@ def test_a_supervised_worker_hands_its_engine_arguments_to_each_process(engine_s
     """The children are `semjobs worker` command lines: they get the arguments checked here,
     the settings' and the command line's, and read back the same values."""
     from semjobs.cli import worker as worker_cli
-    from semjobs.cli.jobs import _assignments
+    from semjobs.cli.jobs import assignments
     from semjobs.worker import supervisor
 
     argvs = []
@@ -119,5 +119,5 @@ def test_a_supervised_worker_hands_its_engine_arguments_to_each_process(engine_s
     for argv in argvs:
         given = {option: [argv[i + 1] for i, word in enumerate(argv) if word == option]
                  for option in ("--engine-arg", "--draft-engine-arg")}
-        assert _assignments(None, None, tuple(given["--engine-arg"])) == settings.target_engine_args
-        assert _assignments(None, None, tuple(given["--draft-engine-arg"])) == settings.draft_engine_args
+        assert assignments(None, None, tuple(given["--engine-arg"])) == settings.target_engine_args
+        assert assignments(None, None, tuple(given["--draft-engine-arg"])) == settings.draft_engine_args

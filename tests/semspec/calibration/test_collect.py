@@ -112,3 +112,41 @@ def test_a_collection_from_before_the_prefix_setting_resumes_only_as_first(tmp_p
     store.init({**old, "prefixes": "first"})
     with pytest.raises(ValueError, match="prefixes"):
         store.init({**old, "prefixes": "spread"})
+
+
+def test_prompts_are_rendered_with_the_chat_template_kwargs(tmp_path):
+    """A thinking model's probes calibrated for jobs that switch thinking off: the prompt
+    rendered with enable_thinking false (an empty thought) differs from the default one,
+    and the stored states are those over it; collect.json records the kwargs, and a resume
+    with others is refused."""
+    from semspec.calibration.collect import prefix_ids, step_ids
+    from semspec.models.loaded import load_model
+    from semspec.prompts import render_prompt
+    from semspec.testing import tiny_model_dir
+
+    target = load_model(tiny_model_dir(tmp_path / "t", num_layers=2, hidden_size=64, seed=0, thinking=True),
+                        device="cpu")
+    draft = load_model(tiny_model_dir(tmp_path / "d", num_layers=1, hidden_size=32, seed=1, thinking=True),
+                       device="cpu")
+    models, tok = TransformersModels(target, draft), target.tokenizer
+    prompt, kwargs = "How many clips did Natalia sell?", {"enable_thinking": False}
+    assert render_prompt(tok, prompt, template_kwargs=kwargs) != render_prompt(tok, prompt)
+    cfg = CollectConfig(samples=2, max_step_tokens=6, max_trace_tokens=12, max_trace_steps=1,
+                        chat_template_kwargs=kwargs)
+    collect(models, [("q1", prompt)], tmp_path / "cal", cfg)
+    store = CalibrationStore(tmp_path / "cal")
+    assert store.meta()["chat_template_kwargs"] == kwargs
+    rec = store.read_prefix(store.keys()[0])
+    # the target's states over the draft's steps (re-tokenized, as collect scores them)
+    rows = [i for i, source in enumerate(rec.sources) if source == "draft"]
+    steps = [step_ids(tok, models.eos("target"), rec.texts[i], own=False) for i in rows]
+
+    def states(template_kwargs):
+        ids = prefix_ids(tok, prompt, rec.prefix_text, template_kwargs)
+        return models.features("target", [(ids, steps)], cfg)[0]
+
+    assert torch.allclose(rec.features["target"][rows], states(kwargs), atol=1e-5)
+    assert not torch.allclose(rec.features["target"][rows], states(None), atol=1e-3)
+    with pytest.raises(ValueError, match="chat_template_kwargs"):
+        collect(models, [("q1", prompt)], tmp_path / "cal", CollectConfig(**{**cfg.__dict__,
+                                                                              "chat_template_kwargs": None}))

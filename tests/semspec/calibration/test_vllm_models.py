@@ -1,6 +1,7 @@
 """Calibration on vLLM (semspec.calibration.vllm_models): with tiny random models, float32,
 the states it pools, its greedy samples and traces are transformers' (the path calibration
-took before), sampled steps follow the engine's step rule, and a run records the engine."""
+took before), sampled steps follow the engine's step rule, a run records the engine, and
+engine arguments reach the engines."""
 
 from __future__ import annotations
 
@@ -22,19 +23,21 @@ PROMPT = "How many clips did Natalia sell?"
 # the target's states at a middle layer; the draft's at its last (normed as transformers' are)
 CFG = CollectConfig(samples=3, layer=1, draft_layer=-1, max_step_tokens=8, max_trace_tokens=24, max_trace_steps=3,
                     step_delimiter="\n")
+# vLLM's own engine arguments per role, as `probe collect --engine-arg / --draft-engine-arg` pass them
+ENGINE_ARGS, DRAFT_ENGINE_ARGS = {"max_model_len": 384}, {"max_model_len": 320}
 
 
 @pytest.fixture(scope="module")
 def both(tmp_path_factory, tiny_cache):
     """(the pair on vLLM, the same pair on transformers)."""
     require_vllm()
-    from semspec.calibration.vllm_models import VLLMModels
+    from semspec.calibration.backends import load_models
 
     root = tmp_path_factory.mktemp("pair")
     t = tiny_model_dir(root / "t", num_layers=2, hidden_size=256, seed=3)
     d = tiny_model_dir(root / "d", num_layers=1, hidden_size=256, seed=4)
-    on_vllm = VLLMModels.load(str(t), str(d), CFG, device="cpu", cache_dir=tiny_cache, dtype="float32",
-                              batch_size=8, kv_cache_gb=0.1)
+    on_vllm = load_models(str(t), str(d), CFG, device="cpu", cache_dir=tiny_cache, dtype="float32", batch_size=8,
+                          kv_cache_gb=0.1, engine_args=ENGINE_ARGS, draft_engine_args=DRAFT_ENGINE_ARGS)
     yield on_vllm, TransformersModels(load_model(str(t), device="cpu"), load_model(str(d), device="cpu"))
     del on_vllm
     gc.collect()  # gone before the next module's engine starts
@@ -111,3 +114,10 @@ def test_collect_records_the_engine_and_refuses_layers_it_does_not_store(both, t
     with pytest.raises(ValueError, match="other settings"):  # a transformers run cannot resume it
         collect(TransformersModels(both[1].models["target"], both[1].models["draft"]), [("q1", PROMPT)],
                 tmp_path / "cal", CFG)
+
+
+def test_engine_arguments_reach_each_role_s_engine(both):
+    on_vllm, _ = both
+    for role, args in (("target", ENGINE_ARGS), ("draft", DRAFT_ENGINE_ARGS)):
+        served = on_vllm.served[role]
+        assert served.llm.model_config.max_model_len == served.facts.max_context == args["max_model_len"]
