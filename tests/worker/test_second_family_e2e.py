@@ -5,8 +5,11 @@ then), named by hub name from a Hugging Face cache laid out offline, through the
 job with those probes, an `ar` job under the worker's engine arguments and a `token_sd` job
 drafting with the small model (vLLM's `draft_model`), each through Redis, the worker and
 Postgres, exported with `reasoning` / `content` split at `</think>` and identities naming the
-hub commit. The configurations the service refuses (an unknown engine argument, a draft of
-another tokenizer, a revision the cache lacks) are refused before anything is stored."""
+hub commit; and, on a second worker whose draft is an EAGLE-3 head made for the target (a
+Llama layer, as published heads for Qwen3 are) and named by hub name, a greedy `token_sd` job
+writing what a greedy `ar` job writes. The configurations the service refuses (an unknown
+engine argument, a draft of another tokenizer, a revision the cache lacks) are refused before
+anything is stored."""
 
 from __future__ import annotations
 
@@ -17,13 +20,14 @@ from sqlalchemy import func, select
 
 from semspec.assets import GSM8K_TEST
 from semspec.testing import (HUB_COMMIT, THINK_END, THINK_START, hub_cache_env, lay_out_hub_cache, tiny_model_dir,
-                             use_hub_cache)
+                             use_hub_cache, write_eagle3_head)
 from tests.conftest import require_vllm, run_cli, wait_for
 from tests.worker.test_celery_e2e import read_jsonl, submit, wait_completed
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]  # real_model: the probe label judge, MiniLM
 
 TARGET, DRAFT, OTHER = "tiny/qwen3-target", "tiny/qwen3-draft", "tiny/qwen3-other-tokenizer"
+HEAD = "tiny/qwen3-eagle3"  # an EAGLE-3 head for TARGET
 MAX_MODEL_LEN = 384  # the worker's engine argument (the models' context is 512)
 QUESTIONS = [
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -38,8 +42,9 @@ CALIBRATION = ["--prompts", str(GSM8K_TEST), "--skip-lines", "100", "--limit-pro
 
 @pytest.fixture(scope="module")
 def hub_env(tmp_path_factory):
-    """An offline hub cache holding the pair (and a model of another tokenizer) at HUB_COMMIT,
-    and a semjobs cache of this module's own: the environment of every command here."""
+    """An offline hub cache holding the pair, an EAGLE-3 head for the target (its architecture
+    named as SpecForge's published Qwen3 heads name theirs) and a model of another tokenizer at
+    HUB_COMMIT, and a semjobs cache of this module's own: the environment of every command here."""
     root = tmp_path_factory.mktemp("second-family")
     models = {
         # 64-wide attention heads (hidden 256, 4 heads): what vLLM's CPU attention runs
@@ -48,6 +53,7 @@ def hub_env(tmp_path_factory):
         OTHER: tiny_model_dir(root / "other", num_layers=1, hidden_size=256, seed=2, arch="qwen3", thinking=True,
                               vocab_size=300, seed_text="A different corpus makes different merges."),
     }
+    models[HEAD] = write_eagle3_head(root / "eagle3", models[TARGET], architecture="LlamaForCausalLMEagle3")
     for repo_id, source in models.items():
         lay_out_hub_cache(root / "hf", repo_id, source)
     return {**hub_cache_env(root / "hf"), "SEMJOBS_CACHE_DIR": str(root / "semjobs")}
@@ -97,19 +103,29 @@ def calibrate(env, workers, out) -> None:
     run_cli(["probe", "train", str(out), "--out", env["SEMJOBS_PROBES_DIR"]], env)
 
 
-def decode(env, workers, tmp_path, method, *options) -> tuple[list[dict], dict]:
-    """A job of QUESTIONS through the queue, the worker and Postgres: (its export, its manifest)."""
+def submit_questions(env, tmp_path, method, *options) -> str:
+    """A job of QUESTIONS on env's queue: its id."""
     src = tmp_path / "questions.jsonl"
     write_questions(src)
-    job_id = submit(env, src, "--method", method, "--temperature", "0.6", *options)
+    return submit(env, src, "--method", method, *options)
+
+
+def exported(env, workers, tmp_path, job_id, name) -> tuple[list[dict], dict]:
+    """The job once the worker has completed it: (its export, its manifest), written as ``name``."""
     wait_completed(env["SEMJOBS_DATABASE_URL"], job_id, workers, timeout=180)
-    out = tmp_path / f"{method}.jsonl"
+    out = tmp_path / f"{name}.jsonl"
     run_cli(["export", job_id, "-o", str(out)], env)
-    errors = tmp_path / f"{method}.errors.jsonl"
+    errors = tmp_path / f"{name}.errors.jsonl"
     assert not errors.exists(), errors.read_text()
     rows = read_jsonl(out)
     assert [r["id"] for r in rows] == [f"q{i}" for i in range(len(QUESTIONS))], rows
-    return rows, json.loads((tmp_path / f"{method}.manifest.json").read_text())
+    return rows, json.loads((tmp_path / f"{name}.manifest.json").read_text())
+
+
+def decode(env, workers, tmp_path, method, *options) -> tuple[list[dict], dict]:
+    """A job of QUESTIONS through the queue, the worker and Postgres: (its export, its manifest)."""
+    job_id = submit_questions(env, tmp_path, method, "--temperature", "0.6", *options)
+    return exported(env, workers, tmp_path, job_id, method)
 
 
 def check_split_at_think_end(rows) -> None:
@@ -120,9 +136,9 @@ def check_split_at_think_end(rows) -> None:
         assert (r["reasoning"], r["content"]) == (reasoning.strip(), content.strip())
 
 
-def check_identities(identities, *roles) -> None:
+def check_identities(identities, *roles, draft: str = DRAFT) -> None:
     """The hub models' identities name the commit their names resolved to."""
-    repo_ids = {"target": TARGET, "draft": DRAFT}
+    repo_ids = {"target": TARGET, "draft": draft}
     for role in roles:
         assert identities[role].startswith(f"{repo_ids[role]}@{HUB_COMMIT}@sha256:"), identities
 
@@ -147,6 +163,15 @@ def test_the_pair_thinks_as_qwen3_does(hub_env, monkeypatch):
 
 def test_a_qwen3_pair_by_hub_name_through_the_service(pair_env, workers, tmp_path):
     require_vllm()
+    # a worker of the pair the head makes (a queue of its own) decodes greedy ar and token_sd
+    # jobs while the other works, in float32 (lossless to the token: a float32 pass computes
+    # the same numbers over one token or a verification's four), drafting at any batch
+    eagle3_env = {**pair_env, "SEMJOBS_DRAFT_MODEL": HEAD, "SEMJOBS_QUEUE": f"{pair_env['SEMJOBS_QUEUE']}-eagle3",
+                  "SEMJOBS_DTYPE": "float32", "SEMJOBS_DRAFT_MAX_BATCH": "0"}
+    workers.env = eagle3_env
+    workers.start("qwen3-eagle3")
+    greedy = {method: submit_questions(eagle3_env, tmp_path, method, "--temperature", "0", "--max-new-tokens", "40")
+              for method in ("ar", "token_sd")}
     # the probes are calibrated once the worker runs, and loaded when a semspec job comes
     pair_env = {**pair_env, "SEMJOBS_PROBES_DIR": str(tmp_path / "probes")}
     workers.env = pair_env
@@ -174,6 +199,14 @@ def test_a_qwen3_pair_by_hub_name_through_the_service(pair_env, workers, tmp_pat
     check_split_at_think_end(rows)
     assert sum(r["stats"]["drafted_tokens"] for r in rows) > 0
     check_identities(manifest["identities"], "target", "draft")
+
+    # token_sd with the EAGLE-3 head (vLLM's eagle3, the kind read from its config): greedy, it
+    # writes what ar writes
+    ar_rows, _ = exported(eagle3_env, workers, tmp_path, greedy["ar"], "ar-greedy")
+    rows, manifest = exported(eagle3_env, workers, tmp_path, greedy["token_sd"], "token_sd-eagle3")
+    assert [r["output"] for r in rows] == [r["output"] for r in ar_rows]
+    assert sum(r["stats"]["drafted_tokens"] for r in rows) > 0
+    check_identities(manifest["identities"], "target", "draft", draft=HEAD)
 
 
 @pytest.mark.parametrize("command, settings, refusal", [
