@@ -65,8 +65,9 @@ class Settings(BaseSettings):
     # vLLM's own engine arguments (EngineArgs names) as JSON objects, per role: target (ar's and
     # token_sd's engine, the step engines' target and writer) and draft (the step engines' draft),
     # e.g. SEMJOBS_TARGET_ENGINE_ARGS='{"tensor_parallel_size": 2, "max_model_len": 32768}'. They
-    # win over semjobs' defaults; `run`, `worker` and `bench` add --engine-arg / --draft-engine-arg
-    # and check them against vLLM before anything is stored or loaded (semspec.engine.engine_args).
+    # win over semjobs' defaults; `run`, `worker`, `bench` and `probe collect` add --engine-arg /
+    # --draft-engine-arg and check them against vLLM before anything is stored or loaded
+    # (semspec.engine.engine_args).
     target_engine_args: Annotated[dict[str, Any], NoDecode] = Field(default_factory=dict)
     draft_engine_args: Annotated[dict[str, Any], NoDecode] = Field(default_factory=dict)
     # Overrides vLLM: an engine as "module:attribute[.attribute]", called once per process

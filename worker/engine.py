@@ -6,7 +6,8 @@
 and keeps it: a Celery prefork child loads it in the child (never in the parent,
 which must not touch CUDA), `--pool solo` and `semjobs run` load it in their only process.
 The per-item code hands items to the engine through this process's batch loop
-(`semjobs.worker.batching`), which calls `engine.generate_many`.
+(`semjobs.worker.batching`), which calls `engine.generate_many`. A worker's engines share
+its GPU's memory (`semjobs.worker.gpu_memory`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from semjobs.settings import settings
+from semjobs.worker import gpu_memory
 from semjobs.worker.batching import forget_loop
 
 _lock = threading.Lock()  # held while an engine loads (minutes): one load at a time
@@ -29,6 +31,16 @@ _users: dict[tuple, int] = {}  # engine key -> chunks decoding with it now (in_u
 # The last failed load: (key, when, error). Chunks arriving meanwhile get the same error
 # instead of each loading the models again, until settings.engine_retry_s has passed.
 _failure: tuple[tuple, float, str] | None = None
+# Whether this process may come to hold every kind of engine, which then share its GPU
+# (semjobs.worker.gpu_memory): a worker's, whose queue carries every method of its pair (set as
+# it starts: serve_every_method); not `semjobs run`'s, which decodes one job's method.
+_serves_every_method = False
+
+
+def serve_every_method() -> None:
+    """Plan this process's GPU memory for every kind of engine (a worker's, as it starts)."""
+    global _serves_every_method
+    _serves_every_method = True
 
 
 class EngineLoadError(RuntimeError):
@@ -60,11 +72,15 @@ VLLM_STEPS_FACTORY = "semspec.engine.step_engine:VLLMStepEngine.load"
 ENGINE_ARGS_KWARGS = {"target": "engine_args", "draft": "draft_engine_args"}
 
 
-def engine_args_extra(roles: tuple[str, ...] = tuple(ENGINE_ARGS_KWARGS)) -> dict:
-    """The settings' engine arguments of ``roles`` as a factory's extra arguments, those of
-    a role without any left out (an engine loaded without any keeps its key)."""
-    given = {role: getattr(settings, f"{role}_engine_args") for role in roles}
-    return {ENGINE_ARGS_KWARGS[role]: dict(args) for role, args in given.items() if args}
+def engine_args_extra(roles: tuple[str, ...] = tuple(ENGINE_ARGS_KWARGS), shares: dict[str, float] | None = None
+                      ) -> dict:
+    """The settings' engine arguments of ``roles`` as a factory's extra arguments, with a
+    role's engines' share of the GPU (``shares``, by role) as its ``gpu_memory_utilization``;
+    those of a role without any left out (an engine loaded without any keeps its key)."""
+    shares = shares or {}
+    given = {role: {**getattr(settings, f"{role}_engine_args"),
+                    **({"gpu_memory_utilization": shares[role]} if role in shares else {})} for role in roles}
+    return {ENGINE_ARGS_KWARGS[role]: args for role, args in given.items() if args}
 
 
 def factory_for(method: str | None = None, draft_tokens: int | None = None,
@@ -79,15 +95,22 @@ def factory_for(method: str | None = None, draft_tokens: int | None = None,
 
     method = method or settings.method
     extra = {"kv_cache_gb": settings.kv_cache_gb, "compile": bool(settings.vllm_compile)}
+    shares = gpu_memory.engine_shares() if _serves_every_method else {}
     if method in VLLM_STEP_METHODS:
         if layers is not None:
             extra["layers"] = layers
-        return VLLM_STEPS_FACTORY, {**extra, **engine_args_extra()}
-    extra.update(engine_args_extra(("target",)))  # ar's and token_sd's one engine is the target's
+        # the writer takes the target's arguments: its share is the target's (the same model)
+        by_role = {role: shares[role] for role in ("target", "draft") if role in shares}
+        return VLLM_STEPS_FACTORY, {**extra, **engine_args_extra(shares=by_role)}
+    # ar's and token_sd's one engine is the target's
+    by_role = {"target": shares[gpu_memory.TOKEN_ENGINE]} if shares else {}
+    extra.update(engine_args_extra(("target",), by_role))
     if method == "token_sd":
         from semspec.types import GenerationConfig
 
         extra["speculative_tokens"] = draft_tokens or GenerationConfig.draft_tokens
+        if settings.draft_max_batch is not None:  # else the engine's choice (one request on a CPU)
+            extra["draft_max_batch"] = settings.draft_max_batch
     return VLLM_FACTORY, extra
 
 

@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 
-from celery.signals import worker_shutting_down
+from celery.signals import worker_init, worker_shutting_down
 from celery.utils.log import get_task_logger
 from sqlalchemy.exc import OperationalError
 
@@ -27,6 +27,13 @@ log = get_task_logger(__name__)
 # is acknowledged) quickly instead of being killed mid-chunk and redelivered only after the
 # visibility timeout. Seen by tasks running in the main process (the solo pool, one per GPU).
 _shutting_down = False
+
+
+@worker_init.connect
+def _on_start(**_kwargs) -> None:
+    # a worker's queue carries every method of its pair: its engines split the GPU as one
+    # (prefork children fork after this and inherit it)
+    engines.serve_every_method()
 
 
 @worker_shutting_down.connect

@@ -8,8 +8,9 @@ engines' target and writer) and ``draft`` (the step engines' draft). Names are v
     check({"max_model_len": 4096}, "--engine-arg")   # True: checked against vLLM's EngineArgs
     parse_assignment("tensor_parallel_size=2")       # ("tensor_parallel_size", 2)
 
-Also the split of one GPU's memory between the step engines (``split_gpu_memory``). Nothing
-here imports vLLM until a check needs it: a machine that only submits jobs may lack it.
+Also the split of one GPU's memory among the engines a process holds on it (``shares_by_size``,
+``split_gpu_memory``). Nothing here imports vLLM until a check or a split needs it: a machine
+that only submits jobs may lack it.
 """
 
 from __future__ import annotations
@@ -156,6 +157,17 @@ def split_gpu_memory(total: float, sizes: dict[str, int], given: dict[str, float
                          f"leaves nothing of {total} for {', '.join(sharing)} on the same GPU")
     whole = sum(sharing.values())
     return {**given, **{name: left * size / whole for name, size in sharing.items()}}
+
+
+def shares_by_size(sizes: dict[str, int], engine_args: dict[str, dict]) -> dict[str, float]:
+    """Each engine's gpu_memory_utilization where engines of these parameter counts (``sizes``,
+    by engine name) share one GPU: vLLM's default fraction split among them by size, those
+    whose ``engine_args`` (by engine name) set one keeping theirs (``split_gpu_memory``)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    given = {name: engine_args[name]["gpu_memory_utilization"] for name in sizes
+             if "gpu_memory_utilization" in engine_args.get(name, {})}
+    return split_gpu_memory(EngineArgs.gpu_memory_utilization, sizes, given)
 
 
 def parameter_count(model_dir: str | Path) -> int:

@@ -31,7 +31,7 @@ import torch
 from semspec.components import EMBEDDED_DRAFT, resolve_components, same_tokenizer, step_draft_problem
 from semspec.intake import Intake
 from semspec.models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cache
-from semspec.models.specs import DEFAULT_TARGET, model_source
+from semspec.models.specs import DEFAULT_TARGET, model_directory, model_source
 from semspec.adaptive import LiveCosts, Meter
 from semspec.probes import ProbePair, pool, resolve_probes
 from semspec.prompts import MethodUnavailable, judge_prompt, prompt_ids
@@ -39,7 +39,9 @@ from semspec.stepwise import TARGET, WRITE_PHASE, Call, ModelFacts, Reply, SemSp
 from semspec.steps import detect_think_end
 from semspec.types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, VLLM_STEP_METHODS, Abort,
                            Cancelled, Finished, GenerationConfig)
-from semspec.engine.engine_args import parameter_count, split_gpu_memory
+from semspec.engine import reduced_vocab_plugin
+from semspec.engine.head_plugin import register
+from semspec.engine.engine_args import parameter_count, shares_by_size
 from semspec.engine.token_engine import (configure_process, engine_arguments, kv_budget_gb, model_files, runs_on_cpu,
                                          start_engine)
 from semspec.engine.speculation import draft_problem, speculative_config
@@ -47,10 +49,11 @@ from semspec.engine.states import STATES, STATES_FROM, final_norm
 
 STEP_METHODS = {"ar": StepProgram, "semspec": SemSpecProgram, "step_judge": StepJudgeProgram}
 # A drafted token's cost in target tokens on vLLM, the adaptive rule's draft_cost, measured at
-# batch 1 for the embedded layer draft (docs/benchmarks.md, "SemanticSpec on vLLM"): 0.29, not
-# the 0.16 of a bare forward pass, as an engine step costs the same fixed overhead whatever the model.
-# Other pairs get the ratio of the weights a pass reads, which leaves that overhead out.
-VLLM_DRAFT_COST = {EMBEDDED_DRAFT: 0.29}
+# batch 1 for the embedded layer draft: 0.20 since its LM head runs over its 8,192 tokens only
+# (0.28 before; docs/benchmarks.md), not the 0.14 of its weights, as an engine step costs the
+# same fixed overhead whatever the model. Other pairs get the ratio of the weights a pass reads,
+# which leaves that overhead out.
+VLLM_DRAFT_COST = {EMBEDDED_DRAFT: 0.20}
 # The draft's share of the KV cache budget: its cache per token is a few of the target's layers.
 DRAFT_KV_SHARE = 0.25
 # token_draft naming no token-level speculation of the target's own writing
@@ -144,7 +147,8 @@ class ModelFiles:
         negative from the end) when given, else speculating with ``speculation`` (vLLM's
         ``speculative_config``) when given; ``engine_args``: vLLM's own arguments over semjobs',
         ``gpu_share``: its gpu_memory_utilization (``engine_arguments``' ``user`` and
-        ``gpu_memory_utilization``)."""
+        ``gpu_memory_utilization``). A model with a reduced vocabulary (the layer draft) runs
+        its LM head over that vocabulary only (``reduced_vocab_plugin``)."""
         from vllm import EngineArgs
 
         if layer is not None:
@@ -154,9 +158,12 @@ class ModelFiles:
             layer = index
             if not 0 <= layer <= self.shape.num_layers:
                 raise ValueError(f"{self.spec} has {self.shape.num_layers} layers: no hidden_states[{layer}]")
+        user = reduced_vocab_plugin.engine_args(self.directory, self.config, engine_args)
+        if user is not engine_args:  # our class of its architecture, made known to vLLM here
+            register()
         # logprobs after the allowed-token mask: a judge's over the ten digits alone
         args = EngineArgs(**engine_arguments(self.directory, device, dtype, batch_size, kv_cache_gb, compile, seed,
-                                             speculative_config=speculation, states_layer=layer, user=engine_args,
+                                             speculative_config=speculation, states_layer=layer, user=user,
                                              gpu_memory_utilization=gpu_share),
                           logprobs_mode="processed_logprobs")
         llm = start_engine(args)
@@ -170,15 +177,32 @@ class ModelFiles:
 def gpu_shares(engines: dict[str, ModelFiles | None], engine_args: dict[str, dict]) -> dict[str, float]:
     """Each engine's gpu_memory_utilization where the step engines share a GPU (all of a
     process's engines start on its first one): vLLM's default fraction split among them by
-    their parameter counts (``engine_args.split_gpu_memory``), those whose ``engine_args`` (by
+    their parameter counts (``engine_args.shares_by_size``), those whose ``engine_args`` (by
     engine: target, draft, writer) set one keeping theirs. ``engines``: None for one not started."""
-    from vllm.engine.arg_utils import EngineArgs
+    sizes = {name: parameter_count(files.directory) for name, files in engines.items() if files is not None}
+    return shares_by_size(sizes, engine_args)
 
-    present = {name: files for name, files in engines.items() if files is not None}
-    given = {name: engine_args[name]["gpu_memory_utilization"] for name in present
-             if "gpu_memory_utilization" in engine_args[name]}
-    sizes = {name: parameter_count(files.directory) for name, files in present.items()}
-    return split_gpu_memory(EngineArgs.gpu_memory_utilization, sizes, given)
+
+def writes_own_tokens(target: str | None, draft: str | None, token_draft: str | None) -> bool:
+    """Whether the step engines of a job start the writer (the target speculating tokens in its
+    own writing with ``token_draft``): beside a draft (``resolve_components``'), with a token
+    draft vLLM can speculate with on the target."""
+    return bool(draft) and token_draft != NO_TOKEN_DRAFT and draft_problem(token_draft, target) is None
+
+
+def step_engine_models(target: str | None, draft: str | None, probes: str | None,
+                       cache_dir: str | os.PathLike | None = None, token_draft: str | None = None) -> dict[str, Path]:
+    """The model directory of each engine ``VLLMStepEngine.load`` starts for a job with these
+    specs, by engine (target, draft and, where it writes its own tokens, the writer); empty
+    where they name no draft that drafts steps (the step methods then run no draft). For a
+    process that holds them beside other engines on one GPU (``semjobs.worker.gpu_memory``)."""
+    cache = models_cache(cache_dir) or DEFAULT_CACHE_DIR
+    draft, _ = resolve_components(target, draft, probes)
+    if not draft or step_draft_problem("semspec", draft) is not None:
+        return {}
+    target_dir = model_directory(target or DEFAULT_TARGET, cache)[0]
+    models = {"target": target_dir, "draft": model_directory(draft, cache)[0]}
+    return {**models, "writer": target_dir} if writes_own_tokens(target, draft, token_draft) else models
 
 
 class VLLMStepEngine:
@@ -240,8 +264,7 @@ class VLLMStepEngine:
         layers = dict(layers or {})
         options = dict(device=device, dtype=dtype, batch_size=batch_size, compile=compile, seed=seed)
         kv_gb = kv_budget_gb(kv_cache_gb, device)
-        writes = d is not None and not calibrating and token_draft != NO_TOKEN_DRAFT \
-            and draft_problem(token_draft, target) is None
+        writes = d is not None and not calibrating and writes_own_tokens(target, draft, token_draft)
         roles = {"target": engine_args or {}, "draft": draft_engine_args or {}, "writer": engine_args or {}}
         shares = gpu_shares({"target": t, "draft": d, "writer": t if writes else None}, roles) \
             if d is not None and not runs_on_cpu(device) else {}
