@@ -257,7 +257,7 @@ def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_di
             loaded = VLLMStepEngine.load(target, draft=draft, probes=probes, **common,
                                          draft_engine_args=sweep.draft_engine_args)
         else:
-            loaded = VLLMEngine.load(target, draft=draft, **common,
+            loaded = VLLMEngine.load(target, draft=draft, **common, draft_max_batch=sweep.draft_max_batch,
                                      speculative_tokens=sweep.draft_tokens if kind == "token_sd" else None)
         say(f"vLLM started in {time.perf_counter() - t0:.1f}s")
         return loaded

@@ -60,9 +60,10 @@ CPU_BLOCK_SIZE = 32
 # On a CPU a verification of K drafted tokens costs about K + 1 tokens' work per row, so beside
 # other rows it no longer comes nearly free: token_sd made 1.4-1.9x ar alone but 0.88x at 4 in
 # flight and 0.45x at 32 (T 0.6, docs/benchmarks.md). An engine there drafts only while at most
-# this many requests run (vLLM's num_speculative_tokens_per_batch_size; above it the draft
-# runs one pass per step to keep its KV cache whole, and drafts nothing). On a GPU vLLM
-# speculates at every batch size, as it would by itself.
+# this many requests run, unless told otherwise (draft_max_batch, as the step-level methods'
+# drafting; vLLM's num_speculative_tokens_per_batch_size: above it the draft runs one pass per
+# step to keep its KV cache whole, and drafts nothing). On a GPU vLLM speculates at every batch
+# size, as it would by itself.
 CPU_SPECULATION_MAX_BATCH = 1
 
 
@@ -91,12 +92,15 @@ def kv_budget_gb(kv_cache_gb: float | None, device: str) -> float | None:
 def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: str = "auto", batch_size: int = 32,
                      kv_cache_gb: float | None = None, compile: bool = False, seed: int = 0,
                      speculative_config: dict | None = None, states_layer: int | None = None,
-                     user: dict | None = None, gpu_memory_utilization: float | None = None) -> dict:
+                     user: dict | None = None, gpu_memory_utilization: float | None = None,
+                     draft_max_batch: int | None = None) -> dict:
     """vLLM's engine arguments for semjobs' settings (``VLLMEngine.load``; the bench's plain
     ``vllm.LLM`` peer takes the same). ``states_layer``: an engine that returns that layer's
     hidden states to the requests that ask (``semspec.engine.states``; no speculation then).
     ``kv_cache_gb``: ``kv_budget_gb``'s. ``gpu_memory_utilization``: this engine's share of a
-    GPU it shares (``engine_args.split_gpu_memory``; None: vLLM's default). ``user``: vLLM's
+    GPU it shares (``engine_args.split_gpu_memory``; None: vLLM's default). ``draft_max_batch``:
+    a speculating engine drafts only while at most this many requests run (None:
+    ``CPU_SPECULATION_MAX_BATCH`` on a CPU, no limit on a GPU; 0: no limit). ``user``: vLLM's
     own arguments (``semspec.engine.engine_args``), checked, then merged over these: they win
     over every default here; the names semjobs must set itself are refused."""
     from semspec.engine import engine_args, states
@@ -112,8 +116,9 @@ def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: 
     transfer, scheduler = states.connector_config(), None
     if states_layer is not None:
         speculative_config, scheduler = states.speculative_config(states_layer), states.scheduler_class()
-    elif speculative_config and on_cpu:
-        speculative_config = cpu_speculation_schedule(speculative_config, batch_size)
+    elif speculative_config:
+        limit = CPU_SPECULATION_MAX_BATCH if draft_max_batch is None and on_cpu else draft_max_batch
+        speculative_config = speculation_schedule(speculative_config, batch_size, limit)
     shares = {} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}
     ours = dict(
         model=str(model_dir), tokenizer=str(model_dir), dtype=vllm_dtype("cpu" if on_cpu else "cuda", dtype),
@@ -133,13 +138,13 @@ def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: 
     return {**ours, **(user or {})}
 
 
-def cpu_speculation_schedule(speculative_config: dict, batch_size: int) -> dict:
-    """``speculative_config`` drafting only while at most ``CPU_SPECULATION_MAX_BATCH`` requests
-    run (a schedule the caller gave is kept)."""
-    if "num_speculative_tokens_per_batch_size" in speculative_config or batch_size <= CPU_SPECULATION_MAX_BATCH:
+def speculation_schedule(speculative_config: dict, batch_size: int, limit: int | None) -> dict:
+    """``speculative_config`` drafting only while at most ``limit`` requests run (None or 0: at
+    every batch size; a schedule the caller gave is kept)."""
+    if not limit or limit >= batch_size or "num_speculative_tokens_per_batch_size" in speculative_config:
         return speculative_config
     tokens = speculative_config["num_speculative_tokens"]
-    schedule = [(1, CPU_SPECULATION_MAX_BATCH, tokens), (CPU_SPECULATION_MAX_BATCH + 1, batch_size, 0)]
+    schedule = [(1, limit, tokens), (limit + 1, batch_size, 0)]
     return {**speculative_config, "num_speculative_tokens_per_batch_size": schedule}
 
 
@@ -251,14 +256,15 @@ class VLLMEngine:
              device: str = "auto", cache_dir: str | os.PathLike | None = None, dtype: str = "auto",
              batch_size: int = 32, kv_cache_gb: float | None = None, compile: bool = False,
              seed: int = 0, speculative_tokens: int | None = None,
-             engine_args: dict | None = None) -> "VLLMEngine":
+             engine_args: dict | None = None, draft_max_batch: int | None = None) -> "VLLMEngine":
         """Start vLLM on the target spec (``semspec.models``: embedded name, GGUF, directory).
         ``speculative_tokens``: an engine for token_sd, drafting that many tokens per
         verification with ``draft`` (``semspec.engine.speculation``); without, one for ar.
         ``probes`` are the step-level methods' (``semspec.engine.step_engine``), unused here. ``batch_size``: requests decoded at
         once. ``kv_cache_gb``: the KV cache's whole budget (None: ``kv_budget_gb``'s default).
         ``compile``: vLLM's compiled graphs (slower start) instead of eager mode. ``engine_args``:
-        vLLM's own arguments, over these (``engine_arguments``' ``user``)."""
+        vLLM's own arguments, over these (``engine_arguments``' ``user``). ``draft_max_batch``: token_sd
+        drafts only while at most this many requests run (``engine_arguments``')."""
         configure_process()
         import vllm
         from vllm import EngineArgs
@@ -273,7 +279,7 @@ class VLLMEngine:
                                                              models_cache(cache_dir) or DEFAULT_CACHE_DIR)
             speculation = Speculation(spec_config["method"], speculative_tokens, draft_identity)
         args = EngineArgs(**engine_arguments(model_dir, device, dtype, batch_size, kv_cache_gb, compile, seed,
-                                             spec_config, user=engine_args))
+                                             spec_config, user=engine_args, draft_max_batch=draft_max_batch))
         dt = args.dtype
         llm = start_engine(args)
         engine = cls(llm, tokenizer, identity, dt, int(llm.model_config.max_model_len),

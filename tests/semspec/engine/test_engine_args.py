@@ -149,16 +149,20 @@ def test_the_cpu_kv_budget_is_a_cpu_default_only():
     assert engine_arguments("/m", device="cuda", dtype="bfloat16", kv_cache_gb=4)["kv_cache_memory_bytes"] == 4 * 2**30
 
 
-def test_a_cpu_engine_speculates_only_while_one_request_runs():
+def test_a_cpu_engine_speculates_only_while_one_request_runs_unless_told():
     """vLLM's batch-size schedule on a CPU: drafted tokens while at most
     CPU_SPECULATION_MAX_BATCH requests run, none beside more; on a GPU vLLM speculates at every
-    size; a schedule of the caller's is kept, and one request at most needs none."""
+    size; draft_max_batch sets the limit anywhere (0: none); a schedule of the caller's is
+    kept, and one request at most needs none."""
     spec = {"method": "ngram", "num_speculative_tokens": 3}
     schedule = lambda **kw: engine_arguments("/m", speculative_config=spec, **kw)["speculative_config"]  # noqa: E731
     assert schedule(device="cpu", dtype="float32", batch_size=32)["num_speculative_tokens_per_batch_size"] == [
         (1, CPU_SPECULATION_MAX_BATCH, 3), (CPU_SPECULATION_MAX_BATCH + 1, 32, 0)]
     assert schedule(device="cuda", dtype="bfloat16", batch_size=32) == spec
     assert schedule(device="cpu", dtype="float32", batch_size=1) == spec
+    assert schedule(device="cpu", dtype="float32", batch_size=32, draft_max_batch=0) == spec
+    assert schedule(device="cuda", dtype="bfloat16", batch_size=32, draft_max_batch=4)[
+        "num_speculative_tokens_per_batch_size"] == [(1, 4, 3), (5, 32, 0)]
     mine = {**spec, "num_speculative_tokens_per_batch_size": [(1, 64, 3)]}
     assert engine_arguments("/m", device="cpu", dtype="float32", speculative_config=mine)["speculative_config"] == mine
 
