@@ -391,7 +391,8 @@ def cancel(job, db_url) -> None:
               help="Also re-enqueue pending items (e.g. after the broker lost its queue).")
 @db_option
 def retry(job, include_pending, db_url) -> None:
-    """Re-enqueue the job's failed items (only those).
+    """Re-enqueue the job's failed items (only those). A cancelled job is refused (exit 1):
+    its cancel stands; submit its input again to run it.
 
     Example: semjobs retry 3f2a9c1b7d4e --pending"""
     from semjobs.db import repo
@@ -401,7 +402,10 @@ def retry(job, include_pending, db_url) -> None:
 
     st, db_url = _locate(job, db_url)
     with session_factory(db_url)() as session:
-        seqs = repo.reset_failed(session, job)
+        try:
+            seqs = repo.reset_failed(session, job)
+        except repo.JobCancelled as e:
+            raise click.ClickException(f"{e}: nothing to retry (submit its input again to run it)") from None
         if include_pending:
             seqs = sorted(set(seqs) | set(repo.pending_seqs(session, job)))
             if seqs:

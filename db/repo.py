@@ -10,7 +10,9 @@ Delivery is at least once (README: "Workers that die"), so the item writes are i
 Every write that settles an item is guarded by the state it expects (issue 46): a result is
 stored only while the item runs, so a late result cannot turn an item that was cancelled or
 failed meanwhile into `done`; a failure or an abort only settles an item its worker still
+holds, and a worker that cannot serve a chunk (`fail_pending`) fails only its items no worker
 holds. A guarded write that finds nothing to change says so (False) and raises nothing.
+`reset_failed` (retry) refuses a cancelled job, so a retry never undoes a cancel.
 
 A whole worker lost (SIGKILL, preempted node) leaves its chunk unacknowledged until the
 broker's visibility timeout (hours). So each task marks the items of its chunk as held by
@@ -271,10 +273,15 @@ def item_status(session: Session, pk: int) -> str | None:
 
 
 def fail_pending(session: Session, job_id: str, seqs: Iterable[int], error: str) -> int:
-    """Mark the given items that no one has started failed with ``error``."""
+    """Mark the given items failed with ``error`` (committed; how many), only those pending
+    and held by no worker. The caller cannot serve them (its engine does not load) and holds
+    none; an item another worker holds is in that worker's chunk, whose engine loaded, and
+    is that worker's to run or hand back (docs/service.md, "Workers that die"). One
+    statement: a hold or claim committed first makes it skip the item."""
     res = session.execute(
         update(Item)
-        .where(Item.job_id == job_id, Item.seq.in_(list(seqs)), Item.status == "pending")
+        .where(Item.job_id == job_id, Item.seq.in_(list(seqs)), Item.status == "pending",
+               Item.worker.is_(None))
         .values(status="failed", error=error[:10_000], finished_at=utcnow())
     )
     session.commit()
@@ -555,8 +562,23 @@ def cancel_job(session: Session, job_id: str) -> int:
     return res.rowcount
 
 
+class JobCancelled(Exception):
+    """A retry of a cancelled job: its cancel stands, nothing was changed."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id} is cancelled")
+        self.job_id = job_id
+
+
 def reset_failed(session: Session, job_id: str) -> list[int]:
-    """Failed items back to pending (attempts reset); the job becomes queued again."""
+    """Failed items back to pending (attempts reset); the job becomes queued again.
+    Raises JobCancelled, changing nothing, when the job was cancelled: a retry must not
+    bring it back. The job's row is locked first (Postgres), so a cancel at the same moment
+    either commits first (refused here) or waits and then cancels the items reset here."""
+    status = session.scalar(select(Job.status).where(Job.id == job_id).with_for_update())
+    if status == "cancelled":
+        session.rollback()
+        raise JobCancelled(job_id)
     seqs = list(
         session.scalars(
             update(Item)

@@ -129,9 +129,9 @@ def job_engine_request(job_id: str, url: str | None = None) -> tuple[str | None,
 
 
 def fail_unstarted(job_id: str, seqs: list[int], reason: str, url: str | None = None) -> int:
-    """Fail the items of ``seqs`` that no one has started (this worker cannot serve them:
-    its engine does not load), with ``reason``; the job ends once nothing is left. Returns
-    how many failed."""
+    """Fail the items of ``seqs`` that no worker has started or holds (this worker cannot
+    serve them: its engine does not load), with ``reason``; the job ends once nothing is
+    left. Returns how many failed."""
     with session_factory(url, role="worker")() as session:
         failed = retrying(session, lambda: repo.fail_pending(session, job_id, seqs, reason), "failing items")
         retrying(session, lambda: repo.finalize_job(session, job_id), "finishing the job")

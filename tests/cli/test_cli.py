@@ -67,6 +67,20 @@ def test_commands_find_the_job_just_run_without_flags(ran, tmp_path, monkeypatch
     assert res.exit_code == 1 and f"no database at {gone}" in res.output and not gone.exists()
 
 
+def test_retry_of_a_cancelled_job_is_refused_and_says_why(tmp_path, sqlite_db):
+    from semjobs.db import repo
+    from semjobs.db.session import session_factory
+    from tests.worker.test_process import make_job
+
+    job_id = make_job(sqlite_db, tmp_path, n=2)
+    with session_factory(sqlite_db)() as s:
+        claim = repo.claim_item(s, job_id, 0, "w1")
+        assert repo.fail_item(s, claim.pk, "boom", "w1")
+        repo.cancel_job(s, job_id)
+    res = invoke("retry", job_id, "--pending", "--db", sqlite_db)
+    assert res.exit_code == 1 and f"job {job_id} is cancelled: nothing to retry" in res.output
+
+
 def test_a_path_that_cannot_be_written_is_one_line_not_a_traceback(ran, tmp_path):
     job_id, _, db = ran
     res = invoke("export", job_id, "--db", db, "-o", tmp_path / "new" / "dir" / "o.jsonl")
