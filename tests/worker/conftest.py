@@ -1,8 +1,30 @@
-"""Fixtures of the worker tests that run real workers."""
+"""Fixtures of the worker tests: what real workers decode with, and the instant double in
+place of vLLM's engine factories."""
 
 from __future__ import annotations
 
 import pytest
+
+from tests.fake_engine import InstantEngine
+
+# the vLLM factories, as the instant double (vllm_double names them by module path)
+load_as_vllm = load_as_vllm_steps = InstantEngine.load
+
+
+@pytest.fixture
+def vllm_double(monkeypatch):
+    """semjobs.worker.engine with vLLM's factories replaced by the instant double, no engine
+    loaded and no engine arguments set."""
+    from semjobs.settings import settings
+    from semjobs.worker import engine as engines
+
+    monkeypatch.setattr(engines, "VLLM_FACTORY", f"{__name__}:load_as_vllm")
+    monkeypatch.setattr(engines, "VLLM_STEPS_FACTORY", f"{__name__}:load_as_vllm_steps")
+    monkeypatch.setattr(settings, "engine_factory", None)
+    monkeypatch.setattr(settings, "target_engine_args", {})
+    monkeypatch.setattr(settings, "draft_engine_args", {})
+    monkeypatch.setattr(engines, "_cache", {})
+    monkeypatch.setattr(engines, "_users", {})
 
 
 @pytest.fixture(params=["fake", "vllm"])

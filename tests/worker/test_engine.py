@@ -8,20 +8,6 @@ import pytest
 from semjobs.settings import settings
 from semjobs.worker import engine as engines
 
-from tests.fake_engine import InstantEngine
-
-# doors to the instant double, one per factory (nothing here needs real decoding)
-load_as_vllm = load_as_vllm_steps = InstantEngine.load
-
-
-@pytest.fixture
-def vllm_double(monkeypatch):
-    monkeypatch.setattr(engines, "VLLM_FACTORY", f"{__name__}:load_as_vllm")
-    monkeypatch.setattr(engines, "VLLM_STEPS_FACTORY", f"{__name__}:load_as_vllm_steps")
-    monkeypatch.setattr(settings, "engine_factory", None)
-    monkeypatch.setattr(engines, "_cache", {})
-    monkeypatch.setattr(engines, "_users", {})
-
 
 def test_a_vllm_engine_for_token_sd_drafts_the_jobs_count(vllm_double):
     _, extra = engines.factory_for("token_sd", 6)

@@ -3,28 +3,12 @@ engine loaded again when they change, and the identities a job's manifest record
 
 from __future__ import annotations
 
-import pytest
 
 from semjobs.settings import settings
 from semjobs.worker import engine as engines
 
-from tests.fake_engine import InstantEngine
-
-load_as_vllm = load_as_vllm_steps = InstantEngine.load  # the vLLM factories, as the instant double
-
 TARGET = {"tensor_parallel_size": 2, "max_model_len": 32768}
 DRAFT = {"gpu_memory_utilization": 0.1}
-
-
-@pytest.fixture
-def vllm_double(monkeypatch):
-    monkeypatch.setattr(engines, "VLLM_FACTORY", f"{__name__}:load_as_vllm")
-    monkeypatch.setattr(engines, "VLLM_STEPS_FACTORY", f"{__name__}:load_as_vllm_steps")
-    monkeypatch.setattr(settings, "engine_factory", None)
-    monkeypatch.setattr(settings, "target_engine_args", {})
-    monkeypatch.setattr(settings, "draft_engine_args", {})
-    monkeypatch.setattr(engines, "_cache", {})
-    monkeypatch.setattr(engines, "_users", {})
 
 
 def test_without_engine_arguments_an_engine_keeps_its_key(vllm_double):
