@@ -3,7 +3,6 @@ engine loaded again when they change, and the identities a job's manifest record
 
 from __future__ import annotations
 
-
 from semjobs.settings import settings
 from semjobs.worker import engine as engines
 
