@@ -83,8 +83,8 @@ class GenerationConfig:
     # every tick for the others anyway, and a drafted step saves no pass: it only adds draft
     # passes (docs/batching.md). The target writes meanwhile (steps logged with reason
     # "batch"), and drafting resumes as the batch thins out at the end of a job. (token_sd's
-    # engine on a CPU likewise drafts only while one request runs, engine-wide:
-    # token_engine.CPU_SPECULATION_MAX_BATCH.)
+    # engine on a CPU likewise drafts only while few requests run, engine-wide:
+    # token_engine.CPU_SPECULATION_MAX_BATCH, 2.)
     # None: the engine's choice (1 on a CPU, as measured; no limit on an accelerator,
     # untested); 0: no limit. Outputs then depend on the batch's occupancy.
     # The service's default: SEMJOBS_DRAFT_MAX_BATCH.

@@ -109,7 +109,7 @@ def factory_for(method: str | None = None, draft_tokens: int | None = None,
         from semspec.types import GenerationConfig
 
         extra["speculative_tokens"] = draft_tokens or GenerationConfig.draft_tokens
-        if settings.draft_max_batch is not None:  # else the engine's choice (one request on a CPU)
+        if settings.draft_max_batch is not None:  # else the engine's choice (two requests on a CPU)
             extra["draft_max_batch"] = settings.draft_max_batch
     return VLLM_FACTORY, extra
 

@@ -59,12 +59,13 @@ DEFAULT_KV_CACHE_GB = 2.0
 CPU_BLOCK_SIZE = 32
 # On a CPU a verification of K drafted tokens costs about K + 1 tokens' work per row, so beside
 # other rows it no longer comes nearly free: token_sd made 1.4-1.9x ar alone but 0.88x at 4 in
-# flight and 0.45x at 32 (T 0.6, docs/benchmarks.md). An engine there drafts only while at most
-# this many requests run, unless told otherwise (draft_max_batch, as the step-level methods'
-# drafting; vLLM's num_speculative_tokens_per_batch_size: above it the draft runs one pass per
-# step to keep its KV cache whole, and drafts nothing). On a GPU vLLM speculates at every batch
-# size, as it would by itself.
-CPU_SPECULATION_MAX_BATCH = 1
+# flight and 0.45x at 32 (T 0.6); at 2 in flight drafting still paid, 1.15x (T 0.6) and 1.58x
+# (greedy) against 0.96x / 0.98x without (docs/benchmarks.md). An engine there drafts only
+# while at most this many requests run, unless told otherwise (draft_max_batch, as the
+# step-level methods' drafting; vLLM's num_speculative_tokens_per_batch_size: above it the
+# draft runs one pass per step to keep its KV cache whole, and drafts nothing). On a GPU vLLM
+# speculates at every batch size, as it would by itself.
+CPU_SPECULATION_MAX_BATCH = 2
 
 
 def vllm_dtype(device: str, dtype: str) -> str:
@@ -237,7 +238,7 @@ class VLLMEngine:
         """``model_dir``: what vLLM loaded; ``threads``: torch's threads in the thread that
         loaded it (see generate_many); ``speculation``: what it drafts with, when it serves
         token_sd (an engine serves either ar or token_sd: vLLM's speculation is the engine's, for
-        every request it runs, or on a CPU for every request while it runs alone)."""
+        every request it runs, or on a CPU while few run: ``CPU_SPECULATION_MAX_BATCH``)."""
         self.llm = llm
         self.tokenizer = tokenizer
         self.identity = identity

@@ -17,7 +17,7 @@ def test_a_vllm_engine_for_token_sd_drafts_the_jobs_count(vllm_double):
 
 def test_the_draft_max_batch_setting_reaches_token_sds_engine(vllm_double, monkeypatch):
     """SEMJOBS_DRAFT_MAX_BATCH limits token_sd's drafting as the step methods' (unset: the
-    engine's own choice, one request on a CPU)."""
+    engine's own choice, two requests on a CPU)."""
     assert "draft_max_batch" not in engines.factory_for("token_sd", 4)[1]
     monkeypatch.setattr(settings, "draft_max_batch", 0)
     assert engines.factory_for("token_sd", 4)[1]["draft_max_batch"] == 0

@@ -20,7 +20,7 @@ from semspec.models.specs import spec_sha256
 from semspec.testing import write_eagle3_head
 from semspec.types import NGRAM_DRAFT, GenerationConfig
 from semspec.engine import speculation
-from semspec.engine.token_engine import VLLMEngine
+from semspec.engine.token_engine import CPU_SPECULATION_MAX_BATCH, VLLMEngine
 from semspec.engine.speculation import (SUFFIX_INSTALL, SUFFIX_SETTINGS, draft_problem, mtp_layers,
                                         speculative_config)
 from tests.conftest import require_vllm
@@ -121,9 +121,9 @@ def test_greedy_text_is_the_targets_own(engine, tiny_vllm_greedy):
 
 def test_beside_other_requests_a_cpu_engine_drafts_nothing(engine, tiny_vllm_greedy):
     """On a CPU a verification beside other rows costs about its drafted tokens' work, so an
-    engine drafts only while one request runs (token_engine.CPU_SPECULATION_MAX_BATCH): two
-    requests that end together never run alone, and write the target's text without a draft."""
-    got = _results(engine, [PROMPTS[0], PROMPTS[0]], GREEDY)
+    engine drafts only while few requests run (token_engine.CPU_SPECULATION_MAX_BATCH): one
+    more that end together never run with fewer, and write the target's text without a draft."""
+    got = _results(engine, [PROMPTS[0]] * (CPU_SPECULATION_MAX_BATCH + 1), GREEDY)
     text, finish, _ = tiny_vllm_greedy(PROMPTS[0], GREEDY.max_new_tokens)
     for done in got.values():
         assert (done.result.text, done.result.finish_reason) == (text, finish)
