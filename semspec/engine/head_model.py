@@ -26,6 +26,8 @@ from vllm.model_executor.models.qwen2 import Qwen2DecoderLayer
 from vllm.model_executor.models.qwen3 import Qwen3DecoderLayer
 from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, maybe_prefix, process_eagle_weight
 
+from semspec.models.reduced_vocab import full_vocab_logits
+
 
 def _llama_layer(vllm_config: VllmConfig, config, prefix: str) -> nn.Module:
     return LlamaDecoderLayer(vllm_config, prefix=prefix, config=config)
@@ -113,9 +115,7 @@ class EagleSemspecHeadForCausalLM(EagleLlamaForCausalLM):
             return self.logits_processor(self.lm_head, hidden_states)
         if self._rows is None:  # the LM head is the target's, shared after loading
             self._rows = self.lm_head.weight[self.vocab_ids].contiguous()
-        logits = hidden_states.new_full((hidden_states.shape[0], self.config.vocab_size), float("-inf"))
-        logits[:, self.vocab_ids] = hidden_states @ self._rows.T
-        return logits
+        return full_vocab_logits(hidden_states @ self._rows.T, self.vocab_ids, self.config.vocab_size)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         rest = []

@@ -31,7 +31,7 @@ from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.model_executor.models.utils import maybe_prefix
 
-from semspec.models.reduced_vocab import VOCAB_SUBSET_FILE, read_vocab_subset
+from semspec.models.reduced_vocab import VOCAB_SUBSET_FILE, full_vocab_logits, read_vocab_subset
 
 
 class ReducedVocabMixin:
@@ -64,9 +64,7 @@ class ReducedVocabMixin:
         """Logits over the whole vocabulary (what vLLM's sampler reads), -inf outside the
         reduced one."""
         reduced = self.logits_processor(self.reduced_lm_head, hidden_states)
-        logits = reduced.new_full((reduced.shape[0], self.logits_processor.org_vocab_size), float("-inf"))
-        logits[:, self.vocab_ids] = reduced
-        return logits
+        return full_vocab_logits(reduced, self.vocab_ids, self.logits_processor.org_vocab_size)
 
 
 class SemspecReducedVocabLlamaForCausalLM(ReducedVocabMixin, LlamaForCausalLM):

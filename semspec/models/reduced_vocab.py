@@ -28,8 +28,14 @@ def read_vocab_subset(model_dir: Path, device) -> torch.Tensor | None:
 def reduced_head_logits(hidden: torch.Tensor, rows: torch.nn.Linear, ids: torch.Tensor, vocab_size: int):
     """Logits over the whole vocabulary from ``rows``, the LM head's rows of ``ids`` only:
     -inf elsewhere."""
-    logits = hidden.new_full((*hidden.shape[:-1], vocab_size), float("-inf"))
-    logits[..., ids] = rows(hidden)
+    return full_vocab_logits(rows(hidden), ids, vocab_size)
+
+
+def full_vocab_logits(reduced: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``reduced`` (logits of the tokens ``ids``, in the last dimension) over the whole
+    vocabulary: -inf for every other token (here, in vLLM's drafters)."""
+    logits = reduced.new_full((*reduced.shape[:-1], vocab_size), float("-inf"))
+    logits[..., ids] = reduced
     return logits
 
 
