@@ -199,7 +199,7 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, reproducible,
     from semjobs.worker.queues import queue_name
 
     config = _config(method, max_new_tokens, temperature, top_p, seed, samples, reproducible)
-    queue = queue_name()
+    queue = queue_name(kind=config["method"])  # the workers that serve the method take it
     t0 = time.perf_counter()
     validation = _storable(file, samples, method=config["method"])
     job_id, n = store_job(file, config, queue=queue, name=name, status="pending", validation=validation,

@@ -128,7 +128,7 @@ def _submit(ctx, prompts, cfg) -> None:
 
     from semjobs.jobs.calibration import create, pending_questions
     from semjobs.worker.publish import calibration_publisher
-    from semjobs.worker.queues import queue_name
+    from semjobs.worker.queues import CALIBRATION, queue_name
 
     options = {"target": "--target", "draft": "--draft", "out_dir": "--out", "device": "--device",
                "threads": "--threads", "max_prefixes": "--max-prefixes", "engine_args": "--engine-arg",
@@ -150,7 +150,7 @@ def _submit(ctx, prompts, cfg) -> None:
         if qid in seen:
             raise click.UsageError(f"question id {qid!r} appears twice in the prompts; ids must be unique")
         seen.add(qid)
-    queue = queue_name()
+    queue = queue_name(kind=CALIBRATION)
     cal_id = create(prompts, cfg, queue)
     with calibration_publisher(queue) as send:
         for qid in pending_questions(cal_id):

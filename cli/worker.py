@@ -7,11 +7,15 @@ import sys
 import click
 
 from semjobs.cli.jobs import engine_arg_options
+from semspec.types import METHODS
 
 
 @click.command()
 @click.option("-Q", "--queue", "queues", multiple=True,
-              help="Queue(s) to consume (default: this model pair's queue).")
+              help="Queue(s) to consume (default: this model pair's queues of the methods it serves).")
+@click.option("--method", "methods", multiple=True, type=click.Choice(METHODS),
+              help="A method this worker decodes, repeatable: it takes only their jobs and keeps its "
+              "GPU's memory for their engines (default: SEMJOBS_METHODS, else every method).")
 @click.option("-c", "--concurrency", default=1, show_default=True,
               help="Celery pool processes of one worker node (> 1: prefork, one chunk each).")
 @click.option("--pool", type=click.Choice(["auto", "solo", "prefork", "threads"]), default="auto",
@@ -30,7 +34,7 @@ from semjobs.cli.jobs import engine_arg_options
               help="Worker processes, each a Celery node with its own engine (default: "
               "SEMJOBS_PROCESSES, else one per core on a CPU, one on a GPU).")
 @engine_arg_options
-def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, threads,
+def worker(queues, methods, concurrency, pool, hostname, loglevel, max_tasks_per_child, threads,
            batch_size, processes, engine_args, draft_engine_args) -> None:
     """Start a Celery worker (late acks, prefetch 1, task events on).
 
@@ -41,13 +45,14 @@ def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, t
     one chunk at a time (a batch of at most SEMJOBS_CHUNK_SIZE items).
 
     Example: semjobs worker --batch-size 16 --threads 2
+    (a worker of semspec jobs only: --method semspec)
     (on a GPU pair: --engine-arg tensor_parallel_size=2 --engine-arg max_model_len=32768)
     """
     from semjobs.cli.jobs import use_engine_args
     from semjobs.settings import settings
     from semjobs.worker.celery import app
     from semjobs.worker.engine_processes import plan
-    from semjobs.worker.queues import queue_name
+    from semjobs.worker.queues import worker_queues
 
     if settings.vllm_compile is None:  # a worker decodes for hours: compiled graphs pay for their start
         settings.vllm_compile = True
@@ -59,6 +64,10 @@ def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, t
         settings.batch_size = batch_size
     if processes is not None:
         settings.processes = processes
+    if methods:
+        if settings.queue:
+            raise click.UsageError("--method cannot go with SEMJOBS_QUEUE: its one queue carries every method's jobs")
+        settings.methods = list(methods)
     use_engine_args(engine_args, draft_engine_args)  # before Celery starts: exit 2 on a bad one
     if concurrency == 1 and pool in ("auto", "threads"):
         n, settings.threads = plan()
@@ -70,7 +79,7 @@ def worker(queues, concurrency, pool, hostname, loglevel, max_tasks_per_child, t
     if pool == "threads" and concurrency == 1:
         concurrency = chunks_to_fill(settings.batch_size, settings.chunk_size)
     argv = [
-        "worker", "-Q", ",".join(queues or [queue_name()]), "--concurrency", str(concurrency),
+        "worker", "-Q", ",".join(queues or worker_queues()), "--concurrency", str(concurrency),
         "--pool", pool, "--loglevel", loglevel, "-E",
     ]
     # Celery's default, celery@HOST, would name a killed worker and its replacement alike
@@ -91,6 +100,8 @@ def _supervise(n, threads, queues, hostname, loglevel, max_tasks_per_child) -> i
               "--batch-size", str(settings.batch_size), "-l", loglevel]
     for q in queues:
         common += ["-Q", q]
+    for m in settings.methods or ():
+        common += ["--method", m]
     # the engine arguments as checked here (the settings' and the command line's): a child's
     # own settings would read the environment's alone
     for option, args in (("--engine-arg", settings.target_engine_args),

@@ -93,8 +93,13 @@ class Settings(BaseSettings):
     last_run_file: Path | None = None
 
     # Worker behaviour (README "Workers that die" says why each exists).
-    # Queue of this deployment's model pair; None derives "semjobs.<target>+<draft>".
+    # One queue for every job and calibration of this deployment; None: a queue per model pair
+    # and method, "semjobs.<target>+<draft>.<method>" (semjobs.worker.queues).
     queue: str | None = None
+    # The methods this deployment's workers decode, e.g. SEMJOBS_METHODS=semspec: a worker
+    # consumes only their queues and plans its GPU's memory for their engines only
+    # (semjobs.worker.gpu_memory); None: every method. Not with `queue`, which carries them all.
+    methods: Annotated[list[str] | None, NoDecode] = None
     chunk_size: int = 4  # items per Celery task; keeps a task well inside the visibility timeout
     visibility_timeout_s: int = 3 * 3600
     max_attempts: int = 3  # deliveries of one item (worker lost) before it is marked failed
@@ -141,6 +146,26 @@ class Settings(BaseSettings):
     def _json_object(cls, value: Any) -> Any:
         # parsed here, not by pydantic-settings, so that bad JSON is a ValidationError naming the setting
         return json.loads(value) if isinstance(value, str) else value
+
+    @field_validator("methods", mode="before")
+    @classmethod
+    def _method_list(cls, value: Any) -> Any:
+        from semspec.types import METHODS
+
+        if value is None:
+            return None
+        if isinstance(value, str):  # the environment's "semspec,step_judge"
+            value = [m.strip() for m in value.split(",") if m.strip()]
+        unknown = [m for m in value if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown method(s) {', '.join(map(repr, unknown))}; choose from {', '.join(METHODS)}")
+        return list(dict.fromkeys(value)) or None
+
+    @model_validator(mode="after")
+    def _methods_have_queues(self) -> Settings:
+        if self.methods and self.queue:
+            raise ValueError("methods and queue cannot go together: the one queue carries every method's jobs")
+        return self
 
     @model_validator(mode="after")
     def _env_file_exists(self) -> Settings:

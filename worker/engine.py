@@ -31,16 +31,17 @@ _users: dict[tuple, int] = {}  # engine key -> chunks decoding with it now (in_u
 # The last failed load: (key, when, error). Chunks arriving meanwhile get the same error
 # instead of each loading the models again, until settings.engine_retry_s has passed.
 _failure: tuple[tuple, float, str] | None = None
-# Whether this process may come to hold every kind of engine, which then share its GPU
-# (semjobs.worker.gpu_memory): a worker's, whose queue carries every method of its pair (set as
-# it starts: serve_every_method); not `semjobs run`'s, which decodes one job's method.
-_serves_every_method = False
+# Whether this process is a worker's, which may come to hold the engines of every method it
+# serves (settings.methods), sharing its GPU (semjobs.worker.gpu_memory); set as it starts
+# (plan_as_worker); not `semjobs run`'s, which decodes one job's method.
+_worker_process = False
 
 
-def serve_every_method() -> None:
-    """Plan this process's GPU memory for every kind of engine (a worker's, as it starts)."""
-    global _serves_every_method
-    _serves_every_method = True
+def plan_as_worker() -> None:
+    """Plan this process's GPU memory for the engines of every method it serves (a worker's, as
+    it starts)."""
+    global _worker_process
+    _worker_process = True
 
 
 class EngineLoadError(RuntimeError):
@@ -95,7 +96,7 @@ def factory_for(method: str | None = None, draft_tokens: int | None = None,
 
     method = method or settings.method
     extra = {"kv_cache_gb": settings.kv_cache_gb, "compile": bool(settings.vllm_compile)}
-    shares = gpu_memory.engine_shares() if _serves_every_method else {}
+    shares = gpu_memory.engine_shares() if _worker_process else {}
     if method in VLLM_STEP_METHODS:
         if layers is not None:
             extra["layers"] = layers

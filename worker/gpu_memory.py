@@ -1,19 +1,21 @@
 """One GPU's memory shared by every engine a worker process may hold.
 
-A worker's queue carries every method of its pair, and a worker process keeps each kind of
-engine once loaded (``semjobs.worker.engine``): ar's or token_sd's one engine (the target,
-with token_sd's draft model inside it; swapped between the two, never both) and, where the
-pair's draft drafts steps, the step engines (the target, the draft and, where the target's own
-writing speculates, the writer). vLLM gives an engine a fraction of the whole GPU
-(``gpu_memory_utilization``, weights and KV cache together), checked against what is free as
-it starts: each kind split on its own would ask for vLLM's 0.92 again. The kinds load lazily,
-one at a time, so the split is decided before the first of them, over every engine the process
-may come to hold: vLLM's default fraction shared by parameter counts
+A worker's queues carry the methods it serves (``settings.methods``, every method unless it
+says; ``semjobs.worker.queues``), and a worker process keeps each kind of engine once loaded
+(``semjobs.worker.engine``): ar's or token_sd's one engine (the target, with token_sd's draft
+model inside it; swapped between the two, never both) and, where the pair's draft drafts steps,
+the step engines (the target, the draft and, where the target's own writing speculates, the
+writer). vLLM gives an engine a fraction of the whole GPU (``gpu_memory_utilization``, weights
+and KV cache together), checked against what is free as it starts: each kind split on its own
+would ask for vLLM's 0.92 again. The kinds load lazily, one at a time, so where a worker serves
+methods of both kinds the split is decided before the first of them, over every engine the
+process may come to hold: vLLM's default fraction shared by parameter counts
 (``semspec.engine.engine_args.shares_by_size``); where a role's engine arguments give
 ``gpu_memory_utilization``, every engine of that role keeps it and the others share the rest.
 Each engine then gets its share as its role's ``gpu_memory_utilization`` (which a job's
-manifest names among its engine arguments). Not in `semjobs run`, whose process decodes one
-job's method: its engines split alone. docs/gpu.md.
+manifest names among its engine arguments). A worker of one kind's methods only (``--method
+semspec``), and `semjobs run`, whose process decodes one job's method, leave the split to that
+kind's engines. docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import functools
 import json
 
 from semjobs.settings import settings
+from semjobs.worker.queues import served_methods
+from semspec.types import VLLM_STEP_METHODS
 
 TOKEN_ENGINE = "token"  # ar's and token_sd's engine, beside the step engines' target, draft, writer
 # whose engine arguments each engine takes
@@ -31,8 +35,11 @@ ROLE_OF = {TOKEN_ENGINE: "target", "target": "target", "draft": "draft", "writer
 def engine_shares() -> dict[str, float]:
     """Engine ("token", "target", "draft", "writer") -> its gpu_memory_utilization, for the
     settings' pair on a GPU where the process may hold both kinds; empty where it holds one
-    kind only (on a CPU, or a pair whose draft drafts no steps), or its models cannot be read
-    (their load then says why)."""
+    kind only (on a CPU, a worker of one kind's methods, a pair whose draft drafts no steps),
+    or its models cannot be read (their load then says why)."""
+    methods = set(served_methods())
+    if not (methods & set(VLLM_STEP_METHODS) and methods - set(VLLM_STEP_METHODS)):
+        return {}
     args = {role: json.dumps(getattr(settings, f"{role}_engine_args"), sort_keys=True) for role in ("target", "draft")}
     return dict(_shares(settings.target_model, settings.draft_model, settings.probes_dir, str(settings.cache_dir),
                         settings.device, args["target"], args["draft"]))

@@ -31,9 +31,9 @@ _shutting_down = False
 
 @worker_init.connect
 def _on_start(**_kwargs) -> None:
-    # a worker's queue carries every method of its pair: its engines split the GPU as one
+    # a worker's queues carry the methods it serves: their engines split the GPU as one
     # (prefork children fork after this and inherit it)
-    engines.serve_every_method()
+    engines.plan_as_worker()
 
 
 @worker_shutting_down.connect

@@ -111,6 +111,44 @@ def test_submit_worker_status_export(service_env, workers, pg_db, tmp_path):
     assert counts(pg_db, job_id) == {"done": 9, "failed": 1}
 
 
+@pytest.fixture
+def per_method_queues(service_env, redis_url):
+    """The service's environment without one named queue: the embedded pair's queue per method
+    (emptied before and after)."""
+    import redis
+
+    from semjobs.settings import Settings
+    from semjobs.worker.queues import worker_queues
+
+    names = worker_queues(Settings(queue=None, methods=None, target_model=None, draft_model=None))
+    r = redis.Redis.from_url(redis_url)
+
+    def empty():
+        for name in names:
+            for key in r.scan_iter(f"{name}*"):
+                r.delete(key)
+
+    empty()
+    yield {k: v for k, v in service_env.items() if k != "SEMJOBS_QUEUE"}
+    empty()
+
+
+def test_a_worker_of_one_method_takes_that_methods_jobs_only(per_method_queues, workers, pg_db, tmp_path):
+    """Jobs go to their method's queue: a `--method token_sd` worker completes the token_sd job
+    and leaves the ar job queued for a worker that serves ar."""
+    service_env = workers.env = per_method_queues
+    path = write_input(tmp_path / "in.jsonl", 3)
+    ar_job = submit(service_env, path, "--method", "ar")
+    sd_job = submit(service_env, path, "--method", "token_sd")
+    workers.start("sd", "--method", "token_sd")
+    wait_completed(pg_db, sd_job, workers)
+    time.sleep(2)  # a worker that took ar's messages would have started on them by now
+    assert job_status(pg_db, ar_job) == "queued" and counts(pg_db, ar_job) == {"pending": 3}
+    workers.start("ar", "--method", "ar")
+    wait_completed(pg_db, ar_job, workers)
+    assert counts(pg_db, ar_job) == {"done": 3}
+
+
 def test_batch_input_exports_batch_output_shape(service_env, workers, pg_db, tmp_path):
     path = tmp_path / "batch.jsonl"
     with open(path, "w") as f:

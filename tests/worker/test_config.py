@@ -1,8 +1,13 @@
 """The Celery app is configured for long GPU tasks (late acks, prefetch 1, one visibility
 timeout), and importing it loads no model."""
 
+import re
 import subprocess
 import sys
+
+import pytest
+
+from semspec.types import METHODS
 
 from tests.conftest import ROOT
 
@@ -22,11 +27,60 @@ def test_celery_settings():
     assert c.worker_send_task_events
     assert c.task_default_queue == queue_name()
     assert "semjobs.run_chunk" in app.tasks
-    # one queue per model pair
     s2 = settings.model_copy(update={"target_model": "/m/R1-Distill-Qwen-32B",
                                      "draft_model": "/m/R1-Distill-Qwen-1.5B", "queue": None})
     assert queue_name(s2) == "semjobs.R1-Distill-Qwen-32B+R1-Distill-Qwen-1.5B"
     assert make_app(s2).conf.task_default_queue == queue_name(s2)
+
+
+PAIR = "semjobs.R1-Distill-Qwen-32B+R1-Distill-Qwen-1.5B"
+
+
+@pytest.mark.parametrize("methods, queue, consumed", [
+    # every method: each method's queue, the calibrations', and the pair's own (jobs queued
+    # before queues were per method)
+    (None, None, [f"{PAIR}.{m}" for m in METHODS] + [f"{PAIR}.calibrate", PAIR]),
+    # semspec only: its queue and the calibrations' (it holds the step engines)
+    (["semspec"], None, [f"{PAIR}.semspec", f"{PAIR}.calibrate"]),
+    # token methods only: no calibration (that would load the step engines beside them)
+    (["token_sd", "ar"], None, [f"{PAIR}.token_sd", f"{PAIR}.ar"]),
+    # one queue named: everything goes there
+    (None, "mine", ["mine"]),
+])
+def test_a_worker_consumes_the_queues_of_the_methods_it_serves(methods, queue, consumed):
+    from semjobs.settings import Settings
+    from semjobs.worker.queues import CALIBRATION, queue_name, worker_queues
+
+    s = Settings(target_model="/m/R1-Distill-Qwen-32B", draft_model="/m/R1-Distill-Qwen-1.5B", methods=methods,
+                 queue=queue)
+    assert worker_queues(s) == consumed
+    # what submit and probe collect --submit send to is among them, for what the worker serves
+    for kind in (methods or METHODS):
+        assert queue_name(s, kind) in consumed
+    if queue or methods is None or "semspec" in methods:
+        assert queue_name(s, CALIBRATION) in consumed
+
+
+@pytest.mark.parametrize("env, problem", [
+    ({"SEMJOBS_METHODS": "semspec,semspek"}, "unknown method(s) 'semspek'"),
+    ({"SEMJOBS_METHODS": "semspec", "SEMJOBS_QUEUE": "mine"}, "methods and queue cannot go together"),
+])
+def test_a_method_list_the_workers_cannot_serve_is_refused(monkeypatch, env, problem):
+    from pydantic import ValidationError
+
+    from semjobs.settings import Settings
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError, match=re.escape(problem)):
+        Settings()
+
+
+def test_methods_read_from_the_environment(monkeypatch):
+    from semjobs.settings import Settings
+
+    monkeypatch.setenv("SEMJOBS_METHODS", " semspec, step_judge,semspec ")
+    assert Settings().methods == ["semspec", "step_judge"]
 
 
 def test_importing_the_worker_loads_no_engine_and_no_torch():

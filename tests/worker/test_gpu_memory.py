@@ -35,7 +35,8 @@ def gpu_worker(monkeypatch, tiny_vllm_dir, draft_dir, tmp_path):
                         ("draft_model", str(draft_dir)), ("probes_dir", None), ("device", "cuda"),
                         ("cache_dir", tmp_path / "cache"), ("target_engine_args", USER), ("draft_engine_args", {})):
         monkeypatch.setattr(settings, name, value)
-    monkeypatch.setattr(engines, "_serves_every_method", True)
+    monkeypatch.setattr(settings, "methods", None)
+    monkeypatch.setattr(engines, "_worker_process", True)
     return monkeypatch
 
 
@@ -86,24 +87,33 @@ def test_a_roles_given_share_is_kept_by_each_of_its_engines(gpu_worker):
     assert steps["draft_engine_args"] == {"gpu_memory_utilization": pytest.approx(0.92 - 0.6)}
 
 
-@pytest.mark.parametrize("case", ["run", "cpu", "no step draft"])
+@pytest.mark.parametrize("case", ["run", "cpu", "no step draft", "steps only", "tokens only"])
 def test_engines_that_cannot_meet_in_one_process_split_alone(gpu_worker, case):
     """`semjobs run` decodes one method; a CPU has no GPU to share; a pair whose draft drafts no
-    steps (ngram) holds ar's and token_sd's engine alone: nothing is added to their arguments."""
+    steps (ngram) holds ar's and token_sd's engine alone; a worker serving one kind's methods
+    holds that kind's engines only: nothing is added to their arguments."""
     if case == "run":
-        gpu_worker.setattr(engines, "_serves_every_method", False)
+        gpu_worker.setattr(engines, "_worker_process", False)
     else:
-        gpu_worker.setattr(settings, *(("device", "cpu") if case == "cpu" else ("draft_model", "ngram")))
+        gpu_worker.setattr(settings, *{"cpu": ("device", "cpu"), "no step draft": ("draft_model", "ngram"),
+                                       "steps only": ("methods", ["semspec", "step_judge"]),
+                                       "tokens only": ("methods", ["token_sd", "ar"])}[case])
         assert gpu_memory.engine_shares() == {}
     for method in ("ar", "semspec"):
         assert engines.factory_for(method)[1]["engine_args"] == USER
 
 
-def test_a_worker_plans_for_every_method_as_it_starts(monkeypatch):
+def test_a_worker_of_both_kinds_methods_plans_for_both(gpu_worker):
+    gpu_worker.setattr(settings, "methods", ["semspec", "ar"])
+    shares = gpu_memory.engine_shares()
+    assert set(shares) == {"token", "target", "draft"} and sum(shares.values()) == pytest.approx(0.92)
+
+
+def test_a_worker_plans_for_its_methods_as_it_starts(monkeypatch):
     from celery.signals import worker_init
 
     import semjobs.worker.tasks  # noqa: F401  (connects the worker's start-up)
 
-    monkeypatch.setattr(engines, "_serves_every_method", False)
+    monkeypatch.setattr(engines, "_worker_process", False)
     worker_init.send(sender=None)
-    assert engines._serves_every_method
+    assert engines._worker_process
