@@ -13,6 +13,18 @@ one vLLM's sort gives (a token is kept while the probability above it is under p
 the most likely one), and a call where some row's nucleus is wider falls back to vLLM's own
 function. Rows with top-k, and GPU builds (Triton or FlashInfer kernels), are left to vLLM.
 
+**One uniform draw per sampled token, not a Gumbel noise per vocabulary entry.**
+vLLM's CPU sampler (``TopKTopPSampler.forward_cpu``, 0.32.0) hashes a Gumbel noise for every
+token of the vocabulary of every row (``fused_gumbel_argmax``): 5.4 ms a step at 32 rows of
+SmolLM2's 49,152 tokens on two threads (of a 30-40 ms ``ar`` step), 4.2 ms with top-p 0.95
+and its search; 1.5 and 2.3 ms here (docs/benchmarks.md). A row is sampled by inversion: one
+uniform number from the row's generator (a seeded request's own, so a seeded sample stays the
+same however it is batched), and the first token whose cumulative probability passes it. With
+top-p the nucleus is found among each row's ``NUCLEUS_FIRST`` most likely tokens, or
+``NUCLEUS_SEARCH``, and the inversion runs over it alone; wider than that, or with top-k,
+vLLM's own path. The law of each token is the one vLLM samples from; the token a given seed
+draws is not vLLM's.
+
 **No recovery noise for a step that verifies no drafted token.** An engine with a speculative
 method runs every sampled step through the rejection sampler, drafts or not; it draws an
 exponential noise row over the vocabulary per request for recovering rejected drafts
@@ -34,8 +46,12 @@ import functools
 import torch
 
 # candidates searched for the nucleus: at the temperatures datasets are sampled at it holds a
-# few dozen tokens; a wider one (a flat distribution) takes vLLM's sort
+# few dozen tokens (first look among NUCLEUS_FIRST: a smaller top-k is a cheaper scan); a wider
+# one (a flat distribution) takes vLLM's sort
+NUCLEUS_FIRST = 32
 NUCLEUS_SEARCH = 256
+# a row of the whole vocabulary is inverted over blocks of this many tokens, then within one
+INVERSION_BLOCK = 256
 _applied = False
 
 
@@ -58,16 +74,101 @@ def top_p_without_sort(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor | 
     return logits.fill_(float("-inf")).scatter_(-1, index, values)
 
 
+def nucleus(probs: torch.Tensor, p: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each row's top-p nucleus among its ``width`` most likely tokens: (their probabilities,
+    zero outside the nucleus; their token ids), most likely first; None when some row's nucleus
+    is wider. The nucleus is vLLM's: a token is kept while the probability above it is under p,
+    the most likely one always."""
+    top, index = probs.topk(min(width, probs.shape[-1]), dim=-1)
+    limit = p.to(torch.float32).unsqueeze(1)
+    if not bool((top.sum(-1, keepdim=True) >= limit).all()):
+        return None
+    above = top.cumsum(-1) - top
+    return top.masked_fill_(above >= limit, 0.0), index
+
+
+def inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Per row, the position whose cumulative weight first passes ``uniform`` (in [0, 1)) times
+    the row's total: a draw from the weights' law (zero weights are never drawn). Cumulative sums
+    run in float64, a row wider than ``INVERSION_BLOCK`` in two levels: the block the draw falls
+    in from the blocks' sums, then the position within it (a cumulative sum of the whole
+    vocabulary per row in float64 cost more than the sampling it replaces)."""
+    width = weights.shape[-1]
+    u = uniform.to(torch.float64)
+    if width <= INVERSION_BLOCK:
+        return _first_past(weights.to(torch.float64).cumsum(-1), u)
+    whole = width // INVERSION_BLOCK * INVERSION_BLOCK
+    # a block's sum in the weights' float32 (a relative error near 1e-7, as vLLM's float32 noise
+    # has; summing in float64 took 0.7 ms of a 32-row step here, float32 0.25)
+    sums = weights[:, :whole].unflatten(-1, (-1, INVERSION_BLOCK)).sum(-1).to(torch.float64)
+    if whole < width:
+        sums = torch.cat([sums, weights[:, whole:].sum(-1, keepdim=True).to(torch.float64)], dim=1)
+    cumulative = sums.cumsum(-1)
+    target = u * cumulative[:, -1]
+    block = _first_past(cumulative, u).unsqueeze(1)
+    start = block * INVERSION_BLOCK
+    offsets = torch.arange(INVERSION_BLOCK).unsqueeze(0)
+    inside = weights.gather(1, (start + offsets).clamp_(max=width - 1)).to(torch.float64)
+    inside.masked_fill_(start + offsets >= width, 0.0)  # the last block's positions past the row
+    within = target - (cumulative.gather(1, block) - sums.gather(1, block)).squeeze(1)
+    local = inside.cumsum(-1)
+    drawn = _first_past(local, within / local[:, -1])
+    # a draw that rounding carried past the block's last positive weight takes that weight
+    last = torch.where(inside > 0, offsets, 0).amax(-1)
+    return start.squeeze(1) + torch.minimum(drawn, last)
+
+
+def _first_past(cumulative: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row, the first position whose cumulative weight is above ``u`` times the row's total."""
+    target = (u * cumulative[:, -1]).unsqueeze(1)
+    return torch.searchsorted(cumulative, target, right=True).squeeze(1).clamp_(max=cumulative.shape[-1] - 1)
+
+
+def sample_rows(logits: torch.Tensor, p: torch.Tensor | None, uniforms) -> torch.Tensor | None:
+    """A token per row of ``logits`` (temperature applied), within top-p ``p`` (None, or a row's
+    p >= 1: the whole vocabulary), by inversion at the uniform numbers ``uniforms()`` returns
+    (called once, only when the rows can be sampled here); None when some row's nucleus is
+    wider than ``NUCLEUS_SEARCH`` tokens (nothing drawn then)."""
+    probs = logits.softmax(dim=-1, dtype=torch.float32)
+    cut = None if p is None else (p < 1.0).cpu()
+    if cut is None or not bool(cut.any()):
+        return inverse_cdf(probs, uniforms())
+    rows = cut.nonzero().squeeze(1)
+    some = probs if bool(cut.all()) else probs[rows]
+    parts = nucleus(some, p[rows], NUCLEUS_FIRST) or nucleus(some, p[rows], NUCLEUS_SEARCH)
+    if parts is None:
+        return None
+    u = uniforms()
+    weights, index = parts
+    tokens = torch.empty(probs.shape[0], dtype=torch.long)
+    tokens[rows] = index.gather(1, inverse_cdf(weights, u[rows]).unsqueeze(1)).squeeze(1)
+    whole = (~cut).nonzero().squeeze(1)
+    if len(whole):
+        tokens[whole] = inverse_cdf(probs[whole], u[whole])
+    return tokens
+
+
+def row_uniforms(rows: int, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """A uniform number in [0, 1) per row: a seeded request's from its own generator (one draw
+    per sampled token, as vLLM's sampler takes one), the others' from torch's."""
+    u = torch.rand(rows, dtype=torch.float64)
+    for i, generator in generators.items():
+        u[i] = torch.rand(1, dtype=torch.float64, generator=generator)
+    return u
+
+
 def apply() -> bool:
-    """Route vLLM's CPU top-p through :func:`top_p_without_sort` and skip the recovery noise of
-    steps without drafts (idempotent); whether it did."""
+    """Sample by inversion (:func:`sample_rows`), route vLLM's other CPU top-p through
+    :func:`top_p_without_sort` and skip the recovery noise of steps without drafts (idempotent);
+    whether it did."""
     global _applied
     from vllm.platforms import current_platform
     from vllm.v1.sample import rejection_sampler
     from vllm.v1.sample.ops import topk_topp_sampler
 
     shaped = all(hasattr(module, name) for module, name in (
-        (topk_topp_sampler, "apply_top_k_top_p_pytorch"), (rejection_sampler, "sample_recovered_tokens")))
+        (topk_topp_sampler, "apply_top_k_top_p_pytorch"), (rejection_sampler, "sample_recovered_tokens"),
+        (getattr(topk_topp_sampler, "TopKTopPSampler", None), "forward_cpu")))
     if _applied or not current_platform.is_cpu() or getattr(topk_topp_sampler, "HAS_TRITON", True) or not shaped:
         return _applied  # a GPU build, or a vLLM whose sampler is not the one this was written for
     sorting = topk_topp_sampler.apply_top_k_top_p_pytorch
@@ -90,9 +191,27 @@ def apply() -> bool:
 
     topk_topp_sampler.apply_top_k_top_p_pytorch = apply_top_k_top_p_pytorch
     rejection_sampler.sample_recovered_tokens = sample_recovered_tokens
+    _sample_by_inversion(topk_topp_sampler.TopKTopPSampler)
     _skip_unasked_logprobs()
     _applied = True
     return True
+
+
+def _sample_by_inversion(sampler_class) -> None:
+    """``sampler_class.forward_cpu`` through :func:`sample_rows` where it can (samplers bind it
+    as they are built: this runs before any engine is)."""
+    forward = sampler_class.forward_cpu
+
+    @functools.wraps(forward)
+    def forward_cpu(self, logits, generators, k, p):
+        processed = str(self.logprobs_mode).startswith("processed")  # returns the masked logits
+        if k is None and not processed and not self.use_fp64_gumbel and logits.dim() == 2:
+            tokens = sample_rows(logits, p, lambda: row_uniforms(logits.shape[0], generators))
+            if tokens is not None:
+                return tokens, None
+        return forward(self, logits, generators, k, p)
+
+    sampler_class.forward_cpu = forward_cpu
 
 
 def _skip_unasked_logprobs() -> None:
