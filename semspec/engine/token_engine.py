@@ -62,9 +62,10 @@ CPU_BLOCK_SIZE = 32
 # flight and 0.45x at 32 (T 0.6); at 2 in flight drafting still paid, 1.15x (T 0.6) and 1.58x
 # (greedy) against 0.96x / 0.98x without (docs/benchmarks.md). An engine there drafts only
 # while at most this many requests run, unless told otherwise (draft_max_batch, as the
-# step-level methods' drafting; vLLM's num_speculative_tokens_per_batch_size: above it the
-# draft runs one pass per step to keep its KV cache whole, and drafts nothing). On a GPU vLLM
-# speculates at every batch size, as it would by itself.
+# step-level methods' drafting; vLLM's num_speculative_tokens_per_batch_size: above it a step
+# drafts nothing, and skips the draft's pass and the rejection sampler:
+# semspec.engine.vllm_cpu_speculation). On a GPU vLLM speculates at every batch size, as it
+# would by itself.
 CPU_SPECULATION_MAX_BATCH = 2
 
 
