@@ -13,9 +13,11 @@ Public API (imported from the submodules, so that ``import semspec.types`` stays
 - ``semspec.engine.step_engine`` — ``VLLMStepEngine.load(target, draft, probes, ...)``: the
   step-level methods (``semspec.stepwise``: ``ar``, ``semspec``, ``step_judge``) on a target
   and a draft engine, the probes' states out of vLLM's KV cache (``semspec.engine.states``).
-- ``semspec.engine.vllm_cpu_fixes`` / ``vllm_cpu_sampling`` — sampling on vLLM's CPU build:
-  two bugs corrected and top-p without a sort of the vocabulary, in the engine's process
-  (``start_engine``, and vLLM's plugin entry points).
+- ``semspec.engine.vllm_cpu_fixes`` / ``vllm_cpu_sampling`` / ``vllm_cpu_speculation`` /
+  ``vllm_cpu_verification`` — sampling and speculation on vLLM's CPU build: two bugs
+  corrected, sampling by inversion, steps that draft nothing without speculation's costs, and
+  drafted tokens verified by the target's own draws, in the engine's process (``start_engine``,
+  and vLLM's plugin entry points).
 - ``semspec.types`` — ``GenerationConfig``, ``GenerationResult``, ``StepRecord``, ``Counters``,
   ``Request``, ``Finished``.
 - ``semspec.components`` / ``semspec.prompts`` — the embedded pair's defaults and what each

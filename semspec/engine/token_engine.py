@@ -189,14 +189,15 @@ def start_engine(args: Any) -> Any:
     """vLLM's ``LLMEngine`` in this process, from ``EngineArgs``."""
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from semspec.engine import vllm_cpu_fixes, vllm_cpu_sampling, vllm_cpu_speculation
+    from semspec.engine import vllm_cpu_fixes, vllm_cpu_sampling, vllm_cpu_speculation, vllm_cpu_verification
 
     # sampling on vLLM's CPU build, corrected and without a sort of the vocabulary per token,
-    # and steps that draft nothing without speculation's costs (also their plugins, for engine
-    # processes vLLM starts itself)
+    # steps that draft nothing without speculation's costs, drafted tokens verified by the
+    # target's own draws (also their plugins, for engine processes vLLM starts itself)
     vllm_cpu_fixes.apply()
     vllm_cpu_sampling.apply()
     vllm_cpu_speculation.apply()
+    vllm_cpu_verification.apply()
     # an engine dropped but not yet collected would, when collected, tear down the
     # per-process parallel state this one is about to share
     gc.collect()
