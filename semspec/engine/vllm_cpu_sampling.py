@@ -56,22 +56,24 @@ _applied = False
 
 
 def top_p_without_sort(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor | None:
-    """``logits`` with every token outside its row's top-p nucleus at -inf (in place), or None
-    when some row's nucleus is wider than ``NUCLEUS_SEARCH`` tokens. Rows with p >= 1 keep all."""
-    width = min(NUCLEUS_SEARCH, logits.shape[-1])
-    probs = logits.softmax(dim=-1, dtype=torch.float32)
-    top, index = probs.topk(width, dim=-1)
-    limit = p.to(torch.float32).unsqueeze(1)
-    whole = limit >= 1.0
-    if not bool(((top.sum(-1, keepdim=True) >= limit) | whole).all()):
-        return None
-    above = top.cumsum(-1) - top  # the probability of the more likely tokens
-    values = logits.gather(-1, index).masked_fill_(above >= limit, float("-inf"))
-    if bool(whole.any()):
-        rows = ~whole.squeeze(1)
-        logits[rows] = torch.full_like(logits[rows], float("-inf")).scatter_(-1, index[rows], values[rows])
+    """``logits`` with every token outside its row's top-p nucleus (:func:`nucleus`) at -inf (in
+    place), or None when some row's nucleus is wider than ``NUCLEUS_SEARCH`` tokens. Rows with
+    p >= 1 keep all."""
+    cut = (p < 1.0).cpu()
+    if not bool(cut.any()):
         return logits
-    return logits.fill_(float("-inf")).scatter_(-1, index, values)
+    every = bool(cut.all())
+    rows = None if every else cut.nonzero().squeeze(1)
+    some = logits if every else logits[rows]
+    parts = nucleus(some.softmax(dim=-1, dtype=torch.float32), p if every else p[rows], NUCLEUS_SEARCH)
+    if parts is None:
+        return None
+    kept, index = parts
+    values = some.gather(-1, index).masked_fill_(kept == 0, float("-inf"))
+    some.fill_(float("-inf")).scatter_(-1, index, values)
+    if not every:
+        logits[rows] = some
+    return logits
 
 
 def nucleus(probs: torch.Tensor, p: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor] | None:
