@@ -20,24 +20,28 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import ReplicatedLinear
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-from vllm.model_executor.models.llama import LlamaDecoderLayer
 from vllm.model_executor.models.llama_eagle import EagleLlamaForCausalLM
+from vllm.model_executor.models.llama_eagle import LlamaDecoderLayer as EagleLlamaDecoderLayer
 from vllm.model_executor.models.qwen2 import Qwen2DecoderLayer
 from vllm.model_executor.models.qwen3 import Qwen3DecoderLayer
-from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, maybe_prefix, process_eagle_weight
+from vllm.model_executor.models.utils import (AutoWeightsLoader, WeightsMapper, get_draft_quant_config, maybe_prefix,
+                                              process_eagle_weight)
 
 from semspec.models.reduced_vocab import full_vocab_logits
 
 
+# The head's layers are quantized as the head is (its own config: none for heads made here),
+# never as the target: a target served in FP8 or AWQ would otherwise build quantized layers
+# the head's float weights cannot load into (vLLM's own EAGLE layers do the same)
 def _llama_layer(vllm_config: VllmConfig, config, prefix: str) -> nn.Module:
-    return LlamaDecoderLayer(vllm_config, prefix=prefix, config=config)
+    return EagleLlamaDecoderLayer(vllm_config, disable_input_layernorm=False, prefix=prefix, config=config)
 
 
 def _qwen_layer(layer_class: type[nn.Module]):
     # Qwen2's and Qwen3's layers take the parts of vLLM's config they read, as their models pass them
     def build(vllm_config: VllmConfig, config, prefix: str) -> nn.Module:
-        return layer_class(config=config, cache_config=vllm_config.cache_config, quant_config=vllm_config.quant_config,
-                           prefix=prefix)
+        return layer_class(config=config, cache_config=vllm_config.cache_config,
+                           quant_config=get_draft_quant_config(vllm_config), prefix=prefix)
     return build
 
 

@@ -42,7 +42,7 @@ ARCHITECTURE = "EagleSemspecHeadForCausalLM"
 # the target families (transformers' model_type) whose decoder layers the head runs in vLLM:
 # names only, so that checking a head needs no vLLM (head_model maps each to its layer)
 HEAD_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-EXPORT_FORMAT = "semspec-head-vllm/1"
+EXPORT_FORMAT = "semspec-head-vllm/2"  # /2: no quantization_config of the target's
 
 
 def export_head(head_dir: str | os.PathLike, target_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
@@ -56,7 +56,7 @@ def export_head(head_dir: str | os.PathLike, target_dir: str | os.PathLike, out_
     from semspec.head import HEAD_META, HEAD_WEIGHTS, HeadMismatchError
 
     out = Path(out_dir)
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+    if (out / "model.safetensors").is_file() and _export_format(out) == EXPORT_FORMAT:
         return out
     meta = json.loads((Path(head_dir) / HEAD_META).read_text())
     # the architecture only: load_head also checks the target's weights, which vLLM loads
@@ -76,6 +76,9 @@ def export_head(head_dir: str | os.PathLike, target_dir: str | os.PathLike, out_
     # (head_model), which reads its shapes, rope, q/k/v biases and head_dim from it as the
     # target's own layers do
     config.update(architectures=[ARCHITECTURE], num_hidden_layers=layers, semspec_format=EXPORT_FORMAT)
+    # but for its quantization: the head's weights are float, whatever the target's are
+    config.pop("quantization_config", None)
+    config.pop("compression_config", None)
     if isinstance(config.get("layer_types"), list):
         config["layer_types"] = config["layer_types"][-layers:]
     # written aside and moved in whole: engine processes starting together each write their
@@ -84,13 +87,23 @@ def export_head(head_dir: str | os.PathLike, target_dir: str | os.PathLike, out_
     tmp.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if out.exists() and _export_format(out) != EXPORT_FORMAT:  # an older format's export: replaced
+        shutil.rmtree(out, ignore_errors=True)
     try:
         os.rename(tmp, out)
     except OSError:
-        if not (out / "model.safetensors").is_file():
+        if _export_format(out) != EXPORT_FORMAT:
             raise
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _export_format(out: Path) -> str | None:
+    """The format an export directory was written in (None: none there, or unreadable)."""
+    try:
+        return json.loads((out / "config.json").read_text()).get("semspec_format")
+    except (OSError, ValueError):
+        return None
 
 
 def register() -> None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import gc
 import json
+import shutil
 
 import pytest
 import torch
 
-from semspec.engine.head_plugin import HEAD_MODEL_TYPES, export_head
+from semspec.engine.head_plugin import EXPORT_FORMAT, HEAD_MODEL_TYPES, export_head
 from semspec.engine.speculation import draft_problem
 from semspec.engine.token_engine import VLLMEngine
 from semspec.prompts import encode_prompt
@@ -96,6 +97,47 @@ def test_the_export_keeps_the_targets_family(family, tmp_path):
     assert {k: exported.get(k) for k in kept} == {k: target.get(k) for k in kept}
     layer_types = target.get("layer_types")  # Qwen's configs have them, Llama's not
     assert (exported["num_hidden_layers"], exported.get("layer_types")) == (1, layer_types and layer_types[-1:])
+
+
+def test_the_export_drops_the_targets_quantization_and_replaces_an_older_format(family, tmp_path):
+    """The head's weights are float whatever the target's are: an export that named the target's
+    quantization would have vLLM build the head's layers quantized, which its weights cannot
+    load into. An export written in an older format is written again."""
+    _, target_dir, head_dir = family
+    quantized = tmp_path / "target"
+    shutil.copytree(target_dir, quantized)
+    config = json.loads((quantized / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    (quantized / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"semspec_format": "semspec-head-vllm/1", "quantization_config": {}}))
+    (out / "model.safetensors").write_bytes(b"stale")
+    exported = json.loads((export_head(head_dir, quantized, out) / "config.json").read_text())
+    assert "quantization_config" not in exported and exported["semspec_format"] == EXPORT_FORMAT
+    assert (out / "model.safetensors").read_bytes() != b"stale"
+
+
+def test_the_heads_layers_take_the_drafts_quantization_not_the_targets(family, engine):
+    """vLLM builds the head's layers under the engine's config, whose quantization is the
+    target's; they take the draft's (none for a head made here), as vLLM's own EAGLE layers do.
+    (``engine``: a running engine has set up vLLM's parallel groups, which layers read.)"""
+    import copy
+
+    from transformers import AutoConfig
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    from semspec.engine.head_model import DECODER_LAYERS
+
+    model_type, target_dir, _ = family
+    vllm_config = copy.copy(engine.llm.vllm_config)  # its speculative config names the head
+    vllm_config.quant_config = Fp8Config()  # as if the target were served in FP8
+    with set_current_vllm_config(vllm_config):
+        # a name no layer of the running engine has
+        layer = DECODER_LAYERS[model_type](vllm_config, AutoConfig.from_pretrained(target_dir), "quant_check.layers.99")
+    assert isinstance(layer.mlp.gate_up_proj.quant_method, UnquantizedLinearMethod)
 
 
 def test_every_family_listed_has_its_layer_in_vllm():
