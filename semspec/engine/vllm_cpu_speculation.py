@@ -66,7 +66,9 @@ def _plain_sampler_without_drafts(runner_class) -> None:
         metadata = self.input_batch.sampling_metadata
         if spec_decode_metadata is not None and spec_decode_metadata.max_spec_len == 0 \
                 and metadata.max_num_logprobs is None:
-            return self.sampler(logits=logits, sampling_metadata=metadata)
+            # the runner's own plain sampling (through what wraps it: vllm_cpu_fixes' rewind
+            # of a discarded sample's generator), not the sampler called directly
+            spec_decode_metadata = None
         return sample(self, logits, spec_decode_metadata)
 
     runner_class._sample = _sample

@@ -20,8 +20,10 @@ emitted tokens' numbers are taken from the generator, one each, as `ar` takes th
 the rejection sampler's (x is kept with probability p(x); a rejected one is replaced by a draw
 from p without x), and a seeded sample is the same text whatever was drafted: `ar`'s for that
 seed, up to the rounding of other batch shapes. The logits are processed as vLLM processes
-them (its logits processors, penalties, temperature); probabilistic drafts, top-k,
-log-probabilities and a nucleus wider than ``sample_rows`` searches are left to vLLM.
+them (its logits processors, penalties, temperature; like vLLM, min_p and logit_bias reach the
+position after the drafts only, so requests with those are the same drafted or not only where
+vLLM's would be); probabilistic drafts, top-k, log-probabilities, float64 noise and a nucleus
+wider than ``sample_rows`` searches are left to vLLM.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def _verify_by_draws(sampler_class, placeholder: int) -> None:
     def forward_(self, metadata, draft_probs, logits, sampling_metadata):
         m = sampling_metadata
         if draft_probs is not None or getattr(self, "synthetic_mode", False) or m.all_greedy \
+                or getattr(self, "use_fp64_gumbel", False) \
                 or m.top_k is not None or m.max_num_logprobs is not None or m.logprob_token_ids:
             return forward(self, metadata, draft_probs, logits, sampling_metadata)
         counts = list(metadata.num_draft_tokens)

@@ -9,7 +9,7 @@ import gc
 import pytest
 import torch
 
-from semspec.types import GenerationConfig, Request
+from semspec.types import NGRAM_DRAFT, GenerationConfig, Request
 from tests.conftest import require_vllm
 
 
@@ -41,18 +41,21 @@ def test_fixes_apply_once_and_only_where_needed(fixed):
     assert not vllm_cpu_fixes.expansion_is_broken()
 
 
-@pytest.fixture(scope="module")
-def long_context_engine(tmp_path_factory, tiny_cache):
+@pytest.fixture(scope="module", params=["ar", "token_sd"])
+def long_context_engine(request, tmp_path_factory, tiny_cache):
     """A tiny model with a 4k context: eight 1.8k-token prompts need several engine steps of
-    vLLM's 2,048-token budget to prefill."""
+    vLLM's 2,048-token budget to prefill. For token_sd it drafts by ngram: in a batch of eight
+    its steps draft nothing and sample through vllm_cpu_speculation's plain path, which must
+    still rewind a discarded sample's generator."""
     require_vllm()
     from semspec.engine.token_engine import VLLMEngine
     from semspec.testing import tiny_model_dir
 
     path = tiny_model_dir(tmp_path_factory.mktemp("tiny-4k") / "model", hidden_size=256, seed=3, max_positions=4096)
-    eng = VLLMEngine.load(str(path), device="cpu", cache_dir=tiny_cache, dtype="float32", batch_size=8,
-                          kv_cache_gb=0.5)
-    yield eng
+    draft = NGRAM_DRAFT if request.param == "token_sd" else None
+    eng = VLLMEngine.load(str(path), draft=draft, device="cpu", cache_dir=tiny_cache, dtype="float32", batch_size=8,
+                          kv_cache_gb=0.5, speculative_tokens=4 if draft else None)
+    yield eng, request.param
     del eng
     gc.collect()
 
@@ -61,9 +64,9 @@ def test_long_seeded_prompts_in_one_batch_sample_as_each_alone(long_context_engi
     """Every prompt's prefill is split over steps in the batch (vLLM 0.32.0 raised "CPU
     Generator does not use offset" and failed them all); each seeded sample equals the same
     request decoded alone, prefilled whole, and a rerun of the batch."""
-    eng = long_context_engine
+    eng, method = long_context_engine
     assert eng.llm.vllm_config.scheduler_config.max_num_batched_tokens < 8 * 1800
-    config = GenerationConfig(method="ar", max_new_tokens=12, temperature=0.6, top_p=0.95, seed=3)
+    config = GenerationConfig(method=method, max_new_tokens=12, temperature=0.6, top_p=0.95, seed=3)
     prompts = [f"word{i} " * 300 for i in range(8)]
 
     def batch():
