@@ -67,6 +67,15 @@ CPU_BLOCK_SIZE = 32
 # semspec.engine.vllm_cpu_speculation). On a GPU vLLM speculates at every batch size, as it
 # would by itself.
 CPU_SPECULATION_MAX_BATCH = 2
+# Drafts read from the target's hidden states by a one-layer head. For them vLLM recomputes the
+# last cached block of a new request's prompt, so that the head's cache there is rebuilt from
+# the target's states; on a CPU that is up to 32 more tokens in every new request's prefill
+# (about 35 ms at batch 1 beside a 25 ms step), which the step-level methods' writer pays at
+# every step it writes and each of n samples at its prompt. Kept there, a stale entry of the
+# head's cache can cost a drafted token or two, never the text (the target verifies them):
+# written in chunks of 32 tokens a greedy 256-token answer ran at 0.88x one request with
+# vLLM's recompute and 0.98x without (docs/benchmarks.md).
+HEAD_METHODS = ("eagle", "eagle3")
 
 
 def vllm_dtype(device: str, dtype: str) -> str:
@@ -121,6 +130,8 @@ def engine_arguments(model_dir: str | os.PathLike, device: str = "auto", dtype: 
     elif speculative_config:
         limit = CPU_SPECULATION_MAX_BATCH if draft_max_batch is None and on_cpu else draft_max_batch
         speculative_config = speculation_schedule(speculative_config, batch_size, limit)
+        if on_cpu and speculative_config.get("method") in HEAD_METHODS:
+            speculative_config = {"disable_eagle_block_drop": True, **speculative_config}
     shares = {} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}
     ours = dict(
         model=str(model_dir), tokenizer=str(model_dir), dtype=vllm_dtype("cpu" if on_cpu else "cuda", dtype),

@@ -167,6 +167,17 @@ def test_a_cpu_engine_speculates_only_while_one_request_runs_unless_told():
     assert engine_arguments("/m", device="cpu", dtype="float32", speculative_config=mine)["speculative_config"] == mine
 
 
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_a_head_keeps_the_last_cached_block_on_a_cpu_only(method):
+    """A new request's last cached block is recomputed for a head on a GPU, as vLLM does, not on
+    a CPU, where that prefill costs every request a step's time (test_speculation: the blocks read)."""
+    spec = {"method": method, "model": "/h", "num_speculative_tokens": 3}
+    config = lambda device: engine_arguments("/m", device=device, dtype="float32", batch_size=1,  # noqa: E731
+                                             speculative_config=spec)["speculative_config"]
+    assert config("cpu") == {**spec, "disable_eagle_block_drop": True}
+    assert config("cuda") == spec
+
+
 # --------------------------------------------------------------------------- one GPU's memory, shared
 
 

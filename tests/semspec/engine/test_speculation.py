@@ -143,6 +143,32 @@ def test_sampled_requests_follow_their_seeds(engine):
     assert first.text != reseeded.text and first.counters.generated_tokens > 0
 
 
+def test_a_continued_prompt_reads_every_whole_cached_block(engine):
+    """A request that continues an earlier one's text (the step methods' writer makes one per
+    step it writes; n samples share their prompt) reads all of its whole KV blocks from the
+    cache: for a head vLLM would recompute the last one (token_engine.HEAD_METHODS), on a CPU
+    up to 32 tokens more of prefill per request. The head's cache there may be stale; the text
+    is still the target's (greedy: the same whether the prompt was cached or not)."""
+    from vllm import SamplingParams
+
+    from semspec.engine.token_engine import CPU_BLOCK_SIZE
+
+    def run(ids: list[int], key: str):
+        engine.llm.add_request(key, {"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=24))
+        finished = None
+        while engine.llm.has_unfinished_requests():
+            finished = next((o for o in engine.llm.step() if o.finished), finished)
+        return finished
+
+    prompt = engine.tokenizer("Tell me a long story about a cat who learns to count. " * 4)["input_ids"]
+    first = run(prompt, "first")
+    continued = prompt + list(first.outputs[0].token_ids)
+    again = run(continued, "continued")
+    assert again.num_cached_tokens == (len(continued) - 1) // CPU_BLOCK_SIZE * CPU_BLOCK_SIZE > 0
+    engine.llm.reset_prefix_cache()
+    assert list(run(continued, "uncached").outputs[0].token_ids) == list(again.outputs[0].token_ids)
+
+
 def test_it_serves_token_sd_only_with_its_own_draft_count(engine):
     assert engine.method_problem("token_sd") is None
     assert "without" in engine.method_problem("ar")
