@@ -153,20 +153,23 @@ def test_a_continued_prompt_reads_every_whole_cached_block(engine):
 
     from semspec.engine.token_engine import CPU_BLOCK_SIZE
 
-    def run(ids: list[int], key: str):
-        engine.llm.add_request(key, {"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=24))
+    def run(ids: list[int], key: str, tokens: int = 24):
+        engine.llm.add_request(key, {"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=tokens))
         finished = None
         while engine.llm.has_unfinished_requests():
             finished = next((o for o in engine.llm.step() if o.finished), finished)
         return finished
 
     prompt = engine.tokenizer("Tell me a long story about a cat who learns to count. " * 4)["input_ids"]
-    first = run(prompt, "first")
-    continued = prompt + list(first.outputs[0].token_ids)
+    continued = prompt + list(run(prompt, "first").outputs[0].token_ids)
+    # a request's last drafted tokens are never cached: one over the whole text caches its blocks
+    run(continued, "cached", tokens=1)
     again = run(continued, "continued")
     assert again.num_cached_tokens == (len(continued) - 1) // CPU_BLOCK_SIZE * CPU_BLOCK_SIZE > 0
-    engine.llm.reset_prefix_cache()
-    assert list(run(continued, "uncached").outputs[0].token_ids) == list(again.outputs[0].token_ids)
+    assert engine.llm.reset_prefix_cache()
+    uncached = run(continued, "uncached")
+    assert uncached.num_cached_tokens == 0
+    assert list(uncached.outputs[0].token_ids) == list(again.outputs[0].token_ids)
 
 
 def test_it_serves_token_sd_only_with_its_own_draft_count(engine):
