@@ -30,6 +30,14 @@ speculation a written token is cheaper, and drafting must beat that): drafting p
     a > (L * draft_seconds_per_token + seconds_per_verification) / (L * write_seconds_per_token)
 
 Decisions then follow the machine's speed as well as the seed.
+
+A job that leaves its costs to the engine also learns from its earlier sequences
+(:class:`JobExperience`, one per engine and kind of job): a new sequence's estimate of a starts
+from the rate at which the job's drafted steps were kept, and a sequence backs off for as long
+as the job's back-offs have grown, since the last verification that found drafting paying. So
+where the draft rarely says what the target would (sampling), each new sequence drafts its
+first step and, rejected, writes on alone for up to 32 steps, instead of learning it again
+over 2, 4, 8, ... steps of every answer.
 """
 
 from __future__ import annotations
@@ -66,6 +74,23 @@ class Meter:
         return self.seconds / self.units if self.calls and self.units > 0 else None
 
 
+@dataclass
+class JobExperience:
+    """What a job's sequences on one engine found of drafting, for the next ones: how often
+    their drafted steps were kept (a moving average over verifications, as a Meter's) and how
+    many steps the next back-off writes."""
+
+    acceptance: float | None = None
+    verified: int = 0
+    backoff: int = FIRST_BACKOFF
+
+    def observe(self, accepted: bool) -> None:
+        w = max(METER_SMOOTHING, 1.0 / (self.verified + 1))
+        self.acceptance = float(accepted) if self.acceptance is None else \
+            self.acceptance + w * (float(accepted) - self.acceptance)
+        self.verified += 1
+
+
 @dataclass(frozen=True)
 class LiveCosts:
     """What a sequence's drafting costs on the running engine: seconds per token the target's
@@ -75,6 +100,7 @@ class LiveCosts:
     write: Meter
     draft: Meter
     verify: Meter
+    experience: JobExperience = field(default_factory=JobExperience)  # the job's, shared by its sequences
 
     def ratios(self) -> tuple[float, float] | None:
         """(a drafted token, a verification) in written tokens, once each was measured."""
@@ -94,6 +120,15 @@ class Governor:
     verified: int = 0  # drafted steps verified so far
     backoff: int = FIRST_BACKOFF  # steps the target writes on the next back-off
     waiting: int = 0  # target-written steps left in the current back-off
+
+    def __post_init__(self) -> None:
+        shared = self.shared
+        if shared is not None and shared.acceptance is not None:
+            self.acceptance = shared.acceptance  # the prior: what the job's drafts have done so far
+
+    @property
+    def shared(self) -> JobExperience | None:
+        return self.live.experience if self.live is not None else None
 
     def break_even(self) -> float:
         """The acceptance rate above which drafting a step pays for itself."""
@@ -125,8 +160,14 @@ class Governor:
         self.verified += 1
         weight = max(SMOOTHING, 1.0 / (self.verified + PRIOR_WEIGHT))
         self.acceptance += weight * (float(accepted) - self.acceptance)
+        shared = self.shared
+        if shared is not None:
+            shared.observe(accepted)
+            self.backoff = shared.backoff
         if self.acceptance >= self.break_even():
             self.backoff = FIRST_BACKOFF
-            return
-        self.waiting = self.backoff
-        self.backoff = min(2 * self.backoff, MAX_BACKOFF)
+        else:
+            self.waiting = self.backoff
+            self.backoff = min(2 * self.backoff, MAX_BACKOFF)
+        if shared is not None:
+            shared.backoff = self.backoff

@@ -148,7 +148,7 @@ class StepProgram:
         self.identities = identities
         self.in_flight = in_flight
         self.governor: Governor | None = None
-        self.tail: dict | None = None  # the open step's record, when a write-ahead began it
+        self.tail: dict | None = None  # the open step's record (decision and fields), when a write-ahead began it
         self.t0 = time.perf_counter()
         self._step_t0 = self.t0
 
@@ -227,15 +227,24 @@ class StepProgram:
             self.phase = "answer"
         self.close_step("target", decision, **extra)
 
-    def write_ahead(self, tokens: int = WRITE_AHEAD_TOKENS, **extra) -> Generator[Call, Reply, int]:
+    def write_ahead(self, tokens: int = WRITE_AHEAD_TOKENS, first: dict | None = None,
+                    **extra) -> Generator[Call, Reply, int]:
         """The target writes on past step ends, ``tokens`` at most, in one request; they are
         cut into steps by the step rule, up to the end of thinking (what it wrote past that is
         dropped: the answer's steps are the answer's rule's). A step it leaves open stays open (``tail``):
         the next write-ahead goes on with it, and before the draft writes a step the target
         finishes it (``DraftingProgram.advance``), so drafting starts at a step's beginning,
-        as after any step the target writes. Returns how many steps it closed."""
+        as after any step the target writes. ``first``: the record (``decision`` and fields) of
+        the first step it closes, where that is not a plain target step (a rejected draft's,
+        the target writing it); the others' are ``extra``. Returns how many steps it closed."""
         reply = yield Call(TARGET, self.ids, max(1, min(self.remaining(), tokens)), WRITE_PHASE)
         before = len(self.steps)
+        records = [first or self.tail or {"decision": "target_only", **extra}]
+
+        def close() -> None:
+            record = records.pop() if records else {"decision": "target_only", **extra}
+            self.close_step("target", **record)
+
         written = self.ids[self.step_start:] + reply.tokens
         del self.ids[self.step_start:]
         text = IncrementalText(self.target.tokenizer)
@@ -246,18 +255,18 @@ class StepProgram:
             text.push(token)
             end = self.detector.ended(text.text, len(self.ids) - self.step_start, prev)
             if end is not None:
-                self.close_step("target", "target_only", **extra)
+                close()
                 if end.reason == "think_end":
                     self.phase = "answer"
                     break
                 text = IncrementalText(self.target.tokenizer)
         if self.remaining() <= 0:
             self.finish("length")
-        if len(self.ids) > self.step_start:
-            if self.done:
-                self.close_step("target", "target_only", **extra)
-            else:
-                self.tail = extra
+        if self.done:
+            if len(self.ids) > self.step_start or (first is not None and records):  # a rejected draft is logged
+                close()
+        elif len(self.ids) > self.step_start:
+            self.tail = records[0] if records else {"decision": "target_only", **extra}
         return len(self.steps) - before
 
     def advance(self) -> Program:
@@ -313,7 +322,7 @@ class DraftingProgram(StepProgram):
             and not (cfg.draft_max_batch and self.in_flight() > cfg.draft_max_batch)
         if self.tail is not None and drafting and (self.governor is None or self.governor.waiting == 0):
             # the draft would continue a step a write-ahead began: the target finishes it
-            yield from self.write_step("target_only", **self.tail)
+            yield from self.write_step(**self.tail)
         elif self.phase == "answer" and cfg.answer_by == "draft" and not self.draft_out_of_room():
             yield from self.draft_write_step()
         elif self.phase == "answer" or self.draft_out_of_room():
@@ -375,15 +384,26 @@ class DraftingProgram(StepProgram):
 
     def reject(self, step: DraftedStep, thrown: int, record: dict) -> Program:
         """The target writes the step instead; of the drafted tokens, those it wrote alike
-        (but for the step's last) count as kept."""
+        (but for the step's last) count as kept. When the rejection makes the sequence back
+        off, the step and the back-off's steps are written in one request (a request more
+        would cost a prefill of its uncached tail and a first pass with nothing drafted)."""
+        rejected = dict(decision="rejected", drafted=len(step.tokens) + thrown, draft_text=self.decode(step.tokens),
+                        **record)
+        pre, start, index = len(self.ids), self.step_start, len(self.steps)
         if self.governor is not None:
             self.governor.observe_verification(False)
-        pre = len(self.ids)
-        yield from self.write_step("rejected", drafted=len(step.tokens) + thrown, draft_text=self.decode(step.tokens),
-                                   **record)
-        kept = common_prefix(self.ids[pre:], step.tokens[:-1])
+        if self.governor is not None and self.governor.waiting and self.phase == "think":
+            # as many tokens as the step and the back-off's take, and at least a whole step (it closes)
+            steps = self.governor.waiting + 1
+            tokens = max(round(steps * self.governor.step_tokens), self.cfg.max_step_tokens)
+            closed = yield from self.write_ahead(tokens, first=rejected, reason="backoff")
+            self.governor.skip(closed - 1)
+        else:
+            yield from self.write_step(**rejected)
+        written = self.steps[index]
+        kept = common_prefix(self.ids[pre:start + written.target_tokens], step.tokens[:-1])
         self.counters.accepted_tokens += kept
-        self.steps[-1].accepted_tokens = kept
+        written.accepted_tokens = kept
 
     def draft_write_step(self) -> Program:
         """A step of the answer written by the draft and kept unverified ("draft_only")."""

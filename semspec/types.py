@@ -102,6 +102,14 @@ class GenerationConfig:
     chat_template_kwargs: dict[str, Any] | None = None
 
 
+# The fields of a GenerationConfig that change how a drafting job's drafted steps fare (how
+# often they are kept, what writing them instead costs): jobs alike in all of them share what
+# their sequences learned (semspec.adaptive.JobExperience).
+DRAFTING_FIELDS = ("method", "temperature", "top_p", "tau", "ratio_floor", "draft_attempts", "draft_candidates",
+                   "judge_threshold", "step_delimiter", "max_step_tokens", "think_end", "chat_template_kwargs",
+                   "token_speculation", "draft_tokens")
+
+
 @dataclass
 class StepRecord:
     index: int

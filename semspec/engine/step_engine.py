@@ -32,13 +32,13 @@ from semspec.components import EMBEDDED_DRAFT, resolve_components, same_tokenize
 from semspec.intake import Intake
 from semspec.models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cache
 from semspec.models.specs import DEFAULT_TARGET, model_directory, model_source
-from semspec.adaptive import LiveCosts, Meter
+from semspec.adaptive import JobExperience, LiveCosts, Meter
 from semspec.probes import ProbePair, pool, resolve_probes
 from semspec.prompts import MethodUnavailable, judge_prompt, prompt_ids
 from semspec.stepwise import TARGET, WRITE_PHASE, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
 from semspec.steps import detect_think_end
-from semspec.types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, METHODS, VLLM_STEP_METHODS, Abort,
-                           Cancelled, Finished, GenerationConfig)
+from semspec.types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, DRAFTING_FIELDS, METHODS,
+                           VLLM_STEP_METHODS, Abort, Cancelled, Finished, GenerationConfig)
 from semspec.engine import reduced_vocab_plugin
 from semspec.engine.head_plugin import register
 from semspec.engine.engine_args import parameter_count, shares_by_size
@@ -222,6 +222,7 @@ class VLLMStepEngine:
         self.on_cpu = target.llm.vllm_config.device_config.device_type == "cpu"
         self._next_id = 0
         self.verify_meter = Meter()  # seconds per verification (or judgement) of a drafted step
+        self.experiences: dict[tuple, JobExperience] = {}  # by kind of job (DRAFTING_FIELDS)
 
     @classmethod
     def load(cls, target: str | None = None, draft: str | None = None, probes: str | None = None,
@@ -359,11 +360,15 @@ class VLLMStepEngine:
             if s is not None:
                 s.meter = Meter()
         self.verify_meter = Meter()
+        self.experiences = {}
 
     def live_costs(self, cfg: GenerationConfig) -> LiveCosts:
-        """The running engine's measured costs for a job of ``cfg``: its writing as routed."""
+        """The running engine's measured costs for a job of ``cfg``: its writing as routed; and
+        what earlier jobs of its kind learned of their drafts."""
         writes = self.writer if self._speculates(cfg) else self.target
-        return LiveCosts(write=writes.meter, draft=self.draft.meter, verify=self.verify_meter)
+        kind = tuple(repr(getattr(cfg, name)) for name in DRAFTING_FIELDS)
+        return LiveCosts(write=writes.meter, draft=self.draft.meter, verify=self.verify_meter,
+                         experience=self.experiences.setdefault(kind, JobExperience()))
 
     @functools.cached_property
     def judge(self) -> tuple[list[int], tuple[int, ...]]:

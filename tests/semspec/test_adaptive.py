@@ -68,3 +68,32 @@ def test_measured_costs_decide_once_each_is_known():
     assert g.break_even() == pytest.approx((20 * 0.012 / 0.03 + 0.05 / 0.03) / 20)
     write.observe(0.3, 20)   # faster writing (0.0225 s a token over both calls) raises the bar
     assert g.break_even() == pytest.approx((20 * 0.012 / 0.0225 + 0.05 / 0.0225) / 20)
+
+
+def test_a_jobs_sequences_start_from_what_its_earlier_ones_found():
+    """Live costs carry the job's experience: a new sequence's prior is the rate at which the
+    job's drafts were kept, its back-off as long as the job's have grown; a verification that
+    finds drafting paying shortens them again for every sequence."""
+    from semspec.adaptive import JobExperience, LiveCosts, Meter
+
+    shared = JobExperience()
+    live = LiveCosts(Meter(), Meter(), Meter(), shared)
+    first = Governor(draft_cost=0.16, verify_cost_per_token=0.066, step_tokens=20, live=live)
+    assert first.acceptance == 0.5  # nothing learned yet: the prior
+    for wait in (FIRST_BACKOFF, 4, 8):
+        first.observe_verification(False)
+        assert first.waiting == wait
+        first.waiting = 0
+    assert shared.acceptance == 0.0 and shared.verified == 3 and shared.backoff == 16
+    second = Governor(draft_cost=0.16, verify_cost_per_token=0.066, step_tokens=20, live=live)
+    assert second.acceptance == 0.0 and second.should_speculate()  # its first step is drafted
+    second.observe_verification(False)
+    assert second.waiting == 16 and shared.backoff == MAX_BACKOFF  # then it writes on, as the job learned
+    alone = Governor(draft_cost=0.16, verify_cost_per_token=0.066, step_tokens=20)  # a job that fixed its costs
+    alone.observe_verification(False)
+    assert alone.waiting == FIRST_BACKOFF
+    third = Governor(draft_cost=0.16, verify_cost_per_token=0.066, step_tokens=20, live=live)
+    for _ in range(4):
+        third.observe_verification(True)
+    assert third.acceptance > third.break_even() and shared.backoff == FIRST_BACKOFF
+    assert shared.acceptance == pytest.approx(4 / 8)  # a mean over the first verifications (20 of them)

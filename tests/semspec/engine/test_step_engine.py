@@ -174,6 +174,46 @@ def test_a_useless_draft_is_tried_less_and_less(engine):
     assert drafted[0] >= 2 * drafted[1] > 0  # every step drafted without it; a few probes with it
 
 
+def test_a_rejection_that_backs_off_writes_the_step_and_the_back_off_in_one_request(engine, monkeypatch):
+    """Rejected, a sequence whose rule backs off has the target write the step and the
+    back-off's steps in one request: no request of its own per rejected step."""
+    from semspec.stepwise import WRITE_PHASE
+
+    calls = []
+    request = engine._request
+    monkeypatch.setattr(engine, "_request", lambda item, call: calls.append(call) or request(item, call))
+    engine.probes = ProbePair.always_reject(256, 256)
+    try:
+        results = run_all(engine, config("semspec", adaptive=True, draft_cost=0.16, max_new_tokens=120))
+    finally:
+        engine.probes = ProbePair.always_accept(256, 256)
+    rejected = [s for r in results for s in r.steps if s.decision == "rejected"]
+    assert rejected and all(s.accepted_tokens == s.drafted_tokens - 1 and s.draft_text == s.text for s in rejected)
+    step_writes = [c for c in calls if c.phase == WRITE_PHASE and c.stop_at_step_end]
+    assert len(step_writes) < len(rejected)  # (one each before: the step, then the back-off's)
+    assert [r.text for r in results] == [r.text for r in run_all(engine, config("ar", max_new_tokens=120))]
+
+
+def test_a_job_that_measures_its_costs_learns_from_its_earlier_sequences(engine):
+    """Live costs (no draft_cost): the engine keeps what a kind of job's drafts did; once
+    they were all rejected, a new sequence drafts its first step and, rejected too, writes
+    the rest itself; another kind of job (sampled) starts afresh."""
+    engine.reset_meters()
+    engine.probes = ProbePair.always_reject(256, 256)
+    try:
+        first, again = (run_all(engine, config("semspec", adaptive=True, max_new_tokens=120)) for _ in range(2))
+        sampled = config("semspec", adaptive=True, max_new_tokens=120, temperature=0.6, seed=1)
+        fresh = engine.live_costs(engine.resolve(sampled)).experience
+    finally:
+        engine.probes = ProbePair.always_accept(256, 256)
+    assert [r.text for r in again] == [r.text for r in first]
+    learned = engine.live_costs(engine.resolve(config("semspec", adaptive=True))).experience
+    assert learned.acceptance == 0.0 and learned.verified == sum(r.counters.steps_drafted for r in first + again)
+    assert fresh.acceptance is None and fresh is not learned
+    assert all(r.counters.steps_drafted == 1 for r in again if len(r.steps) > 1)
+    assert sum(r.counters.steps_drafted for r in first) > len(first)
+
+
 def test_probe_decisions_follow_the_seed_and_the_draft_cost_is_checked(engine):
     engine.probes = ProbePair.constant(0.3, 1.0, 256, 256)  # each step kept with probability 0.3
     try:
