@@ -34,10 +34,12 @@ Decisions then follow the machine's speed as well as the seed.
 A job that leaves its costs to the engine also learns from its earlier sequences
 (:class:`JobExperience`, one per engine and kind of job): a new sequence's estimate of a starts
 from the rate at which the job's drafted steps were kept, and a sequence backs off for as long
-as the job's back-offs have grown, since the last verification that found drafting paying. So
+as the job's back-offs have grown (each rejection that backs off, in any of its sequences,
+doubles them), since the last verification that found drafting paying. So
 where the draft rarely says what the target would (sampling), each new sequence drafts its
 first step and, rejected, writes on alone for up to 32 steps, instead of learning it again
-over 2, 4, 8, ... steps of every answer.
+over 2, 4, 8, ... steps of every answer. Its decisions then also depend on the sequences the
+engine ran before.
 """
 
 from __future__ import annotations

@@ -236,7 +236,8 @@ class StepProgram:
         finishes it (``DraftingProgram.advance``), so drafting starts at a step's beginning,
         as after any step the target writes. ``first``: the record (``decision`` and fields) of
         the first step it closes, where that is not a plain target step (a rejected draft's,
-        the target writing it); the others' are ``extra``. Returns how many steps it closed."""
+        the target writing it); an open step it goes on with keeps its own record; the others'
+        are ``extra``. Returns how many steps it closed."""
         reply = yield Call(TARGET, self.ids, max(1, min(self.remaining(), tokens)), WRITE_PHASE)
         before = len(self.steps)
         records = [first or self.tail or {"decision": "target_only", **extra}]
@@ -397,13 +398,14 @@ class DraftingProgram(StepProgram):
             steps = self.governor.waiting + 1
             tokens = max(round(steps * self.governor.step_tokens), self.cfg.max_step_tokens)
             closed = yield from self.write_ahead(tokens, first=rejected, reason="backoff")
-            self.governor.skip(closed - 1)
+            self.governor.skip(max(0, closed - 1))
         else:
             yield from self.write_step(**rejected)
-        written = self.steps[index]
-        kept = common_prefix(self.ids[pre:start + written.target_tokens], step.tokens[:-1])
-        self.counters.accepted_tokens += kept
-        written.accepted_tokens = kept
+        if len(self.steps) > index:  # (else still open: a reply shorter than asked, without its end)
+            written = self.steps[index]
+            kept = common_prefix(self.ids[pre:start + written.target_tokens], step.tokens[:-1])
+            self.counters.accepted_tokens += kept
+            written.accepted_tokens = kept
 
     def draft_write_step(self) -> Program:
         """A step of the answer written by the draft and kept unverified ("draft_only")."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,13 @@ from semspec.engine.speculation import draft_problem, speculative_config
 from semspec.engine.states import STATES, STATES_FROM, final_norm
 
 STEP_METHODS = {"ar": StepProgram, "semspec": SemSpecProgram, "step_judge": StepJudgeProgram}
+
+
+def _comparable(value: Any) -> Any:
+    """A config value as a key: 0 and 0.0 alike (a job's JSON may give either), a dict by its items."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
 # A drafted token's cost in target tokens on vLLM, the adaptive rule's draft_cost, measured at
 # batch 1 for the embedded layer draft: 0.20 since its LM head runs over its 8,192 tokens only
 # (0.28 before; docs/benchmarks.md), not the 0.14 of its weights, as an engine step costs the
@@ -366,7 +374,7 @@ class VLLMStepEngine:
         """The running engine's measured costs for a job of ``cfg``: its writing as routed; and
         what earlier jobs of its kind learned of their drafts."""
         writes = self.writer if self._speculates(cfg) else self.target
-        kind = tuple(repr(getattr(cfg, name)) for name in DRAFTING_FIELDS)
+        kind = tuple(_comparable(getattr(cfg, name)) for name in DRAFTING_FIELDS)
         return LiveCosts(write=writes.meter, draft=self.draft.meter, verify=self.verify_meter,
                          experience=self.experiences.setdefault(kind, JobExperience()))
 

@@ -189,6 +189,7 @@ def test_a_rejection_that_backs_off_writes_the_step_and_the_back_off_in_one_requ
         engine.probes = ProbePair.always_accept(256, 256)
     rejected = [s for r in results for s in r.steps if s.decision == "rejected"]
     assert rejected and all(s.accepted_tokens == s.drafted_tokens - 1 and s.draft_text == s.text for s in rejected)
+    assert all(r.counters.accepted_tokens == sum(s.accepted_tokens for s in r.steps) for r in results)
     step_writes = [c for c in calls if c.phase == WRITE_PHASE and c.stop_at_step_end]
     assert len(step_writes) < len(rejected)  # (one each before: the step, then the back-off's)
     assert [r.text for r in results] == [r.text for r in run_all(engine, config("ar", max_new_tokens=120))]
@@ -204,10 +205,12 @@ def test_a_job_that_measures_its_costs_learns_from_its_earlier_sequences(engine)
         first, again = (run_all(engine, config("semspec", adaptive=True, max_new_tokens=120)) for _ in range(2))
         sampled = config("semspec", adaptive=True, max_new_tokens=120, temperature=0.6, seed=1)
         fresh = engine.live_costs(engine.resolve(sampled)).experience
+        learned = engine.live_costs(engine.resolve(config("semspec", adaptive=True, temperature=0)))
     finally:
         engine.probes = ProbePair.always_accept(256, 256)
+        engine.reset_meters()  # no later test starts from what this one taught the engine
     assert [r.text for r in again] == [r.text for r in first]
-    learned = engine.live_costs(engine.resolve(config("semspec", adaptive=True))).experience
+    learned = learned.experience  # the same kind of job, its temperature given as an int
     assert learned.acceptance == 0.0 and learned.verified == sum(r.counters.steps_drafted for r in first + again)
     assert fresh.acceptance is None and fresh is not learned
     assert all(r.counters.steps_drafted == 1 for r in again if len(r.steps) > 1)
