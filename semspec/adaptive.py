@@ -60,7 +60,8 @@ METER_SMOOTHING = 0.05
 @dataclass
 class Meter:
     """Seconds per unit of one kind of call, as moving averages of seconds and of units (so
-    a call of many tokens weighs more than a call of one)."""
+    a call of many tokens weighs more than a call of one); or any other quantity per unit
+    (``JobExperience``: kept steps per verification)."""
 
     seconds: float = 0.0
     units: float = 0.0
@@ -79,18 +80,22 @@ class Meter:
 @dataclass
 class JobExperience:
     """What a job's sequences on one engine found of drafting, for the next ones: how often
-    their drafted steps were kept (a moving average over verifications, as a Meter's) and how
-    many steps the next back-off writes."""
+    their drafted steps were kept (a Meter of kept steps per verification) and how many steps
+    the next back-off writes."""
 
-    acceptance: float | None = None
-    verified: int = 0
+    kept: Meter = field(default_factory=Meter)
     backoff: int = FIRST_BACKOFF
 
+    @property
+    def acceptance(self) -> float | None:
+        return self.kept.per_unit()
+
+    @property
+    def verified(self) -> int:
+        return self.kept.calls
+
     def observe(self, accepted: bool) -> None:
-        w = max(METER_SMOOTHING, 1.0 / (self.verified + 1))
-        self.acceptance = float(accepted) if self.acceptance is None else \
-            self.acceptance + w * (float(accepted) - self.acceptance)
-        self.verified += 1
+        self.kept.observe(float(accepted))
 
 
 @dataclass(frozen=True)

@@ -240,11 +240,13 @@ class StepProgram:
         are ``extra``. Returns how many steps it closed."""
         reply = yield Call(TARGET, self.ids, max(1, min(self.remaining(), tokens)), WRITE_PHASE)
         before = len(self.steps)
-        records = [first or self.tail or {"decision": "target_only", **extra}]
+        plain = {"decision": "target_only", **extra}
+        opening = first or self.tail  # the first step's record, where it is not ``plain``
 
         def close() -> None:
-            record = records.pop() if records else {"decision": "target_only", **extra}
-            self.close_step("target", **record)
+            nonlocal opening
+            self.close_step("target", **(opening or plain))
+            opening = None
 
         written = self.ids[self.step_start:] + reply.tokens
         del self.ids[self.step_start:]
@@ -264,10 +266,11 @@ class StepProgram:
         if self.remaining() <= 0:
             self.finish("length")
         if self.done:
-            if len(self.ids) > self.step_start or (first is not None and records):  # a rejected draft is logged
+            # (a rejected draft is logged even where the target wrote nothing before its end)
+            if len(self.ids) > self.step_start or (first is not None and opening is not None):
                 close()
         elif len(self.ids) > self.step_start:
-            self.tail = records[0] if records else {"decision": "target_only", **extra}
+            self.tail = opening or plain
         return len(self.steps) - before
 
     def advance(self) -> Program:

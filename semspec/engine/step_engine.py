@@ -49,13 +49,6 @@ from semspec.engine.speculation import draft_problem, speculative_config
 from semspec.engine.states import STATES, STATES_FROM, final_norm
 
 STEP_METHODS = {"ar": StepProgram, "semspec": SemSpecProgram, "step_judge": StepJudgeProgram}
-
-
-def _comparable(value: Any) -> Any:
-    """A config value as a key: 0 and 0.0 alike (a job's JSON may give either), a dict by its items."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
 # A drafted token's cost in target tokens on vLLM, the adaptive rule's draft_cost, measured at
 # batch 1 for the embedded layer draft: 0.20 since its LM head runs over its 8,192 tokens only
 # (0.28 before; docs/benchmarks.md), not the 0.14 of its weights, as an engine step costs the
@@ -66,6 +59,13 @@ VLLM_DRAFT_COST = {EMBEDDED_DRAFT: 0.20}
 DRAFT_KV_SHARE = 0.25
 # token_draft naming no token-level speculation of the target's own writing
 NO_TOKEN_DRAFT = "none"
+
+
+def _comparable(value: Any) -> Any:
+    """A config value as a key: 0 and 0.0 alike (a job's JSON may give either), a dict by its items."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict) else value
 
 
 @dataclass(frozen=True)
