@@ -41,6 +41,11 @@ def generation_options(f):
                      help="Sampling: every request carries its sample's seed, so a rerun writes the same; "
                      "--fastest sends none (reruns differ; on a GPU vLLM keeps its fastest sampling "
                      "kernels, docs/gpu.md).")(f)
+    f = click.option("--tau", type=click.FloatRange(0, 1), default=None,
+                     help="semspec: reject a drafted step whose p_T (the target probe's estimate that the "
+                     "target would say the same) is under this; 0 (the default) leaves the paper's rule "
+                     "alone. On the embedded pair 0.1 kept the text within 0.25 nats/token of the target's "
+                     "own at token_sd's speed (docs/benchmarks.md); p_T's scale is each calibration's.")(f)
     f = click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None, help="Sampling seed.")(f)
     f = click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None,
                      help="Nucleus sampling: draw from the smallest set of tokens holding this "
@@ -109,15 +114,15 @@ def db_option(f):
                         "database of the last `run` or `submit` here, else the embedded SQLite file).")(f)
 
 
-def _config(method, max_new_tokens, temperature, top_p, seed, samples, reproducible) -> dict:
+def _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible) -> dict:
     from semjobs.jobs.submit import job_config
 
     if seed is not None and not reproducible:
         raise click.BadParameter("a seed means nothing to a job sampled without seeds", param_hint="--seed")
     try:
-        config = job_config(method, max_new_tokens, temperature, seed, top_p)
+        config = job_config(method, max_new_tokens, temperature, seed, top_p, tau)
     except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--method") from None
+        raise click.BadParameter(str(e), param_hint="--tau" if str(e).startswith("tau") else "--method") from None
     config["reproducible"] = reproducible
     if samples > 1 and config["temperature"] == 0:
         raise click.BadParameter(f"{samples} samples of greedy decoding would be {samples} copies; "
@@ -189,7 +194,7 @@ def _shown(url: str) -> str:
 @click.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @generation_options
-def submit(file, method, max_new_tokens, temperature, top_p, seed, reproducible, name, samples) -> None:
+def submit(file, method, max_new_tokens, temperature, top_p, seed, tau, reproducible, name, samples) -> None:
     """Validate FILE, store the job and its items, enqueue them; prints the job id last.
 
     Example: semjobs submit prompts.jsonl --method semspec --n 4 --temperature 0.6 --top-p 0.95"""
@@ -198,7 +203,7 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, reproducible,
     from semjobs.settings import settings
     from semjobs.worker.queues import queue_name
 
-    config = _config(method, max_new_tokens, temperature, top_p, seed, samples, reproducible)
+    config = _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible)
     queue = queue_name(kind=config["method"])  # the workers that serve the method take it
     t0 = time.perf_counter()
     validation = _storable(file, samples, method=config["method"])
@@ -439,7 +444,7 @@ def retry(job, include_pending, db_url) -> None:
               help="Engine processes (default: SEMJOBS_PROCESSES, else one per core on a CPU, at "
               "least 8 items each, one on a GPU).")
 @engine_arg_options
-def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, reproducible, name, samples, db_url,
+def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, tau, reproducible, name, samples, db_url,
         steps, force, resume, batch_size, processes, engine_args, draft_engine_args) -> None:
     """Embedded mode: no servers; process FILE on this machine into a SQLite file, then
     export. Same tables, same per-item code as the workers; on a CPU one engine process per
@@ -467,7 +472,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     if processes is not None:
         settings.processes = processes
     use_engine_args(engine_args, draft_engine_args)
-    config = _config(method, max_new_tokens, temperature, top_p, seed, samples, reproducible)
+    config = _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible)
     try:  # before any work: an output that would be refused is refused now, not after the run
         check_targets(output, errors, force=force, input_path=file)
     except ValueError as e:

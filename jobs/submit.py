@@ -43,11 +43,14 @@ def job_config(
     temperature: float | None = None,
     seed: int | None = None,
     top_p: float | None = None,
+    tau: float | None = None,
 ) -> dict:
     """The job's GenerationConfig as a dict: command-line values over settings defaults."""
     method = method or settings.method
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if tau is not None and method != "semspec":
+        raise ValueError(f"tau is semspec's floor on its target probe; method {method!r} has no probes")
     cfg = GenerationConfig(
         method=method,
         max_new_tokens=max_new_tokens if max_new_tokens is not None else settings.max_new_tokens,
@@ -57,6 +60,8 @@ def job_config(
     )
     if top_p is not None:
         cfg.top_p = top_p
+    if tau is not None:
+        cfg.tau = tau
     return dataclasses.asdict(cfg)
 
 

@@ -337,3 +337,18 @@ def test_a_job_sampled_without_seeds_says_so_and_refuses_a_seed(tmp_path, sqlite
     assert st["config"]["reproducible"] is False
     refused = invoke("run", src, "-o", tmp_path / "p.jsonl", "--db", sqlite_db, "--fastest", "--seed", 3)
     assert refused.exit_code == 2 and "a seed means nothing to a job sampled without seeds" in refused.output
+
+
+# --- semspec's floor on p_T per job (issue 44) ---------------------------------------------------
+
+def test_a_semspec_job_takes_its_floor_on_p_t_and_other_methods_refuse_it(tmp_path, sqlite_db, fake_engine):
+    src = ROOT / "examples" / "prompts.jsonl"
+    res = invoke("run", src, "-o", tmp_path / "o.jsonl", "--db", sqlite_db, "--method", "semspec", "--tau", 0.1)
+    assert res.exit_code == 0, res.output
+    st = json.loads(invoke("status", res.output.strip().splitlines()[-1], "--json", "--db", sqlite_db).output)
+    assert st["config"]["tau"] == 0.1 and st["config"]["method"] == "semspec"
+    refused = invoke("run", src, "-o", tmp_path / "p.jsonl", "--db", sqlite_db, "--method", "ar", "--tau", 0.1)
+    assert refused.exit_code == 2 and "--tau" in refused.output and "'ar' has no probes" in refused.output
+    assert not (tmp_path / "p.jsonl").exists()
+    out_of_range = invoke("run", src, "-o", tmp_path / "q.jsonl", "--db", sqlite_db, "--method", "semspec", "--tau", 1.5)
+    assert out_of_range.exit_code == 2 and "--tau" in out_of_range.output
