@@ -122,7 +122,10 @@ def _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, repr
     try:
         config = job_config(method, max_new_tokens, temperature, seed, top_p, tau)
     except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--tau" if str(e).startswith("tau") else "--method") from None
+        raise click.BadParameter(str(e), param_hint="--method") from None
+    if tau is not None and config["method"] != "semspec":
+        raise click.BadParameter(f"tau is semspec's floor on its target probe; method {config['method']!r} has no "
+                                 "probes", param_hint="--tau")
     config["reproducible"] = reproducible
     if samples > 1 and config["temperature"] == 0:
         raise click.BadParameter(f"{samples} samples of greedy decoding would be {samples} copies; "

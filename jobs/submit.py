@@ -49,8 +49,6 @@ def job_config(
     method = method or settings.method
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if tau is not None and method != "semspec":
-        raise ValueError(f"tau is semspec's floor on its target probe; method {method!r} has no probes")
     cfg = GenerationConfig(
         method=method,
         max_new_tokens=max_new_tokens if max_new_tokens is not None else settings.max_new_tokens,
