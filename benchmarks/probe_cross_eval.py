@@ -8,6 +8,11 @@ rule as `probe train` does (`semspec.calibration.rule_eval.evaluate_rule`).
 
     python benchmarks/probe_cross_eval.py cal/layer semspec/calibration/default_probes/smollm2-135m \\
         --split-from cal/probes/report.json [--out result.json]
+
+``--store-floor Q`` also chooses the floor on p_T as `probe train` does
+(`semspec.calibration.rule_eval.choose_floor`, quantile Q of p_T on the target's own held-out
+steps) and stores it with the pair (the target probe's file and report.json): how probes
+trained before floors were chosen get theirs (semspec/calibration/README.md).
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from semspec.calibration.rule_eval import evaluate_rule  # noqa: E402
+from semspec.calibration.rule_eval import choose_floor, evaluate_rule  # noqa: E402
+from semspec.calibration.store import atomic_write_json  # noqa: E402
 from semspec.calibration.train import load_role_data  # noqa: E402
 from semspec.probes import ProbePair, resolve_probes  # noqa: E402
 
 
-def cross_eval(cal_dir: str, probes_dir: str, split_report: str) -> dict:
+def cross_eval(cal_dir: str, probes_dir: str, split_report: str, floor_quantile: float | None = None) -> dict:
     held_out = set(json.loads(Path(split_report).read_text())["held_out_questions"])
     data = load_role_data(cal_dir)
     pair = ProbePair.load(probes_dir)
@@ -39,7 +45,19 @@ def cross_eval(cal_dir: str, probes_dir: str, split_report: str) -> dict:
             preds[role] = probe(rows.features[held].float()).tolist()
         labels[role] = rows.labels[held].tolist()
     sources = [s for s, q in zip(data["target"].sources, data["target"].questions) if q in held_out]
-    return evaluate_rule(labels["target"], labels["draft"], preds["target"], preds["draft"], sources)
+    if floor_quantile is None:
+        return evaluate_rule(labels["target"], labels["draft"], preds["target"], preds["draft"], sources)
+    floor = {**choose_floor(preds["target"], sources, floor_quantile), "data": cal_dir}
+    result = evaluate_rule(labels["target"], labels["draft"], preds["target"], preds["draft"], sources,
+                           taus=sorted({0.0, 0.05, 0.1, 0.2, floor["tau"]}))
+    pair.target.training_summary["floor"] = floor
+    pair.target.save(Path(probes_dir) / ProbePair.TARGET_FILE)  # the draft probe stays as it is
+    report_path = Path(probes_dir) / "report.json"
+    report = json.loads(report_path.read_text())
+    report["probes"]["target"]["floor"] = floor
+    report["acceptance_rule_held_out_with_floor"] = result
+    atomic_write_json(report_path, report)
+    return {"floor": floor, **result}
 
 
 def main() -> None:
@@ -48,8 +66,10 @@ def main() -> None:
     ap.add_argument("probes_dir", help="the probe pair to score (a directory or embedded:<name>)")
     ap.add_argument("--split-from", required=True, help="report.json of probes trained on cal_dir (its held-out questions)")
     ap.add_argument("--out", help="write the result as JSON here")
+    ap.add_argument("--store-floor", type=float, metavar="Q",
+                    help="choose the floor on p_T at quantile Q and store it with the pair")
     args = ap.parse_args()
-    result = cross_eval(args.cal_dir, str(resolve_probes(args.probes_dir)), args.split_from)
+    result = cross_eval(args.cal_dir, str(resolve_probes(args.probes_dir)), args.split_from, args.store_floor)
     text = json.dumps(result, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")

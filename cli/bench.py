@@ -29,6 +29,15 @@ def _floats(value: str | None) -> tuple[float, ...] | None:
     return _numbers(value, float)
 
 
+def _taus(value: str | None) -> tuple[float | None, ...] | None:
+    """'probes,0,0.1' -> (None, 0.0, 0.1): "probes" is the floor the loaded probes were
+    calibrated with (the engine's default)."""
+    if value is None or not value.strip():
+        return None
+    words = [w.strip() for w in value.split(",") if w.strip()]
+    return tuple(None if w == "probes" else _floats(w)[0] for w in words)
+
+
 def _ints(value: str | None) -> tuple[int, ...] | None:
     return _numbers(value, int)
 
@@ -69,7 +78,8 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--max-new-tokens", default=256, show_default=True, type=int)
 @click.option("--seed", default=0, show_default=True, type=int, help="Prompt i uses seed+i, for every method.")
 @click.option("--taus", default=None,
-              help="semspec's floor on p_T: reject a step below it, e.g. 0,0.3 (default: the engine's, 0).")
+              help="semspec's floor on p_T: reject a step below it, e.g. probes,0,0.3 (probes, the default: "
+                   "greedy the floor the loaded probes were calibrated with, sampled none; 0: the paper's rule alone).")
 @click.option("--attempts", default=None,
               help="semspec drafts tried per step before the target writes it, e.g. 1,3; crossed with --taus "
                    "(default: the engine's, 1).")
@@ -151,7 +161,7 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     settings = BenchSettings(
         prompts=prompts, limit=limit, offset=offset,
         methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
-        taus=_floats(taus), attempts=_ints(attempts), candidates=_ints(candidates),
+        taus=_taus(taus), attempts=_ints(attempts), candidates=_ints(candidates),
         ratio_floors=_floats(ratio_floors),
         adaptive=_switches(adaptive), token_speculation=_switches(token_speculation),
         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,

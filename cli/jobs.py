@@ -43,9 +43,9 @@ def generation_options(f):
                      "kernels, docs/gpu.md).")(f)
     f = click.option("--tau", type=click.FloatRange(0, 1), default=None,
                      help="semspec: reject a drafted step whose p_T (the target probe's estimate that the "
-                     "target would say the same) is under this; 0 (the default) leaves the paper's rule "
-                     "alone. On the embedded pair 0.1 kept the text within 0.25 nats/token of the target's "
-                     "own at token_sd's speed (docs/benchmarks.md); p_T's scale is each calibration's.")(f)
+                     "target would say the same) is under this; 0 leaves the paper's rule alone. Default: "
+                     "greedy, the floor the probes were calibrated with (p_T's scale is each calibration's), "
+                     "none for probes trained without one; sampled, none (docs/benchmarks.md).")(f)
     f = click.option("--seed", type=click.IntRange(0, MAX_SEED), default=None, help="Sampling seed.")(f)
     f = click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None,
                      help="Nucleus sampling: draw from the smallest set of tokens holding this "

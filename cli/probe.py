@@ -10,6 +10,7 @@ import json
 import click
 
 from semjobs.cli.jobs import assignments, engine_arg_options, use_engine_args
+from semspec.calibration import DEFAULT_FLOOR_QUANTILE
 from semspec.prompts import TEMPLATE_KWARGS
 
 
@@ -239,13 +240,17 @@ def label(data_dir, judge_kind, judge_model, threshold, numbers, device):
 @click.option("--holdout", default=0.2, show_default=True, help="Fraction of questions held out.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--lr", default=1e-3, show_default=True)
-def train(data_dir, out_dir, holdout, seed, lr):
+@click.option("--floor-quantile", type=click.FloatRange(0, 1, max_open=True), default=DEFAULT_FLOOR_QUANTILE,
+              show_default=True,
+              help="The floor on p_T stored with the probes (greedy semspec jobs apply it unless they set "
+                   "--tau): this quantile of the target probe's p_T on the target's own held-out steps; 0: none.")
+def train(data_dir, out_dir, holdout, seed, lr, floor_quantile):
     """Train one probe per model (split by question) and report held-out metrics.
 
     Example: semjobs probe train cal/smollm2 --out probes/smollm2"""
     from semspec.calibration.train import train_probes
 
-    report = train_probes(data_dir, out_dir, holdout=holdout, seed=seed, lr=lr)
+    report = train_probes(data_dir, out_dir, holdout=holdout, seed=seed, lr=lr, floor_quantile=floor_quantile)
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
 
     def line(name, m):
@@ -270,6 +275,10 @@ def train(data_dir, out_dir, holdout, seed, lr):
             click.echo(f"  {floor}: probes accept {fmt(p['acceptance'])}, kept frequency "
                        f"{fmt(p['kept_target_frequency'])}; labels (oracle) accept {fmt(o['acceptance'])}, "
                        f"kept frequency {fmt(o['kept_target_frequency'])}")
+    floor = report["probes"].get("target", {}).get("floor")
+    if floor:
+        click.echo(f"floor on p_T stored with the probes: tau {floor['tau']:.3f} (the {floor['quantile']:g} quantile "
+                   f"of p_T on the target's {floor['n_target_steps']} own held-out steps)")
     click.echo(f"probes, report.json and calibration.png in {out_dir}")
 
 

@@ -299,6 +299,12 @@ class ProbePair:
         collect = (self.target.training_summary or {}).get("collect") or {}
         return {k: collect[k] for k in ("step_delimiter", "max_step_tokens") if collect.get(k) is not None}
 
+    def floor(self) -> float | None:
+        """The floor on p_T their calibration chose (semspec.calibration.rule_eval.choose_floor);
+        None for probes trained before floors were chosen, or without one."""
+        tau = ((self.target.training_summary or {}).get("floor") or {}).get("tau")
+        return None if tau is None else float(tau)
+
     @classmethod
     def constant(cls, p_target: float, p_draft: float, target_hidden: int, draft_hidden: int,
                  layer: int = -1) -> "ProbePair":

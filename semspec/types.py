@@ -38,8 +38,13 @@ class GenerationConfig:
     step_delimiter: str | None = None
     max_step_tokens: int | None = None
     # semspec: reject a step whose p_T (the target probe's estimate that the target would
-    # have written something of the same meaning) is below it (0 disables).
-    tau: float = 0.0
+    # have written something of the same meaning) is below it (0 disables). None: greedy, the
+    # floor the loaded probes were calibrated with (p_T's scale is each calibration's:
+    # semspec.calibration.rule_eval.choose_floor), else 0; sampled, 0. Greedy the target
+    # writes its likeliest meaning, and a step it rarely says is a departure the ratio rule
+    # lets through; sampled, the ratio rule is what keeps the target's own spread of meanings,
+    # and a floor cuts its tail (measured: docs/benchmarks.md "A floor on p_T").
+    tau: float | None = None
     # semspec, the paper's rule: reject a step whose p_T / p_D is below it, else accept it
     # with probability min(1, p_T / p_D), as always (0 disables the floor). 0.6 is the
     # paper's and measured more target-like than 0 on the bench (docs/benchmarks.md).

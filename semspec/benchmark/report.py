@@ -76,12 +76,15 @@ def build_results(br, engine=None, command: str | None = None, env: dict | None 
             "runs": {label: recs[i] for label, recs in br.runs.items() if recs[i] is not None},
         })
     s = asdict(br.settings)
-    if engine is not None:  # record the step rule the methods ran with, not "default"
+    if engine is not None:  # record the step rule and floor the methods ran with, not "default"
         from semspec.types import GenerationConfig
 
-        rule = engine.resolve(GenerationConfig(step_delimiter=s["step_delimiter"],
+        rule = engine.resolve(GenerationConfig(step_delimiter=s["step_delimiter"], temperature=s["temperature"],
                                                max_step_tokens=s["max_step_tokens"]))
         s["step_delimiter"], s["max_step_tokens"] = rule.step_delimiter, rule.max_step_tokens
+        for m in summary["methods"].values():
+            if "tau" in m and m["tau"] is None:
+                m["tau"] = rule.tau
     env = dict(env if env is not None else environment(engine))
     if getattr(br, "git_commit", None):
         env["git_commit"] = br.git_commit  # the code that ran, not the code at report time
@@ -217,7 +220,7 @@ def plot_pareto(res: dict[str, Any], path: Path) -> None:
             continue
         pts.append((x, y))
         if m.get("method") == "semspec":
-            sem.append((m.get("tau", 0.0), x, y, label))
+            sem.append((m.get("tau") or 0.0, x, y, label))
         ax.scatter([x], [y], s=40, zorder=3)
         ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     if len(sem) > 1:

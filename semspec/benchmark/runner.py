@@ -53,7 +53,7 @@ class BenchSettings:
     limit: int = 10
     offset: int = 0
     methods: tuple[str, ...] = DEFAULT_METHODS
-    taus: tuple[float, ...] | None = None  # None: semspec at its default setting only
+    taus: tuple[float | None, ...] | None = None  # None: semspec at its default setting only; a None tau: the probes' floor
     attempts: tuple[int, ...] | None = None  # semspec draft attempts per step; None: the default only
     candidates: tuple[int, ...] | None = None  # semspec candidate steps drafted side by side; None: the default
     ratio_floors: tuple[float, ...] | None = None  # semspec's p_T/p_D floor (the paper's rule); None: the default
@@ -139,7 +139,7 @@ def load_prompts(path: str | os.PathLike = DEFAULT_PROMPTS, limit: int | None = 
 
 
 def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
-              default_tau: float | None = None, attempts=None, compare_drafts=(), ratio_floors=None,
+              attempts=None, compare_drafts=(), ratio_floors=None,
               adaptive=None, token_speculation=None, candidates=None) -> list[MethodRun]:
     """The labelled runs: ``ar`` always (speed-ups are against it), ``ar_2`` when sampling,
     ``semspec`` once per combination of ``taus`` x ``ratio_floors`` x draft ``attempts`` x ``candidates`` x ``adaptive``
@@ -151,12 +151,10 @@ def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(ALL_METHODS)}")
     defaults = GenerationConfig()
-    if default_tau is not None:
-        defaults.tau = default_tau
     for name, counts in (("draft attempts", attempts), ("candidates", candidates)):
         if any(int(k) < 1 for k in counts or ()):
             raise ValueError(f"{name} must be at least 1, not {min(int(k) for k in counts)}")
-    grid = {"tau": [float(t) for t in taus or [defaults.tau]],
+    grid = {"tau": [None if t is None else float(t) for t in taus or [defaults.tau]],  # None: the probes' floor
             "ratio_floor": [float(r) for r in ratio_floors or [defaults.ratio_floor]],
             "draft_attempts": [int(k) for k in attempts or [defaults.draft_attempts]],
             "draft_candidates": [int(k) for k in candidates or [defaults.draft_candidates]],
@@ -173,7 +171,7 @@ def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
             continue
         for values in itertools.product(*grid.values()):
             knobs = dict(zip(grid, values))
-            odd = [f"{SEMSPEC_GRID[k]}={v:g}" for k, v in knobs.items() if abs(v - getattr(defaults, k)) >= 1e-12]
+            odd = [f"{SEMSPEC_GRID[k]}={v:g}" for k, v in knobs.items() if not _same(v, getattr(defaults, k))]
             runs.append(MethodRun("semspec@" + ",".join(odd) if odd else "semspec", "semspec",
                                   knobs=knobs, default_setting=not odd))
     for spec in compare_drafts:
@@ -181,6 +179,10 @@ def plan_runs(methods: tuple[str, ...] | list[str], taus, temperature: float,
             if m in ENGINE_DRAFT_METHODS:
                 runs.append(MethodRun(f"{m}@draft={draft_name(spec)}", m, draft=spec))
     return runs
+
+
+def _same(value, default) -> bool:
+    return value is default if value is None or default is None else abs(value - default) < 1e-12
 
 
 def config_for(run: MethodRun, s: BenchSettings, prompt_index: int, max_new_tokens: int | None = None) -> GenerationConfig:

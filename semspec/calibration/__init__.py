@@ -7,6 +7,11 @@ from pathlib import Path
 
 DEFAULT_PROBES_ROOT = Path(__file__).resolve().parent / "default_probes"
 EMBEDDED_PAIR = "smollm2-135m"  # embedded:smollm2-135m + embedded:smollm2-135m-draft
+# The floor on p_T that training stores with the probes, for greedy jobs (rule_eval.choose_floor):
+# this quantile of the target probe's p_T on the target's own held-out steps. On the embedded
+# pair it brought the greedy gap to the target's own text within 0.25 nats/token at token_sd's
+# speed (docs/benchmarks.md "A floor on p_T").
+DEFAULT_FLOOR_QUANTILE = 0.1
 
 
 def default_probes_dir(pair: str = EMBEDDED_PAIR) -> Path | None:

@@ -2,7 +2,8 @@
 
 The engine keeps a drafted step with probability min(1, p_T / p_D), and rejects it outright
 when p_T is below the floor τ or the ratio below ``ratio_floor`` (the paper's rule;
-``semspec.types.GenerationConfig``: τ 0, ``ratio_floor`` 0.6 by default;
+``semspec.types.GenerationConfig``: ``ratio_floor`` 0.6; τ 0, or greedy the probes' own
+(`choose_floor`);
 `semspec.acceptance.meaning_decision`). For every
 held-out step the draft sampled in calibration we know the label estimates of both
 probabilities (L_T, L_D: the shares of each model's N samples in the step's meaning
@@ -34,6 +35,22 @@ def acceptance_probability(p_target, p_draft, tau: float = 0.0, ratio_floor: flo
     return np.where((p_t < tau) | (ratio < ratio_floor), 0.0, np.minimum(1.0, ratio))
 
 
+def choose_floor(pred_target, sources, quantile: float) -> dict:
+    """The floor τ on p_T that greedy decoding applies by default (``GenerationConfig.tau``):
+    the ``quantile`` of the target probe's predictions on the target's *own* held-out steps. A
+    drafted step is then kept only if the probe rates it at least as target-like as it rates
+    all but that share of what the target itself writes; a probe's p_T scale is its
+    calibration's, so a floor fixed across calibrations would mean something else on each
+    (docs/benchmarks.md "A floor on p_T")."""
+    own = np.asarray(pred_target, dtype=float)[np.asarray(sources) == "target"]
+    if not 0.0 <= quantile < 1.0:
+        raise ValueError(f"the floor's quantile must be in [0, 1), not {quantile}")
+    if own.size == 0:
+        raise ValueError("no steps sampled by the target among the rows: no floor to choose")
+    tau = float(np.quantile(own, quantile)) if quantile > 0 else 0.0
+    return {"tau": round(tau, 4), "quantile": float(quantile), "n_target_steps": int(own.size)}
+
+
 def _kept_stats(accept: np.ndarray, label_t: np.ndarray) -> dict:
     mass = float(accept.sum())
     return {
@@ -49,7 +66,7 @@ def evaluate_rule(
     pred_target: Sequence[float],
     pred_draft: Sequence[float],
     sources: Sequence[str],
-    taus: Sequence[float] = (0.0, 0.05, 0.1, 0.2),
+    taus: Sequence[float] = (0.0, 0.05, 0.1, 0.2),  # the chosen floor is scored beside them
     ratio_floors: Sequence[float] = (0.5, 0.6, 0.7),
 ) -> dict:
     """Score the acceptance rule on aligned rows (one per sampled step; `sources` says who

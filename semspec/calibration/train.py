@@ -28,8 +28,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from semspec.calibration import DEFAULT_FLOOR_QUANTILE
 from semspec.calibration.overlap import meaning_overlap
-from semspec.calibration.rule_eval import evaluate_rule
+from semspec.calibration.rule_eval import choose_floor, evaluate_rule
 from semspec.calibration.store import CalibrationStore, atomic_write_json
 
 ROLES = ("target", "draft")
@@ -287,9 +288,11 @@ def train_probes(
     roles: Sequence[str] = ROLES,
     folds: int = 5,
     recalibrate: bool = True,
+    floor_quantile: float = DEFAULT_FLOOR_QUANTILE,
 ) -> dict:
-    """Train, evaluate and save one probe per model role. Returns the report (also written
-    to OUT/report.json, with the calibration plot OUT/calibration.png)."""
+    """Train, evaluate and save one probe per model role, the target probe with the floor on
+    p_T that decoding applies unless a job sets one (``floor_quantile``; 0: none). Returns the
+    report (also written to OUT/report.json, with the calibration plot OUT/calibration.png)."""
     from semspec.probes import ProbePair
 
     t0 = time.time()
@@ -338,11 +341,10 @@ def train_probes(
         pred = _predict(probe, d.features[te])
         metrics = regression_metrics(pred, d.labels[te].numpy(), float(d.labels[tr].mean()))
         by_source = {}
-        if d.sources:
-            te_src = [src for src, m in zip(d.sources, te.tolist()) if m]
-            for src in sorted(set(te_src)):
-                sel = np.array([x == src for x in te_src])
-                by_source[src] = regression_metrics(pred[sel], d.labels[te].numpy()[sel], float(d.labels[tr].mean()))
+        te_src = [src for src, m in zip(d.sources, te.tolist()) if m] if d.sources else []
+        for src in sorted(set(te_src)):
+            sel = np.array([x == src for x in te_src])
+            by_source[src] = regression_metrics(pred[sel], d.labels[te].numpy()[sel], float(d.labels[tr].mean()))
         summary = {
             "held_out": metrics,
             "held_out_by_sampler": by_source,
@@ -360,7 +362,8 @@ def train_probes(
         }
         probe.training_summary = summary
         probes[role] = probe
-        results[role] = {"pred": pred.tolist(), "labels": d.labels[te].tolist(), "metrics": metrics}
+        results[role] = {"pred": pred.tolist(), "labels": d.labels[te].tolist(), "metrics": metrics,
+                         "sources": te_src}
         report["probes"][role] = summary
     # who sampled each step, per prefix: from the rows already loaded, not the files again
     rows = data[roles[0]]
@@ -370,11 +373,15 @@ def train_probes(
     report["meaning_overlap"] = meaning_overlap(
         (labelled["prefixes"][key]["clusters"], src) for key, src in sorted(sources.items())
     )
+    taus = [0.0, 0.05, 0.1, 0.2]
+    if floor_quantile > 0 and "target" in probes and "target" in results["target"]["sources"]:
+        floor = choose_floor(results["target"]["pred"], results["target"]["sources"], floor_quantile)
+        probes["target"].training_summary["floor"] = floor  # what ProbePair.floor reads
+        taus = sorted({*taus, floor["tau"]})
     if _rows_aligned(data, roles):
-        src = [s for s, q in zip(data["target"].sources, data["target"].questions) if q in test_q]
         report["acceptance_rule_held_out"] = evaluate_rule(
             results["target"]["labels"], results["draft"]["labels"],
-            results["target"]["pred"], results["draft"]["pred"], src,
+            results["target"]["pred"], results["draft"]["pred"], results["target"]["sources"], taus=taus,
         )
     out.mkdir(parents=True, exist_ok=True)
     if "target" in probes and "draft" in probes:

@@ -330,15 +330,18 @@ class VLLMStepEngine:
 
     def resolve(self, config: GenerationConfig) -> GenerationConfig:
         """``config`` with its unset step rule filled in (the probes' calibration, else the
-        defaults: every method gets the same rule, so their step logs compare), the draft's
-        cost for the adaptive rule, and
+        defaults: every method gets the same rule, so their step logs compare), its floor on
+        p_T (greedy, the probes' calibrated one; sampled, none: GenerationConfig.tau), the
+        draft's cost for the adaptive rule, and
         the batch pause: on a CPU drafting pauses beside another sequence (measured slower than
         the target alone from 8 in flight up, docs/benchmarks.md "SemanticSpec on vLLM"), on
         a GPU never."""
-        rule = {"step_delimiter": DEFAULT_STEP_DELIMITER, "max_step_tokens": DEFAULT_MAX_STEP_TOKENS,
+        rule = {"step_delimiter": DEFAULT_STEP_DELIMITER, "max_step_tokens": DEFAULT_MAX_STEP_TOKENS, "tau": 0.0,
                 "draft_max_batch": 1 if self.on_cpu else 0, "draft_cost": self.draft_cost}
         if self.probes is not None:
             rule.update(self.probes.step_rule())
+            if config.temperature == 0 and self.probes.floor() is not None:
+                rule["tau"] = self.probes.floor()
         unset = {k: v for k, v in rule.items() if getattr(config, k) is None}
         return dataclasses.replace(config, **unset) if unset else config
 

@@ -100,8 +100,8 @@ def test_summarize_self_agreement_and_goal():
 
 
 def test_plan_runs():
-    labels = [r.label for r in plan_runs(["token_sd", "semspec"], (0.0, 0.3), temperature=0.6)]
-    assert labels == ["ar", "ar_2", "token_sd", "semspec", "semspec@tau=0.3"]
+    labels = [r.label for r in plan_runs(["token_sd", "semspec"], (None, 0.0, 0.3), temperature=0.6)]
+    assert labels == ["ar", "ar_2", "token_sd", "semspec", "semspec@tau=0", "semspec@tau=0.3"]  # None: the probes' floor
     greedy = plan_runs(["ar", "semspec"], None, temperature=0.0)
     assert [r.label for r in greedy] == ["ar", "semspec"] and greedy[1].default_setting
     with pytest.raises(ValueError, match="unknown method"):
@@ -109,11 +109,11 @@ def test_plan_runs():
     paper = plan_runs(["semspec"], None, temperature=0.6, ratio_floors=(0.0, 0.6))
     assert [r.label for r in paper] == ["ar", "ar_2", "semspec@ratio_floor=0", "semspec"]
     assert paper[2].meta()["ratio_floor"] == 0.0 and not paper[2].default_setting
-    crossed = plan_runs(["semspec"], (0.0, 0.1), temperature=0.6, attempts=(1, 3))
+    crossed = plan_runs(["semspec"], (None, 0.1), temperature=0.6, attempts=(1, 3))
     assert [r.label for r in crossed] == ["ar", "ar_2", "semspec", "semspec@attempts=3", "semspec@tau=0.1",
                                           "semspec@tau=0.1,attempts=3"]
     assert [r.default_setting for r in crossed[2:]] == [True, False, False, False]
-    assert crossed[3].meta() == {"method": "semspec", "default_setting": False, "tau": 0.0, "ratio_floor": 0.6,
+    assert crossed[3].meta() == {"method": "semspec", "default_setting": False, "tau": None, "ratio_floor": 0.6,
                                  "draft_attempts": 3, "draft_candidates": 1, "adaptive": True,
                                  "token_speculation": True}
     candidates = plan_runs(["semspec"], None, temperature=0.6, candidates=(1, 3))

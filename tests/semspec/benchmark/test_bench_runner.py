@@ -133,7 +133,7 @@ def test_hf_assisted_runs_the_drafts_reduced_head_and_stays_exact(engines, promp
 
 def test_report_files_and_required_keys(engines, probes, prompts_file, tmp_path):
     probes(ProbePair.constant(0.7, 0.9, HIDDEN, HIDDEN))
-    br = run_bench(engines, settings(prompts_file, temperature=0.8, taus=(0.0, 0.9), loglik=False,
+    br = run_bench(engines, settings(prompts_file, temperature=0.8, taus=(None, 0.9), loglik=False,
                                      methods=("ar", "hf_assisted", "step_judge", "semspec")))
     res = write_report(br, tmp_path, engine=engines, command="semjobs bench --test")
     for name in ("results.json", "results.md", "pareto.png", "step_acceptance.png"):
@@ -145,6 +145,7 @@ def test_report_files_and_required_keys(engines, probes, prompts_file, tmp_path)
         assert m["prompts_run"] == 2, label
         assert "speedup_vs_ar" in m and "answer_agreement_vs_ar" in m
     assert doc["methods"]["semspec@tau=0.9"]["step_acceptance_rate"] == 0.0  # p_T 0.7 is under the floor
+    assert doc["methods"]["semspec"]["tau"] == 0.0  # the floor it ran with: these probes have none
     env = doc["environment"]
     assert env["torch_threads"] >= 1 and env["versions"]["torch"] and "target" in env["models"]
     assert len(doc["prompts"]) == 2 and set(doc["prompts"][0]["runs"]) == set(res["methods"])
@@ -200,7 +201,7 @@ def test_cli_bench(engines, probes, prompts_file, tmp_path, monkeypatch):
         "bench", "--prompts", str(prompts_file), "--limit", "1", "--methods", "ar,semspec,step_judge",
         "--probes", "accept", "--max-new-tokens", "12", "--temperature", "0", "--out", str(out),
         "--threads", "1", "--no-loglik", "-q", "--step-delimiter", "\\n", "--max-step-tokens", "6",
-        "--attempts", "1,2",
+        "--attempts", "1,2", "--taus", "probes",
     ])
     assert r.exit_code == 0, r.output
     doc = json.loads((out / "results.json").read_text())
@@ -214,6 +215,7 @@ def test_cli_bench(engines, probes, prompts_file, tmp_path, monkeypatch):
 @pytest.mark.parametrize("args, error", [
     (["--methods", "beam"], "unknown method"),
     (["--attempts", "1,x"], "comma-separated ints"),
+    (["--taus", "probes,x"], "comma-separated floats"),
     (["--draft", "first:2"], "built in memory"),
     (["--compare-drafts", "first:1"], "built in memory"),
     (["--draft-stop-prob", "0.3"], "No such option"),

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from semspec.calibration.rule_eval import acceptance_probability, evaluate_rule
+from semspec.calibration.rule_eval import acceptance_probability, choose_floor, evaluate_rule
 
 
 def test_acceptance_probability_is_the_engine_rule():
@@ -46,3 +46,17 @@ def test_nothing_kept_reports_none():
     out = evaluate_rule([0.0, 0.0], [0.5, 0.5], [0.0, 0.0], [0.5, 0.5], ["draft", "draft"], taus=(0.0,))
     assert out["by_tau"][0]["probes"]["kept_target_frequency"] is None
     assert np.isclose(out["by_tau"][0]["probes"]["acceptance"], 0.0)
+
+
+def test_the_floor_is_a_quantile_of_p_t_on_the_targets_own_steps():
+    """The draft's steps take no part: the floor says how target-like the target's own
+    writing looks to its probe."""
+    p_t = [0.1, 0.2, 0.3, 0.4, 0.5, 0.01, 0.02]
+    sources = ["target"] * 5 + ["draft"] * 2
+    floor = choose_floor(p_t, sources, 0.25)
+    assert floor == {"tau": pytest.approx(0.2), "quantile": 0.25, "n_target_steps": 5}
+    assert choose_floor(p_t, sources, 0.0)["tau"] == 0.0  # no floor
+    with pytest.raises(ValueError, match="quantile"):
+        choose_floor(p_t, sources, 1.0)
+    with pytest.raises(ValueError, match="target"):
+        choose_floor([0.1], ["draft"], 0.2)

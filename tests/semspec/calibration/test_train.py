@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from semspec.calibration import DEFAULT_FLOOR_QUANTILE
 from semspec.calibration.store import CalibrationStore, PrefixRecord
 from semspec.calibration.train import (
     auroc,
@@ -93,7 +94,26 @@ def test_train_probes_on_synthetic_data(tmp_path):
     assert meta["training"]["split"] == "by question"
     assert meta["training"]["held_out"]["r2"] == report["probes"]["target"]["held_out"]["r2"]
     assert (tmp_path / "probes" / "calibration.png").stat().st_size > 10_000
+    # the floor on p_T: the default quantile of the target probe's p_T on the target's own
+    # held-out steps, stored in the target probe's file, where the engine's step rule reads it
+    floor = meta["training"]["floor"]
+    held = [i for i, q in enumerate(data["target"].questions) if q in set(report["held_out_questions"])]
+    own = [i for i in held if data["target"].sources[i] == "target"]
+    pair.target.eval()
+    with torch.no_grad():
+        p_own = pair.target(data["target"].features[own]).numpy()
+    assert floor["n_target_steps"] == len(own) == 3 * 3 * 8
+    assert floor["tau"] == pytest.approx(float(np.quantile(p_own, DEFAULT_FLOOR_QUANTILE)), abs=1e-4)
+    assert pair.floor() == floor["tau"]
+    assert floor["tau"] in [row["tau"] for row in rule["by_tau"]]  # scored beside the fixed floors
     assert json.loads((tmp_path / "probes" / "report.json").read_text())["probes"]["draft"]
+
+
+def test_probes_trained_without_a_floor_set_none(tmp_path):
+    root = make_synthetic_dir(tmp_path / "cal", questions=4, prefixes_per_q=1)
+    train_probes(root, tmp_path / "probes", holdout=0.25, grid=(((), 0.0, 5, 1e-2),), floor_quantile=0.0)
+    pair = ProbePair.load(tmp_path / "probes")
+    assert "floor" not in pair.target.training_summary and pair.floor() is None
 
 
 def test_train_needs_labels(tmp_path):

@@ -101,6 +101,30 @@ def test_a_rejected_step_counts_the_drafted_tokens_the_target_wrote_alike_after_
                 assert s.accepted_tokens == s.drafted_tokens - 1
 
 
+def test_greedy_jobs_take_the_floor_the_probes_were_calibrated_with_unless_they_set_tau(engine):
+    """p_T 0.3 on every step: greedy, under the probes' floor 0.5 every drafted step is
+    rejected; a job that sets tau 0 (the paper's rule alone) keeps them all, and so does a
+    sampled job, whose default is no floor; probes without a floor set none."""
+    floored = ProbePair.constant(0.3, 0.3, 256, 256)
+    floored.target.training_summary = {"floor": {"tau": 0.5, "quantile": 0.2, "n_target_steps": 10}}
+    engine.probes = floored
+    sampled = dict(temperature=0.8, top_p=0.95, seed=5)
+    try:
+        assert engine.resolve(GenerationConfig(method="semspec")).tau == 0.5
+        assert engine.resolve(config("semspec", tau=0.0)).tau == 0.0
+        assert engine.resolve(config("semspec", **sampled)).tau == 0.0
+        assert engine.resolve(config("semspec", tau=0.4, **sampled)).tau == 0.4
+        below = run_all(engine, config("semspec"))
+        unset = run_all(engine, config("semspec", tau=0.0))
+        kept_sampled = run_all(engine, config("semspec", **sampled), batch_size=1)
+    finally:
+        engine.probes = ProbePair.always_accept(256, 256)
+    assert all(r.counters.steps_drafted > 0 and r.counters.steps_accepted == 0 for r in below)
+    for results in (unset, kept_sampled):
+        assert all(r.counters.steps_accepted == r.counters.steps_drafted > 0 for r in results)
+    assert engine.resolve(GenerationConfig(method="semspec")).tau == 0.0
+
+
 def test_candidates_drafted_side_by_side_and_the_first_accepted_kept(engine):
     """Sampling, three candidates per step: drafted in one batch of draft requests (about the
     draft passes of one), each step's drafted tokens count all three, the first the probes
