@@ -1,5 +1,7 @@
 """The default probes shipped for the embedded pair: the target with the layer draft."""
 
+import json
+
 import pytest
 
 from semspec.calibration import default_probes_dir
@@ -24,6 +26,10 @@ def test_default_probe_files_are_well_formed(pair):
         assert meta["training"]["split"] == "by question"
         assert meta["training"]["held_out"]["n"] > 0
         assert (d / f"{role}.safetensors").stat().st_size < 2_000_000
+    # the floor greedy jobs take, as its calibration chose it (semspec/calibration/README.md)
+    floor = read_metadata(d / "target.safetensors")["training"]["floor"]
+    assert 0 < ProbePair.load(d).floor() == floor["tau"] < 1 and floor["n_target_steps"] > 0
+    assert json.loads((d / "report.json").read_text())["probes"]["target"]["floor"] == floor
 
 
 @pytest.mark.real_model
