@@ -271,7 +271,7 @@ def train(data_dir, out_dir, holdout, seed, lr, floor_quantile):
                    f"target's own steps {fmt(rule['target_own_frequency'])}):")
         for row in [*rule["by_tau"], *rule.get("by_ratio_floor", [])]:
             p, o = row["probes"], row["oracle"]
-            floor = f"tau {row['tau']:.2f}" if "tau" in row else f"ratio floor {row['ratio_floor']:.2f}"
+            floor = f"tau {row['tau']:g}" if "tau" in row else f"ratio floor {row['ratio_floor']:g}"
             click.echo(f"  {floor}: probes accept {fmt(p['acceptance'])}, kept frequency "
                        f"{fmt(p['kept_target_frequency'])}; labels (oracle) accept {fmt(o['acceptance'])}, "
                        f"kept frequency {fmt(o['kept_target_frequency'])}")

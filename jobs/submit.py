@@ -60,7 +60,10 @@ def job_config(
         cfg.top_p = top_p
     if tau is not None:
         cfg.tau = tau
-    return dataclasses.asdict(cfg)
+    stored = dataclasses.asdict(cfg)
+    if cfg.tau is None:  # unset: the worker's engine decides (GenerationConfig.tau), whatever its release
+        del stored["tau"]
+    return stored
 
 
 def sample_seed(seed: int, input_id: str | int, sample: int) -> int:

@@ -19,7 +19,8 @@ def meaning_decision(probes, pooled_target: torch.Tensor, pooled_draft: torch.Te
     p_d = probes.draft.predict(pooled_draft)
     ratio = p_t / max(p_d, 1e-6)
     accept_prob = min(1.0, ratio)
-    if p_t < config.tau or ratio < config.ratio_floor:
+    tau = config.tau or 0.0  # unset (the engine resolves it first): no floor
+    if p_t < tau or ratio < config.ratio_floor:
         accept_prob = 0.0
     accepted = accept_prob >= 1.0 or uniform(coin) < accept_prob
     return accepted, {"p_target": p_t, "p_draft": p_d, "accept_prob": accept_prob}

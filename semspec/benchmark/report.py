@@ -219,8 +219,8 @@ def plot_pareto(res: dict[str, Any], path: Path) -> None:
         if x is None or y is None or label == "ar":
             continue
         pts.append((x, y))
-        if m.get("method") == "semspec":
-            sem.append((m.get("tau") or 0.0, x, y, label))
+        if m.get("method") == "semspec" and m.get("tau") is not None:  # None: no engine said which
+            sem.append((m["tau"], x, y, label))
         ax.scatter([x], [y], s=40, zorder=3)
         ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     if len(sem) > 1:

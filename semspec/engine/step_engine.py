@@ -312,6 +312,8 @@ class VLLMStepEngine:
             ids["draft"] = str(self.draft.shape.identity)
         if self.probes is not None:
             ids.update(self.probes.identities())
+            if self.probes.floor() is not None:  # what greedy jobs without a tau of their own apply
+                ids["greedy_floor"] = f"{self.probes.floor():g}"
         if self.writer is not None:
             ids["token_draft"] = str(self.writer.token_draft)
         ids.update(dtype=self.dtype, engine=f"vllm {self.version}")

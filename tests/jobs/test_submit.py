@@ -107,6 +107,15 @@ def test_each_sample_gets_its_own_reproducible_seed_and_the_template_kwargs():
     assert item_config(job, {"id": "q1", "prompt": "x"}).chat_template_kwargs is None
 
 
+def test_a_floor_left_unset_is_not_stored_so_the_workers_engine_decides():
+    """Left out, not stored as None: a worker of any release reads the job's config alike."""
+    from semjobs.jobs.submit import item_config
+
+    unset = job_config("semspec", 8)
+    assert "tau" not in unset and item_config(unset, {"id": "q1", "prompt": "x"}).tau is None
+    assert job_config("semspec", 8, tau=0.1)["tau"] == 0.1
+
+
 @pytest.mark.real_model
 def test_a_prompt_beyond_the_context_is_named_and_a_long_one_that_fits_passes(tmp_path):
     from semjobs.jobs.context import ContextCheck

@@ -111,6 +111,7 @@ def test_greedy_jobs_take_the_floor_the_probes_were_calibrated_with_unless_they_
     sampled = dict(temperature=0.8, top_p=0.95, seed=5)
     try:
         assert engine.resolve(GenerationConfig(method="semspec")).tau == 0.5
+        assert engine.identities["greedy_floor"] == "0.5"  # in the job's manifest
         assert engine.resolve(config("semspec", tau=0.0)).tau == 0.0
         assert engine.resolve(config("semspec", **sampled)).tau == 0.0
         assert engine.resolve(config("semspec", tau=0.4, **sampled)).tau == 0.4
@@ -122,7 +123,7 @@ def test_greedy_jobs_take_the_floor_the_probes_were_calibrated_with_unless_they_
     assert all(r.counters.steps_drafted > 0 and r.counters.steps_accepted == 0 for r in below)
     for results in (unset, kept_sampled):
         assert all(r.counters.steps_accepted == r.counters.steps_drafted > 0 for r in results)
-    assert engine.resolve(GenerationConfig(method="semspec")).tau == 0.0
+    assert engine.resolve(GenerationConfig(method="semspec")).tau == 0.0 and "greedy_floor" not in engine.identities
 
 
 def test_candidates_drafted_side_by_side_and_the_first_accepted_kept(engine):

@@ -56,8 +56,8 @@ def test_the_embedded_defaults_load_and_decode(engine):
     if engine.probes is None:
         pytest.skip("no probes shipped in this install")
     # the embedded head speculates tokens in the target's own writing (the writer)
-    assert set(engine.identities) == {"target", "draft", "target_probe", "draft_probe", "token_draft", "dtype",
-                                      "engine"}
+    assert set(engine.identities) == {"target", "draft", "target_probe", "draft_probe", "greedy_floor",
+                                      "token_draft", "dtype", "engine"}
     assert engine.writer is not None and engine.identities["token_draft"].startswith("embedded:smollm2-135m-head@")
     r = engine.generate(QUESTIONS[0], GenerationConfig(method="semspec", max_new_tokens=16, step_delimiter="\n",
                                                       max_step_tokens=8, draft_max_batch=0))
