@@ -12,7 +12,7 @@ import pytest
 from semspec.types import Cancelled, GenerationConfig, Request
 from tests.conftest import wait_for
 from tests.fake_engine import InstantEngine
-from semjobs.worker.batching import BatchLoop
+from semjobs.worker.batching import GATHER_QUIET_S, BatchLoop
 
 CFG = GenerationConfig(max_new_tokens=8)
 
@@ -50,6 +50,44 @@ def test_items_of_several_callers_run_side_by_side():
     # four items of 0.3 s each in one batch of four: well under the 1.2 s of one at a time
     assert time.monotonic() - t0 < 0.9
     assert sorted(results) == ["a", "b"] and all(len(r) == 2 for r in results.values())
+
+
+class RecordingEngine(InstantEngine):
+    """Records what the engine took from the loop, in order: item keys, and None where it
+    found nothing new and stepped."""
+
+    def __init__(self, delay_s: float):
+        super().__init__(delay_s)
+        self.took: list[int | None] = []
+
+    def generate_many(self, requests, config=None, batch_size=1):
+        def recording(source):
+            for req in source:
+                self.took.append(None if req is None else req.key)
+                yield req
+
+        yield from super().generate_many(recording(requests), config, batch_size)
+
+
+def test_items_handed_over_one_by_one_to_an_idle_engine_start_together():
+    """Claimed a few milliseconds apart, a run's first items start in one batch: its first
+    step is the same in a rerun, instead of the first item decoding alone for a while."""
+    engine = RecordingEngine(delay_s=0.3)
+    loop = BatchLoop(engine, batch_size=4)
+    futs = []
+    for i in range(3):
+        assert loop.try_reserve()
+        futs.append(loop.submit(f"question {i}", CFG))
+        time.sleep(GATHER_QUIET_S / 3)
+    assert all(f.result(timeout=5).text for f in futs)
+    assert engine.took[:4] == [0, 1, 2, None]  # all three before its first step
+    # a lone item waits no longer than the quiet spell; a full batch not at all
+    single = RecordingEngine(delay_s=0.0)
+    one = BatchLoop(single, batch_size=1)
+    one.try_reserve()
+    t0 = time.monotonic()
+    one.submit("alone", CFG).result(timeout=5)
+    assert time.monotonic() - t0 < GATHER_QUIET_S / 2
 
 
 def test_cancel_aborts_only_the_items_named_and_frees_their_slots():
