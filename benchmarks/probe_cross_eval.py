@@ -49,7 +49,7 @@ def cross_eval(cal_dir: str, probes_dir: str, split_report: str, floor_quantile:
         return evaluate_rule(labels["target"], labels["draft"], preds["target"], preds["draft"], sources)
     floor = {**choose_floor(preds["target"], sources, floor_quantile), "data": cal_dir}
     result = evaluate_rule(labels["target"], labels["draft"], preds["target"], preds["draft"], sources,
-                           taus=sorted({0.0, 0.05, 0.1, 0.2, floor["tau"]}))
+                           floor=floor["tau"])
     pair.target.training_summary["floor"] = floor
     pair.target.save(Path(probes_dir) / ProbePair.TARGET_FILE)  # the draft probe stays as it is
     report_path = Path(probes_dir) / "report.json"

@@ -66,12 +66,13 @@ def evaluate_rule(
     pred_target: Sequence[float],
     pred_draft: Sequence[float],
     sources: Sequence[str],
-    taus: Sequence[float] = (0.0, 0.05, 0.1, 0.2),  # the chosen floor is scored beside them
+    taus: Sequence[float] = (0.0, 0.05, 0.1, 0.2),
     ratio_floors: Sequence[float] = (0.5, 0.6, 0.7),
+    floor: float | None = None,
 ) -> dict:
     """Score the acceptance rule on aligned rows (one per sampled step; `sources` says who
     sampled it). Only the draft's steps are decided by the rule; the target's own steps give
-    the reference frequency."""
+    the reference frequency. ``floor`` (a chosen τ, `choose_floor`) is scored beside ``taus``."""
     src = np.asarray(sources)
     is_draft = src == "draft"
     l_t = np.asarray(label_target, dtype=float)
@@ -90,7 +91,7 @@ def evaluate_rule(
                 "probes": _kept_stats(acceptance_probability(d_pt, d_pd, tau), d_lt),
                 "oracle": _kept_stats(acceptance_probability(d_lt, d_ld, tau), d_lt),
             }
-            for tau in taus
+            for tau in (taus if floor is None else sorted({*taus, floor}))
         ],
         "by_ratio_floor": [  # the paper's rule, at the floors its variants use
             {

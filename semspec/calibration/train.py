@@ -291,7 +291,7 @@ def train_probes(
     floor_quantile: float = DEFAULT_FLOOR_QUANTILE,
 ) -> dict:
     """Train, evaluate and save one probe per model role, the target probe with the floor on
-    p_T that decoding applies unless a job sets one (``floor_quantile``; 0: none). Returns the
+    p_T that greedy decoding applies unless a job sets one (``floor_quantile``; 0: none). Returns the
     report (also written to OUT/report.json, with the calibration plot OUT/calibration.png)."""
     from semspec.probes import ProbePair
 
@@ -373,15 +373,15 @@ def train_probes(
     report["meaning_overlap"] = meaning_overlap(
         (labelled["prefixes"][key]["clusters"], src) for key, src in sorted(sources.items())
     )
-    taus = [0.0, 0.05, 0.1, 0.2]
+    floor = None
     if floor_quantile > 0 and "target" in probes and "target" in results["target"]["sources"]:
         floor = choose_floor(results["target"]["pred"], results["target"]["sources"], floor_quantile)
         probes["target"].training_summary["floor"] = floor  # what ProbePair.floor reads
-        taus = sorted({*taus, floor["tau"]})
     if _rows_aligned(data, roles):
         report["acceptance_rule_held_out"] = evaluate_rule(
             results["target"]["labels"], results["draft"]["labels"],
-            results["target"]["pred"], results["draft"]["pred"], results["target"]["sources"], taus=taus,
+            results["target"]["pred"], results["draft"]["pred"], results["target"]["sources"],
+            floor=None if floor is None else floor["tau"],
         )
     out.mkdir(parents=True, exist_ok=True)
     if "target" in probes and "draft" in probes:

@@ -312,8 +312,8 @@ class VLLMStepEngine:
             ids["draft"] = str(self.draft.shape.identity)
         if self.probes is not None:
             ids.update(self.probes.identities())
-            if self.probes.floor() is not None:  # what greedy jobs without a tau of their own apply
-                ids["greedy_floor"] = f"{self.probes.floor():g}"
+            if (floor := self.probes.floor()) is not None:  # what greedy jobs without a tau of their own apply
+                ids["greedy_floor"] = f"{floor:g}"
         if self.writer is not None:
             ids["token_draft"] = str(self.writer.token_draft)
         ids.update(dtype=self.dtype, engine=f"vllm {self.version}")
@@ -342,8 +342,8 @@ class VLLMStepEngine:
                 "draft_max_batch": 1 if self.on_cpu else 0, "draft_cost": self.draft_cost}
         if self.probes is not None:
             rule.update(self.probes.step_rule())
-            if config.temperature == 0 and self.probes.floor() is not None:
-                rule["tau"] = self.probes.floor()
+            if config.temperature == 0 and (floor := self.probes.floor()) is not None:
+                rule["tau"] = floor
         unset = {k: v for k, v in rule.items() if getattr(config, k) is None}
         return dataclasses.replace(config, **unset) if unset else config
 
