@@ -299,11 +299,14 @@ def test_killed_worker_items_are_redone_in_seconds_not_after_the_visibility_time
     assert all(a in (1, 2) for _, a, _ in items.values())
 
     # Redis hands the victim's unacknowledged chunk out again after the visibility timeout:
-    # every item is done, so it is skipped whole, and nothing changes.
-    first = killed.seq - killed.seq % 4
-    late = f"chunk [{first}]: done=0 failed=0 skipped=4 duplicates=0"
-    wait_for(lambda: late in workers.log(survivor), 2 * vt, what="the late redelivery")
-    assert state() == (items, n_out)
+    # every item is done, so it is skipped whole, and nothing changes. (Waited for with the
+    # double only: the skip is the item table's, whatever decodes, and on vLLM the timeout is
+    # long enough for a worker's engine to load.)
+    if not engine_env:
+        first = killed.seq - killed.seq % 4
+        late = f"chunk [{first}]: done=0 failed=0 skipped=4 duplicates=0"
+        wait_for(lambda: late in workers.log(survivor), 2 * vt, what="the late redelivery")
+        assert state() == (items, n_out)
     print(f"\njob completed {recovered_s:.1f}s after the kill, the killed item redone "
           f"{(killed_done_at - killed_at).total_seconds():.1f}s after it "
           f"(visibility timeout {vt}s)")
