@@ -1,3 +1,3 @@
-from semjobs.cli.main import main
+from semjobs.cli.main import run
 
-main(prog_name="semjobs")
+run()

@@ -1,6 +1,5 @@
 """`semjobs worker`: a Celery worker configured by the settings object."""
 
-import atexit
 import json
 import os
 import sys
@@ -89,21 +88,6 @@ def worker(queues, methods, concurrency, pool, hostname, loglevel, max_tasks_per
     if max_tasks_per_child:
         argv += ["--max-tasks-per-child", str(max_tasks_per_child)]
     app.worker_main(argv)
-    from semjobs.worker import engine as engines
-
-    if engines.loaded():
-        leave_without_teardown()
-
-
-def leave_without_teardown() -> None:
-    """End this process, Celery stopped (its chunks done or handed back): the exit handlers run
-    (vLLM's engine shutdown, the answer checker's helper, logging's flush), the interpreter's
-    own teardown does not: with an engine loaded it spends 2-3 s collecting a heap the system
-    frees at once, which every restart, scale-down and `docker stop` waited for."""
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def _supervise(n, threads, queues, hostname, loglevel, max_tasks_per_child) -> int:

@@ -355,3 +355,37 @@ def test_a_semspec_job_takes_its_floor_on_p_t_and_other_methods_refuse_it(tmp_pa
     assert not (tmp_path / "p.jsonl").exists()
     out_of_range = invoke("run", src, "-o", tmp_path / "q.jsonl", "--db", sqlite_db, "--method", "semspec", "--tau", 1.5)
     assert out_of_range.exit_code == 2 and "--tau" in out_of_range.output
+
+
+def test_the_program_with_vllm_loaded_exits_with_its_code_after_its_handlers_without_the_teardown(tmp_path):
+    """`semjobs` (``run``) ends as ``main`` would, its exit code and its output kept and its exit
+    handlers run, but where vLLM was loaded without the interpreter's teardown (seconds of
+    collecting the heap); otherwise as any program does."""
+    import subprocess
+    import sys
+
+    handler, teardown = tmp_path / "handler", tmp_path / "teardown"
+    code = f"""
+import atexit, sys, types
+
+class TornDown:
+    def __del__(self, open=open):  # (builtins may be gone by then)
+        open({str(teardown)!r}, "w").write("ran")
+
+kept = TornDown()  # collected in the interpreter's teardown only
+atexit.register(lambda: open({str(handler)!r}, "w").write("ran"))
+if sys.argv[1] == "vllm":
+    sys.modules["vllm"] = types.ModuleType("vllm")
+sys.argv[1:] = sys.argv[2:]
+from semjobs.cli.main import run
+run()
+"""
+    for loaded in ("vllm", "none"):
+        for args, exit_code, shown in ((["--help"], 0, "Usage: semjobs"), (["no-such-command"], 2, "No such command")):
+            out = subprocess.run([sys.executable, "-c", code, loaded, *args], capture_output=True, text=True,
+                                 timeout=120, cwd=ROOT)
+            assert out.returncode == exit_code and shown in out.stdout + out.stderr, out.stderr
+            assert handler.read_text() == "ran"
+            assert teardown.exists() is (loaded == "none"), (loaded, args)
+            handler.unlink()
+            teardown.unlink(missing_ok=True)

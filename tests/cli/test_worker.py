@@ -67,38 +67,3 @@ def test_a_method_list_cannot_go_with_one_named_queue(monkeypatch):
     monkeypatch.setattr(settings, "queue", "mine")
     res = CliRunner().invoke(main, ["worker", "--method", "semspec"])
     assert res.exit_code == 2 and "SEMJOBS_QUEUE" in res.output
-
-
-def test_a_stopped_worker_with_an_engine_runs_its_exit_handlers_and_skips_the_teardown(tmp_path):
-    """Celery stopped and an engine loaded: the exit handlers run (vLLM's shutdown, the answer
-    checker's helper, a flush of the log) and the process exits 0 with its output written,
-    but the interpreter's teardown (which collects the whole heap: seconds with vLLM loaded)
-    does not run; without an engine the command ends as any other does."""
-    import subprocess
-    import sys
-
-    handler, teardown = tmp_path / "handler", tmp_path / "teardown"
-    code = f"""
-import atexit, sys
-from semjobs.cli.main import main
-from semjobs.worker import celery, engine, engine_processes
-
-class TornDown:
-    def __del__(self, open=open):  # (builtins may be gone by then)
-        open({str(teardown)!r}, "w").write("ran")
-
-kept = TornDown()  # collected in the interpreter's teardown only
-engine_processes.plan = lambda: (1, 1)
-celery.app.worker_main = lambda argv: print("celery stopped", end="")
-atexit.register(lambda: open({str(handler)!r}, "w").write("ran"))
-if sys.argv[1] == "loaded":
-    engine._cache[("key",)] = object()
-main(["worker"])
-"""
-    for case, torn_down in (("loaded", False), ("none", True)):
-        out = subprocess.run([sys.executable, "-c", code, case], capture_output=True, text=True, timeout=120)
-        assert (out.returncode, out.stdout) == (0, "celery stopped"), out.stderr
-        assert handler.read_text() == "ran"
-        assert teardown.exists() is torn_down, case
-        handler.unlink()
-        teardown.unlink(missing_ok=True)
