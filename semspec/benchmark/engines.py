@@ -69,9 +69,10 @@ class BenchEngines:
         """The main step engine (the one ``ar`` runs on)."""
         return self.serving[(None, "ar")]
 
-    def resolve(self, config):
-        """``config``'s step rule as the main step engine fills it in."""
-        return self.steps.resolve(config)
+    def resolve(self, config, lane: str | None = None):
+        """``config``'s step rule as the step engine of its method on ``lane`` (a draft of
+        ``compare_drafts``; None: the main draft) fills it in; the main one where it has none."""
+        return self.serving.get((lane, config.method), self.steps).resolve(config)
 
     @property
     def identities(self) -> dict[str, str]:

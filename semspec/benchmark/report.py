@@ -79,12 +79,13 @@ def build_results(br, engine=None, command: str | None = None, env: dict | None 
     if engine is not None:  # record the step rule and floor the methods ran with, not "default"
         from semspec.types import GenerationConfig
 
-        rule = engine.resolve(GenerationConfig(step_delimiter=s["step_delimiter"], temperature=s["temperature"],
-                                               max_step_tokens=s["max_step_tokens"]))
+        asked = GenerationConfig(method="semspec", step_delimiter=s["step_delimiter"], temperature=s["temperature"],
+                                 max_step_tokens=s["max_step_tokens"])
+        rule = engine.resolve(asked)
         s["step_delimiter"], s["max_step_tokens"] = rule.step_delimiter, rule.max_step_tokens
-        for m in summary["methods"].values():
-            if "tau" in m and m["tau"] is None:
-                m["tau"] = rule.tau
+        for m in summary["methods"].values():  # a compare_drafts lane's floor is its own probes'
+            if m.get("method") == "semspec" and m.get("tau") is None and "skipped" not in m:
+                m["tau"] = engine.resolve(asked, m.get("draft")).tau
     env = dict(env if env is not None else environment(engine))
     if getattr(br, "git_commit", None):
         env["git_commit"] = br.git_commit  # the code that ran, not the code at report time

@@ -112,6 +112,26 @@ def test_report_records_the_engines_and_the_skipped_runs(greedy_reject_run, engi
     assert (res["settings"]["step_delimiter"], res["settings"]["max_step_tokens"]) == ("\n\n", 8)
 
 
+def test_report_records_each_semspec_lanes_floor_from_its_own_probes(greedy_reject_run, engines, tmp_path):
+    """A compare_drafts lane decodes with its own draft's probes: the floor recorded for it is
+    the one its engine applied, not the main lane's."""
+    from semspec.benchmark.runner import MethodRun
+
+    class LaneEngine:  # a compare lane's step engine, as much of it as the report reads
+        identities = engines.steps.identities
+
+        def resolve(self, config):
+            return dataclasses.replace(engines.steps.resolve(config), tau=0.25)
+
+    lane = "semspec@draft=other"
+    br = dataclasses.replace(greedy_reject_run, plan=[*greedy_reject_run.plan, MethodRun(lane, "semspec", draft="other")],
+                             runs={**greedy_reject_run.runs, lane: greedy_reject_run.runs["semspec"]})
+    with_lane = dataclasses.replace(engines, serving={**engines.serving, ("other", "semspec"): LaneEngine()})
+    res = write_report(br, tmp_path, engine=with_lane, command="semjobs bench --test")
+    assert res["methods"]["semspec"]["tau"] == 0.0 and res["methods"][lane]["tau"] == 0.25
+    assert "tau" not in res["methods"]["semspec@draft=ngram"]  # skipped: it ran with none
+
+
 def test_hf_assisted_runs_the_drafts_reduced_head_and_stays_exact(engines, prompts_file):
     import torch
 
