@@ -78,7 +78,7 @@ def leave(code: int) -> None:
     threads are waited for and the exit handlers run (vLLM's engine shutdown, multiprocessing's
     children, logging's flush, the answer checker's helper), then the process ends without
     collecting its heap, which with vLLM loaded took 2-3 s at the end of every command and
-    every worker's stop (an idle worker on a tiny model stopped in 4.2 s, now 1.4 s)."""
+    every worker's stop (an idle worker on a tiny model stopped in 4.2 s, now in 1.4-1.8 s)."""
     threading._shutdown()  # (what the interpreter itself calls first on exit)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
@@ -87,4 +87,3 @@ def leave(code: int) -> None:
         except (OSError, ValueError):  # a closed pipe or stream: nothing more can be written
             pass
     os._exit(code)
-
