@@ -58,7 +58,7 @@ def _pick(value, default):
               help=f"torch threads; results depend on it [layers: {_D.threads}, eagle: {_H.threads}].")
 @click.option("--cache-dir", default=str(Path.home() / ".cache" / "semjobs" / "draft-train"), show_default=True,
               help="Where generated answers, teacher outputs and checkpoints are cached ('' disables).")
-@click.option("--data-only", is_flag=True, help="Only generate (and cache) the training answers.")
+@click.option("--data-only", is_flag=True, help="Only decode (and cache) the target's answers.")
 @click.option("--layers", "frozen_layers", default=_D.frozen_layers, show_default=True, type=int,
               help="layers: target layers the draft shares (its first K layers).")
 @click.option("--adapter-layers", default=_D.adapter_layers, show_default=True, type=int,
@@ -74,11 +74,13 @@ def _pick(value, default):
 @click.option("--head-layers", default=_H.layers, show_default=True, type=int, help="eagle: decoder layers in the head.")
 @click.option("--greedy-prompts", default=_H.greedy_prompts, show_default=True, type=int,
               help="eagle: questions the target answers greedily.")
-@click.option("--sampled-prompts", default=_H.sampled_prompts, show_default=True, type=int,
-              help="eagle: questions it answers at the bench's sampling, --sampled-answers times each "
-                   "(from the first: the greedy ones get more than one answer).")
-@click.option("--sampled-answers", default=_H.sampled_answers, show_default=True, type=click.IntRange(1),
-              help="eagle: sampled answers per question (each with its own seed).")
+@click.option("--sampled-prompts", default=None, type=click.IntRange(0),
+              help="Questions the target answers at the bench's sampling (vLLM decodes them), --sampled-answers "
+                   "times each (from the first: the greedy ones get more than one answer) "
+                   f"[layers: {_D.sampled_prompts}, eagle: {_H.sampled_prompts}].")
+@click.option("--sampled-answers", default=None, type=click.IntRange(1),
+              help="Sampled answers per question (each with its own seed) "
+                   f"[layers: {_D.sampled_answers}, eagle: {_H.sampled_answers}].")
 @click.option("--reference-prompts", default=_H.reference_prompts, show_default=True, type=int,
               help="eagle: questions after the answered ones whose reference solutions are teacher-forced.")
 @click.option("--reg-weight", default=_H.reg_weight, show_default=True, type=float,
@@ -102,8 +104,9 @@ def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps
 
     if kind == "eagle":
         cfg = HeadTrainConfig(
-            seed=seed, data=data, holdout=holdout, greedy_prompts=greedy_prompts, sampled_prompts=sampled_prompts,
-            sampled_answers=sampled_answers, reference_prompts=reference_prompts,
+            seed=seed, data=data, holdout=holdout, greedy_prompts=greedy_prompts,
+            sampled_prompts=_pick(sampled_prompts, _H.sampled_prompts),
+            sampled_answers=_pick(sampled_answers, _H.sampled_answers), reference_prompts=reference_prompts,
             max_new_tokens=_pick(max_new_tokens, _H.max_new_tokens), layers=head_layers,
             steps=_pick(steps, _H.steps), stop_after=_stop_after(stop_after, steps),
             batch_size=_pick(batch_size, _H.batch_size), lr=_pick(lr, _H.lr), reg_weight=reg_weight, unroll=unroll,
@@ -116,6 +119,8 @@ def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps
         seed=seed, frozen_layers=frozen_layers, adapter_layers=adapter_layers,
         adapter_init=[int(x) for x in adapter_init.split(",")] if adapter_init else None,
         data=data, holdout=holdout, gen_prompts=gen_prompts, ref_prompts=ref_prompts,
+        sampled_prompts=_pick(sampled_prompts, _D.sampled_prompts),
+        sampled_answers=_pick(sampled_answers, _D.sampled_answers),
         max_new_tokens=_pick(max_new_tokens, _D.max_new_tokens), draft_vocab=draft_vocab,
         steps=_pick(steps, _D.steps), batch_size=_pick(batch_size, _D.batch_size), lr=_pick(lr, _D.lr),
         threads=_pick(threads, _D.threads),
@@ -123,30 +128,51 @@ def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps
     _train_layers(cfg, out_dir, target_spec, cache_dir, data_only, log)
 
 
+def _target_answers(cfg, target_spec, cache_dir, log) -> list:
+    """The target's answers the layer draft learns from, decoded by a vLLM engine that is shut
+    down before the target loads for the teacher pass."""
+    import gc
+
+    from semspec.draft.head_build import trace_engine
+    from semspec.draft.train import target_answers
+
+    if not cfg.answered_prompts:
+        return []
+    engine = trace_engine(target_spec, cfg)
+    try:
+        return target_answers(engine, cfg, cache_dir or None, log)
+    finally:
+        del engine
+        gc.collect()
+
+
 def _train_layers(cfg, out_dir, target_spec, cache_dir, data_only, log) -> None:
     import torch
 
     from semspec.models.draft_artifact import save_artifact
-    from semspec.draft.train import build_training_data, train_draft
+    from semspec.draft.train import train_draft
     from semspec.models.loaded import load_model
 
-    torch.set_num_threads(cfg.threads)
+    answers = _target_answers(cfg, target_spec, cache_dir, log)
+    if data_only:
+        log(f"{len(answers)} answers ({sum(a.source == 'sampled' for a in answers)} sampled)")
+        return
+    torch.set_num_threads(cfg.threads)  # after vLLM, which decodes at its own count
     target = load_model(target_spec, device="cpu", dtype=torch.float32)
     log(f"target {target.identity}")
-    if data_only:
-        gen, ref = build_training_data(target.model, target.tokenizer, cfg, cache_dir=cache_dir or None, log=log)
-        log(f"{len(gen)} generated + {len(ref)} reference sequences")
-        return
-    art = train_draft(target.model, target.tokenizer, cfg, cache_dir=cache_dir or None, log=log,
+    art = train_draft(target.model, target.tokenizer, cfg, answers, cache_dir=cache_dir or None, log=log,
                       target_name=f"{target_spec} ({target.identity})")
     path = save_artifact(art, out_dir)
     tr = art.meta["training"]
     size = sum(f.stat().st_size for f in path.iterdir())
-    click.echo(
-        f"wrote {path} ({size / 1e6:.1f} MB): {art.frozen_layers} shared + {art.adapter_layers} trained layers; "
-        f"eval top-1 agreement {tr['eval_before']['top1_agreement']:.3f} -> {tr['eval_after']['top1_agreement']:.3f}; "
-        f"{tr['total_seconds'] / 60:.1f} min"
-    )
+    scores = "no held-out answers"
+    if tr["eval_after"] is not None:
+        scores = (f"held-out top-1 agreement {tr['eval_before']['top1_agreement']:.3f} -> "
+                  f"{tr['eval_after']['top1_agreement']:.3f}")
+    if "eval_after_sampled" in tr:
+        scores += f" (greedy answers), {tr['eval_after_sampled']['top1_agreement']:.3f} (sampled answers)"
+    click.echo(f"wrote {path} ({size / 1e6:.1f} MB): {art.frozen_layers} shared + {art.adapter_layers} trained "
+               f"layers; {scores}; {tr['total_seconds'] / 60:.1f} min")
 
 
 def _train_head(cfg, out_dir, target_spec, cache_dir, data_only, log) -> None:

@@ -22,7 +22,14 @@ class DraftTrainConfig:
     data: str = str(GSM8K_TEST)
     holdout: int = 100
     gen_prompts: int = 384  # questions the target answers greedily (on-policy text)
-    ref_prompts: int = 384  # further questions teacher-forced on their reference solutions
+    # the first `sampled_prompts` questions are also answered `sampled_answers` times each at
+    # the bench's sampling, decoded by vLLM: the draft then also learns the target where a
+    # sampled job's answers go, off its greedy path. 0: greedy answers only (the shipped v2).
+    sampled_prompts: int = 0
+    sampled_answers: int = 1
+    sample_temperature: float = SAMPLING_TEMPERATURE
+    sample_top_p: float = SAMPLING_TOP_P
+    ref_prompts: int = 384  # further questions (after the answered ones) teacher-forced on their reference solutions
     max_new_tokens: int = 192
     gen_batch_size: int = 32
     teacher_batch_size: int = 8
@@ -43,6 +50,15 @@ class DraftTrainConfig:
     threads: int = 1
     eval_every: int = 0
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.sampled_prompts < 0 or self.sampled_answers < 1:
+            raise ValueError("sampled_prompts must be at least 0 and sampled_answers at least 1")
+
+    @property
+    def answered_prompts(self) -> int:
+        """Questions the target answers (greedily, sampled or both); the references follow them."""
+        return max(self.gen_prompts, self.sampled_prompts)
 
     def resolved_adapter_init(self, target_layers: int) -> list[int]:
         if self.adapter_init is not None:

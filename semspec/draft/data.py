@@ -1,5 +1,6 @@
-"""Training text for the draft: the target's own greedy answers (on-policy) and reference
-solutions (teacher-forced), both in the target's chat format."""
+"""Training text for the draft, in the target's chat format: the target's own answers (vLLM
+decodes them: ``semspec.draft.train.target_answers``) and reference solutions (teacher-forced).
+``generate_sequences`` is transformers' greedy decoding, for measurements outside vLLM."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ _CALC = re.compile(r"<<[^>]*>>")
 class Sequence:
     ids: list[int]  # prompt + response token ids
     prompt_len: int  # response starts here; loss positions predict ids[prompt_len:]
-    source: str  # "gen" (target's own greedy answer) or "ref" (reference solution)
+    source: str  # "gen" (the target's own greedy answer), "sampled" (one it sampled) or "ref" (a reference solution)
+    question: int | None = None  # which answered question (index after the holdout), for a held-out split
 
 
 def load_questions(path: str, holdout: int) -> list[dict]:

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from semspec.draft.config import HeadTrainConfig
+from semspec.draft.config import DraftTrainConfig, HeadTrainConfig
 from semspec.draft.head_data import Trace, build_traces, cached_target_states, selection_split, split_traces
 from semspec.draft.head_train import evaluate_depths, resolve_train_dtype, select_vocab, train_head
 from semspec.head import HeadModel, save_head, target_fingerprint
@@ -29,8 +29,10 @@ DRAFT_VOCAB = 8192  # the reduced vocabulary's size, as the layer draft's (docs/
 SELECT_K = 6  # drafted tokens per verification the selection scores (the bench's --draft-tokens)
 
 
-def trace_engine(target_spec: str, cfg: HeadTrainConfig, kv_cache_gb: float | None = None) -> VLLMEngine:
-    """vLLM on the target, to decode the traces: ``cfg.gen_batch_size`` answers in flight,
+def trace_engine(target_spec: str, cfg: HeadTrainConfig | DraftTrainConfig,
+                 kv_cache_gb: float | None = None) -> VLLMEngine:
+    """vLLM on the target, to decode the traces (a head's, or a layer draft's sampled answers):
+    ``cfg.gen_batch_size`` answers in flight,
     seeded with ``cfg.seed``, in the number type "auto" picks: bfloat16 on a GPU or a CPU with
     bfloat16 matrix instructions, float32 elsewhere, as the embedded engine picked for the
     recipe's 32 in flight (the shipped head's traces are bfloat16 ones; docs/draft.md).

@@ -1,7 +1,9 @@
 """Distil the draft's adapter layers from the target.
 
-One teacher pass over the training text records, per sequence, the hidden states after the
-shared (frozen) layers and the target's top-k next-token logits at every response position.
+The training text is the target's own answers, greedy and sampled, decoded by vLLM
+(``target_answers``), and reference solutions. One teacher pass over it records, per
+sequence, the hidden states after the shared (frozen) layers and the target's top-k next-token
+logits at every response position.
 Training then runs only the adapter layers + norm on those cached states; the loss is the
 cross-entropy between the teacher's top-k distribution and the draft's softmax, taken over
 the vocabulary the teacher ever ranks in its top-k on the training text (the LM head is
@@ -32,7 +34,7 @@ from semspec.models.draft_artifact import (
     target_signature,
 )
 from semspec.draft.config import DraftTrainConfig
-from semspec.draft.data import Sequence, generate_sequences, load_questions, reference_sequences
+from semspec.draft.data import Sequence, load_questions, reference_sequences
 
 Log = Callable[[str], None]
 
@@ -269,14 +271,6 @@ def train_stack(stack: DraftStack, head_weight: torch.Tensor, train_items: list[
             "final_loss": float(loss.item()) if cfg.steps else None}
 
 
-def _gen_cache_key(target, cfg: DraftTrainConfig, questions: list[str]) -> str:
-    h = hashlib.sha256()
-    h.update(json.dumps(target_signature(target), sort_keys=True).encode())
-    h.update(json.dumps(target_checksums(target, 1), sort_keys=True).encode())
-    h.update(json.dumps([cfg.max_new_tokens, questions]).encode())
-    return h.hexdigest()[:16]
-
-
 def _teacher_cache_path(target, seqs: list[Sequence], k: int, topk: int, cache_dir: str) -> Path:
     h = hashlib.sha256()
     h.update(json.dumps(target_signature(target), sort_keys=True).encode())
@@ -326,60 +320,87 @@ def cached_teacher_pass(target, seqs: list[Sequence], ks: list[int], topk: int, 
     return items
 
 
-def build_training_data(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str | None = None,
-                        log: Log | None = None) -> tuple[list[Sequence], list[Sequence]]:
-    """(generated, reference) sequences; the generated ones are cached in ``cache_dir``."""
+def target_answers(engine, cfg: DraftTrainConfig, cache_dir: str | None = None,
+                   log: Log | None = None) -> list[Sequence]:
+    """The target's answers the draft learns from, decoded by ``engine`` (a ``VLLMEngine`` on
+    the target) with the head's trace code (each answer seeded, cached answer by answer under
+    ``cache_dir``): greedy ones to the first ``cfg.gen_prompts`` questions after the holdout
+    (source "gen"), then ``cfg.sampled_answers`` sampled ones to each of the first
+    ``cfg.sampled_prompts`` ("sampled"); round r's seeds follow round r - 1's, so more
+    answers keep the first ones."""
+    from semspec.draft.head_data import generate_traces
+    from semspec.types import GenerationConfig
+
     rows = load_questions(cfg.data, cfg.holdout)
-    gen_rows = rows[: cfg.gen_prompts]
-    ref_rows = rows[cfg.gen_prompts: cfg.gen_prompts + cfg.ref_prompts]
-    questions = [r["question"] for r in gen_rows]
-    # Generated in batches of gen_batch_size questions; each batch is cached on its own, so a
-    # larger gen_prompts reuses the batches already generated.
-    gen: list[Sequence] = []
-    bs = cfg.gen_batch_size
-    for start in range(0, len(questions), bs):
-        chunk = questions[start:start + bs]
-        cache_file = Path(cache_dir) / f"gen-{_gen_cache_key(target, cfg, chunk)}.json" if cache_dir else None
-        if cache_file is not None and cache_file.is_file():
-            raw = json.loads(cache_file.read_text())
-            gen += [Sequence(ids=r["ids"], prompt_len=r["prompt_len"], source="gen") for r in raw]
-            if log:
-                log(f"loaded {len(raw)} generated answers from {cache_file}")
-            continue
-        part = generate_sequences(target, tokenizer, chunk, cfg.max_new_tokens, bs)
-        gen += part
-        if log:
-            log(f"generated {len(gen)}/{len(questions)} answers")
-        if cache_file is not None:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps([{"ids": s.ids, "prompt_len": s.prompt_len} for s in part]))
-            os.replace(tmp, cache_file)
-    ref = reference_sequences(tokenizer, ref_rows)
-    return gen, ref
+    if len(rows) < cfg.answered_prompts:
+        raise ValueError(f"{cfg.data} has {len(rows)} questions after the first {cfg.holdout}; "
+                         f"{cfg.answered_prompts} are asked for")
+    questions = [r["question"] for r in rows[: cfg.answered_prompts]]
+    greedy = GenerationConfig(method="ar", temperature=0.0, max_new_tokens=cfg.max_new_tokens)
+    sampling = GenerationConfig(method="ar", temperature=cfg.sample_temperature, top_p=cfg.sample_top_p,
+                                max_new_tokens=cfg.max_new_tokens)
+    runs = [("gen", greedy, cfg.gen_prompts, cfg.seed)] if cfg.gen_prompts else []
+    n = cfg.sampled_prompts
+    runs += [("sampled", sampling, n, cfg.seed + r * n) for r in range(cfg.sampled_answers if n else 0)]
+    out: list[Sequence] = []
+    for source, config, count, seed in runs:
+        kind = "greedy" if source == "gen" else source  # the head's name for them, and its cache's
+        traces = generate_traces(engine, questions[:count], config, kind, cfg.gen_batch_size, seed, cache_dir, log)
+        out += [Sequence(t.ids, t.prompt_len, source, q) for q, t in enumerate(traces)]
+    return out
 
 
-def prepare_items(target, tokenizer, cfg: DraftTrainConfig, ks: list[int], cache_dir: str | None = None,
-                  log: Log | None = None):
-    """(train items, eval items, data seconds, teacher seconds): the eval items are the last
-    ``eval_fraction`` of the target's generated answers; hidden states for every k in ``ks``."""
+def reference_answers(tokenizer, cfg: DraftTrainConfig) -> list[Sequence]:
+    """The reference solutions of the ``cfg.ref_prompts`` questions after the answered ones."""
+    rows = load_questions(cfg.data, cfg.holdout)
+    return reference_sequences(tokenizer, rows[cfg.answered_prompts: cfg.answered_prompts + cfg.ref_prompts])
+
+
+@dataclass
+class DraftItems:
+    """The teacher's outputs over the training text and the two held-out sets."""
+
+    train: list[TeacherItem]
+    held_greedy: list[TeacherItem]  # the held-out questions' greedy answers
+    held_sampled: list[TeacherItem]  # and their sampled ones
+    data_seconds: float
+    teacher_seconds: float
+
+
+def prepare_items(target, tokenizer, cfg: DraftTrainConfig, ks: list[int], answers: list[Sequence],
+                  cache_dir: str | None = None, log: Log | None = None) -> DraftItems:
+    """The teacher's outputs (hidden states for every k in ``ks``) over the target's
+    ``answers`` (``target_answers``) and the reference solutions. Held out: the last
+    ``eval_fraction`` of the greedily answered questions, with all their answers."""
     t0 = time.perf_counter()
-    gen, ref = build_training_data(target, tokenizer, cfg, cache_dir=cache_dir, log=log)
+    gen = [s for s in answers if s.source == "gen"]
+    sampled = [s for s in answers if s.source == "sampled"]
+    want = (cfg.gen_prompts, cfg.sampled_prompts * cfg.sampled_answers)
+    if (len(gen), len(sampled)) != want:
+        raise ValueError(f"the config asks for {want[0]} greedy and {want[1]} sampled answers, {len(gen)} and "
+                         f"{len(sampled)} were given (semspec.draft.train.target_answers decodes them)")
+    ref = reference_answers(tokenizer, cfg)
     t_data = time.perf_counter() - t0
     n_eval = int(round(len(gen) * cfg.eval_fraction)) if gen else 0
-    eval_seqs, train_seqs = gen[len(gen) - n_eval:] if n_eval else [], gen[: len(gen) - n_eval] + ref
+    held = {s.question for s in gen[len(gen) - n_eval:]} if n_eval else set()
+    held_greedy = [s for s in gen if s.question in held]
+    held_sampled = [s for s in sampled if s.question in held]
+    train_seqs = [s for s in gen if s.question not in held] + ref + [s for s in sampled if s.question not in held]
     if not train_seqs:
         raise ValueError("no training sequences")
     t0 = time.perf_counter()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    items = cached_teacher_pass(target, train_seqs + eval_seqs, ks, cfg.teacher_topk,
+    items = cached_teacher_pass(target, train_seqs + held_greedy + held_sampled, ks, cfg.teacher_topk,
                                 cfg.teacher_batch_size, pad, cache_dir=cache_dir, log=log)
-    return items[: len(train_seqs)], items[len(train_seqs):], t_data, time.perf_counter() - t0
+    n_train, n_greedy = len(train_seqs), len(held_greedy)
+    return DraftItems(items[:n_train], items[n_train:n_train + n_greedy], items[n_train + n_greedy:], t_data,
+                      time.perf_counter() - t0)
 
 
-def train_draft(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str | None = None,
+def train_draft(target, tokenizer, cfg: DraftTrainConfig, answers: list[Sequence], cache_dir: str | None = None,
                 log: Log | None = None, target_name: str | None = None) -> DraftArtifact:
-    """Build a draft artifact for ``target``; deterministic given ``cfg`` (seed, threads)."""
+    """Build a draft artifact for ``target`` from its ``answers`` (``target_answers``);
+    deterministic given ``cfg`` (seed, threads) and the answers."""
     t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     n_layers = int(target.config.num_hidden_layers)
@@ -391,8 +412,8 @@ def train_draft(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str | None 
     for p in target.parameters():
         p.requires_grad_(False)
 
-    train_items, eval_items, t_data, t_teacher = prepare_items(target, tokenizer, cfg, [k], cache_dir, log)
-    train_seqs, eval_seqs = train_items, eval_items
+    data = prepare_items(target, tokenizer, cfg, [k], answers, cache_dir, log)
+    train_items, eval_items = data.train, data.held_greedy
 
     stack = DraftStack(target, k, init)
     head_weight = target.get_output_embeddings().weight.detach().float()
@@ -400,10 +421,13 @@ def train_draft(target, tokenizer, cfg: DraftTrainConfig, cache_dir: str | None 
               if t is not None]
     vocab = select_vocab(train_items, cfg.draft_vocab, always, head_weight.shape[0])
     summary = train_stack(stack, head_weight, train_items, eval_items, k, cfg, log=log, draft_vocab=vocab)
+    if data.held_sampled:  # where a sampled job's answers go: the figure sampling cares about
+        summary["eval_after_sampled"] = evaluate(stack, head_weight, data.held_sampled, k, vocab)
     summary.update({
-        "data_seconds": t_data, "teacher_seconds": t_teacher,
+        "data_seconds": data.data_seconds, "teacher_seconds": data.teacher_seconds,
         "total_seconds": time.perf_counter() - t_start,
-        "train_sequences": len(train_seqs), "eval_sequences": len(eval_seqs),
+        "train_sequences": len(train_items), "eval_sequences": len(eval_items),
+        "eval_sampled_sequences": len(data.held_sampled),
         "train_response_tokens": int(sum(len(it.positions) for it in train_items)),
         "torch_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,

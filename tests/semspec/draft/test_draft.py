@@ -5,8 +5,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from semspec.draft.config import DraftTrainConfig
-from semspec.draft.data import Sequence, clean_reference, load_questions
-from semspec.draft.train import DraftStack, teacher_pass, train_draft
+from semspec.draft.data import Sequence, clean_reference, generate_sequences, load_questions, prompt_ids
+from semspec.draft.train import DraftStack, prepare_items, reference_answers, teacher_pass, train_draft
 from semspec.models.draft_artifact import (DraftMismatchError, build_draft_model, check_compatible, load_artifact,
                                            materialize_draft, save_artifact)
 
@@ -20,6 +20,27 @@ def tiny_cfg(data_file, **kw):
                 batch_size=2, lr=1e-3, warmup_steps=2, eval_every=3)
     base.update(kw)
     return DraftTrainConfig(**base)
+
+
+def answers(target, tokenizer, cfg) -> list[Sequence]:
+    """The answers ``target_answers`` gives, without vLLM: the tiny target's greedy ones
+    (transformers), and made-up sampled ones (question by question, round by round)."""
+    rows = load_questions(cfg.data, cfg.holdout)
+    out = generate_sequences(target, tokenizer, [r["question"] for r in rows[: cfg.gen_prompts]], cfg.max_new_tokens,
+                             cfg.gen_batch_size)
+    for q, seq in enumerate(out):
+        seq.question = q
+    for r in range(cfg.sampled_answers if cfg.sampled_prompts else 0):
+        for q in range(cfg.sampled_prompts):
+            p = prompt_ids(tokenizer, rows[q]["question"])
+            out.append(Sequence(p + tokenizer(f" so {q} and {r}.")["input_ids"] + [2], len(p), "sampled", q))
+    return out
+
+
+def train(target, tokenizer, data_file, cache_dir=None, **kw):
+    """train_draft on the tiny config (``kw`` over it) and its answers."""
+    cfg = tiny_cfg(data_file, **kw)
+    return train_draft(target, tokenizer, cfg, answers(target, tokenizer, cfg), cache_dir=cache_dir)
 
 
 def test_holdout_and_cleaning(data_file):
@@ -58,9 +79,9 @@ def test_draft_model_matches_trained_stack(target, tokenizer):
 
 
 def test_training_is_deterministic_from_seed(target, tokenizer, data_file):
-    a = train_draft(target, tokenizer, tiny_cfg(data_file, seed=3))
-    b = train_draft(tiny_target(), tokenizer, tiny_cfg(data_file, seed=3))
-    c = train_draft(tiny_target(), tokenizer, tiny_cfg(data_file, seed=4))
+    a = train(target, tokenizer, data_file, seed=3)
+    b = train(tiny_target(), tokenizer, data_file, seed=3)
+    c = train(tiny_target(), tokenizer, data_file, seed=4)
     assert a.tensors.keys() == b.tensors.keys()
     assert all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
     assert any(not torch.equal(a.tensors[k], c.tensors[k]) for k in a.tensors)
@@ -69,7 +90,7 @@ def test_training_is_deterministic_from_seed(target, tokenizer, data_file):
 
 
 def test_artifact_roundtrip_and_materialize(target, tokenizer, data_file, tmp_path):
-    art = train_draft(target, tokenizer, tiny_cfg(data_file))
+    art = train(target, tokenizer, data_file)
     save_artifact(art, tmp_path / "art")
     meta = json.loads((tmp_path / "art" / "draft.json").read_text())
     assert meta["format"] == "semspec-draft/1" and meta["frozen_layers"] == 2
@@ -88,23 +109,22 @@ def test_artifact_roundtrip_and_materialize(target, tokenizer, data_file, tmp_pa
 
 
 def test_mismatched_target_is_a_clear_error(target, tokenizer, data_file, tmp_path):
-    art = train_draft(target, tokenizer, tiny_cfg(data_file, steps=1))
+    art = train(target, tokenizer, data_file, steps=1)
     with pytest.raises(DraftMismatchError, match="different target weights"):
         check_compatible(tiny_target(seed=1), art)
     with pytest.raises(DraftMismatchError, match="architecture"):
         check_compatible(tiny_target(layers=5), art)
 
 
-def test_cached_data_gives_the_same_draft(target, tokenizer, data_file, tmp_path):
-    a = train_draft(target, tokenizer, tiny_cfg(data_file), cache_dir=str(tmp_path / "cache"))
+def test_cached_teacher_outputs_give_the_same_draft(target, tokenizer, data_file, tmp_path):
+    a = train(target, tokenizer, data_file, str(tmp_path / "cache"))
     assert len(list((tmp_path / "cache").glob("teacher-*.safetensors"))) == 1
-    assert len(list((tmp_path / "cache").glob("gen-*.json"))) == 2  # one per generation batch
-    b = train_draft(target, tokenizer, tiny_cfg(data_file), cache_dir=str(tmp_path / "cache"))
+    b = train(target, tokenizer, data_file, str(tmp_path / "cache"))
     assert all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
 
 
 def test_two_adapter_layers(target, tokenizer, data_file, tmp_path):
-    art = train_draft(target, tokenizer, tiny_cfg(data_file, frozen_layers=1, adapter_layers=2, steps=2))
+    art = train(target, tokenizer, data_file, frozen_layers=1, adapter_layers=2, steps=2)
     assert art.meta["adapter_init"] == [2, 3] and art.num_layers == 3
     save_artifact(art, tmp_path / "a")
     draft = build_draft_model(target, load_artifact(tmp_path / "a"))
@@ -123,7 +143,7 @@ def test_reduced_vocabulary_draft(target, tokenizer, data_file, tmp_path):
     from semspec.models.loaded import LoadedModel
     from semspec.models.reduced_vocab import read_vocab_subset
 
-    art = train_draft(target, tokenizer, tiny_cfg(data_file, draft_vocab=24))
+    art = train(target, tokenizer, data_file, draft_vocab=24)
     vocab = art.vocab_ids
     assert vocab is not None and len(vocab) == 24 and tokenizer.eos_token_id in vocab.tolist()
     assert art.meta["draft_vocab_size"] == 24
@@ -144,3 +164,33 @@ def test_reduced_vocabulary_draft(target, tokenizer, data_file, tmp_path):
     outside = torch.ones(full.shape[1], dtype=torch.bool)
     outside[vocab] = False
     assert torch.isinf(got[:, outside]).all()
+
+
+def test_sampled_answers_train_the_draft_and_their_held_out_questions_score_it(target, tokenizer, data_file):
+    cfg = tiny_cfg(data_file, sampled_prompts=6, sampled_answers=2)  # gen 4 (1 held out), refs after question 6
+    given = answers(target, tokenizer, cfg)
+    data = prepare_items(target, tokenizer, cfg, [2], given)
+    # held out: the last greedy question (3) with both its sampled answers; the sampled answers of
+    # questions 4 and 5, which have no greedy answer, train
+    assert len(data.held_greedy) == 1 and len(data.held_sampled) == 2
+    assert len(data.train) == 3 + 4 + 10  # greedy, references, sampled
+    held = [s for s in given if s.source == "sampled" and s.question == 3]
+    assert sum(it.hidden[2].shape[0] for it in data.held_sampled) == sum(len(s.ids) for s in held)
+    # the references follow every answered question: the 4 after question 6 (data lines 11-14)
+    assert [s.ids[s.prompt_len:-1] for s in reference_answers(tokenizer, cfg)] == [
+        tokenizer(clean_reference(r["answer"]))["input_ids"] for r in load_questions(data_file, 4)[6:10]]
+
+    art = train_draft(target, tokenizer, cfg, given)
+    tr = art.meta["training"]
+    assert tr["train_sequences"] == 17 and tr["eval_sampled_sequences"] == 2
+    assert tr["eval_after_sampled"]["tokens"] == sum(len(it.positions) for it in data.held_sampled)
+    assert "eval_after_sampled" not in train(target, tokenizer, data_file).meta["training"]
+
+
+def test_the_answers_must_be_those_the_config_asks_for(target, tokenizer, data_file):
+    cfg = tiny_cfg(data_file, sampled_prompts=6)
+    given = answers(target, tokenizer, cfg)
+    with pytest.raises(ValueError, match="4 greedy and 6 sampled answers, 4 and 5 were given"):
+        prepare_items(target, tokenizer, cfg, [2], given[:-1])
+    with pytest.raises(ValueError, match="sampled_answers"):
+        tiny_cfg(data_file, sampled_answers=0)

@@ -1,5 +1,6 @@
 """Building a draft head (`semjobs draft train --kind eagle`) on a tiny model vLLM runs: the
-traces are the target's own answers decoded by vLLM and leave the benchmark slice out, the
+traces are the target's own answers decoded by vLLM (as are a layer draft's sampled answers)
+and leave the benchmark slice out, the
 build is reproducible bit for bit, an interrupted training resumes to the same weights, and
 the artifact serves token_sd in vLLM with the target's exact greedy text.
 
@@ -19,10 +20,11 @@ import torch
 from click.testing import CliRunner
 
 from semspec.draft import head_build
-from semspec.draft.config import HeadTrainConfig
+from semspec.draft.config import DraftTrainConfig, HeadTrainConfig
 from semspec.draft.head_build import build_head
 from semspec.draft.head_data import Trace, build_traces, generate_traces, split_traces
 from semspec.draft.head_train import resolve_train_dtype, train_head
+from semspec.draft.train import target_answers
 from semspec.head import HEAD_META, HEAD_WEIGHTS, HeadModel
 from semspec.types import GenerationConfig
 from semspec.engine.token_engine import DEFAULT_KV_CACHE_GB, VLLMEngine, engine_arguments
@@ -123,6 +125,26 @@ def test_more_sampled_answers_keep_the_first_ones_and_draw_new_ones(engines, que
     assert [t.ids for t in uncached] == [t.ids for t in two]
 
 
+def test_a_layer_drafts_answers_are_the_targets_greedy_and_seeded_samples(engines, questions, tmp_path,
+                                                                         tiny_vllm_greedy):
+    """``semjobs draft train`` (the layer draft) decodes its answers with the same trace code:
+    greedy ones, then sampled ones, each with a seed of its own, question by question."""
+    engine = engines.plain()
+    cfg = DraftTrainConfig(data=str(questions), holdout=4, gen_prompts=4, sampled_prompts=6, sampled_answers=2,
+                           max_new_tokens=16, gen_batch_size=4)
+    seqs = target_answers(engine, cfg, cache_dir=str(tmp_path))
+    assert [s.source for s in seqs] == ["gen"] * 4 + ["sampled"] * 12
+    assert [s.question for s in seqs] == [*range(4), *range(6), *range(6)]
+    tok = engine.tokenizer
+    assert "What is 4 plus 5?" in tok.decode(seqs[0].ids[: seqs[0].prompt_len])  # the holdout left out
+    text, _, _ = tiny_vllm_greedy("What is 4 plus 5?", 16)
+    assert tok.decode(seqs[0].ids[seqs[0].prompt_len:], skip_special_tokens=True) == text
+    first, second = seqs[4:10], seqs[10:]
+    assert all(a.ids[: a.prompt_len] == b.ids[: b.prompt_len] for a, b in zip(first, second))
+    assert sum(a.ids != b.ids for a, b in zip(first, second)) >= 3  # round 2: other seeds, other answers
+    assert [s.ids for s in target_answers(engine, cfg)] == [s.ids for s in seqs]  # uncached: the same samples
+
+
 def test_trace_cache_serves_any_subset_and_resumes(engines, tmp_path):
     engine = engines.plain()
     qs = [f"What is {i} plus 1?" for i in range(6)]
@@ -193,6 +215,37 @@ def test_cli_trains_a_head(engines, tiny_vllm_dir, questions, tmp_path, monkeypa
     assert (meta["config"]["steps"], meta["config"]["stop_after"]) == (6, 4)
     assert meta["config"]["train_dtype"] in ("bfloat16", "float32")  # "auto" made concrete
     assert meta["training"]["traces"]["dtype"] in ("bfloat16", "float32")
+
+
+def test_cli_trains_a_layer_draft_on_sampled_answers_too(engines, tiny_vllm_dir, questions, tmp_path, monkeypatch):
+    """``--sampled-prompts`` for the layer draft: vLLM decodes the answers and is gone before
+    the teacher pass; the artifact says what it trained and scored on."""
+    from semjobs.cli.main import main
+
+    engines.close()
+    started = []
+    start = head_build.trace_engine
+
+    def small_trace_engine(target_spec, cfg):
+        started.append(target_spec)
+        return start(target_spec, cfg, kv_cache_gb=KV_CACHE_GB)
+
+    monkeypatch.setattr(head_build, "trace_engine", small_trace_engine)
+    out = tmp_path / "draft"
+    res = CliRunner().invoke(main, [
+        "draft", "train", "--out", str(out), "--target", str(tiny_vllm_dir), "--data", str(questions),
+        "--holdout", "4", "--gen-prompts", "8", "--sampled-prompts", "8", "--sampled-answers", "2",
+        "--ref-prompts", "2", "--max-new-tokens", "8", "--layers", "1", "--steps", "3", "--batch-size", "2",
+        "--threads", "1", "--cache-dir", str(tmp_path / "cache"),
+    ])
+    assert res.exit_code == 0, res.output
+    assert started == [str(tiny_vllm_dir)]
+    meta = json.loads((out / "draft.json").read_text())
+    assert (meta["config"]["sampled_prompts"], meta["config"]["sampled_answers"]) == (8, 2)
+    tr = meta["training"]  # held out: question 7 (the last eighth of the greedy ones) and its two sampled answers
+    assert (tr["train_sequences"], tr["eval_sequences"], tr["eval_sampled_sequences"]) == (7 + 2 + 14, 1, 2)
+    assert tr["eval_after_sampled"]["tokens"] > 0
+    assert "held-out top-1 agreement" in res.output and "sampled answers" in res.output
 
 
 def test_held_out_questions_keep_all_their_answers_out_of_training():
