@@ -128,6 +128,36 @@ def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps
     _train_layers(cfg, out_dir, target_spec, cache_dir, data_only, log)
 
 
+@draft.command()
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False))
+@click.option("--target", "target_spec", default="embedded:smollm2-135m", show_default=True,
+              help="The target the draft was trained on (checked against the artifact).")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Model directory to write; it must not exist.")
+def materialize(artifact, target_spec, out_dir) -> None:
+    """Write a layer draft artifact as the model directory a --draft spec names.
+
+    
+    Example:
+      semjobs draft train --out mydraft --sampled-prompts 384
+      semjobs draft materialize mydraft --out mydraft-model
+      semjobs probe collect ... --draft mydraft-model        # its probes, then: --draft mydraft-model --probes P
+    """
+    import torch
+
+    from semspec.models.draft_artifact import DraftMismatchError, materialize_draft
+    from semspec.models.loaded import load_model
+
+    if Path(out_dir).exists():
+        raise click.UsageError(f"{out_dir} exists: name a directory to create")
+    target = load_model(target_spec, device="cpu", dtype=torch.float32)
+    try:
+        path = materialize_draft(target.model, target.tokenizer, artifact, out_dir)
+    except DraftMismatchError as e:
+        raise click.ClickException(f"{artifact} was not trained on {target_spec}: {e}") from e
+    click.echo(f"wrote {path}: the draft of {artifact} on {target.identity}")
+
+
 def _target_answers(cfg, target_spec, cache_dir, log) -> list:
     """The target's answers the layer draft learns from, decoded by a vLLM engine that is shut
     down before the target loads for the teacher pass."""

@@ -34,6 +34,11 @@ def resolve_path(spec: str, path: Path, name: str | None = None) -> ResolvedSpec
         if len(ggufs) == 1:
             path = ggufs[0]
         else:
+            from semspec.models.draft_artifact import META_FILE
+
+            if (path / META_FILE).is_file():  # what `semjobs draft train` writes
+                raise ModelLoadError(f"{path} is a layer draft artifact, not a model directory: "
+                                     f"`semjobs draft materialize {path} --out DIR` writes the one a spec names")
             raise ModelLoadError(f"{path} is not a model directory (no config.json, {len(ggufs)} .gguf files)")
     if path.is_file():
         if path.suffix != ".gguf":
