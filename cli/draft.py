@@ -68,7 +68,7 @@ def _pick(value, default):
 @click.option("--gen-prompts", default=_D.gen_prompts, show_default=True, type=int,
               help="layers: questions answered greedily by the target.")
 @click.option("--ref-prompts", default=_D.ref_prompts, show_default=True, type=int,
-              help="layers: questions used with their reference solutions.")
+              help="layers: questions after the answered ones used with their reference solutions.")
 @click.option("--draft-vocab", default=_D.draft_vocab, show_default=True, type=int,
               help="layers: tokens the draft predicts (the target's most used); 0 = the full vocabulary.")
 @click.option("--head-layers", default=_H.layers, show_default=True, type=int, help="eagle: decoder layers in the head.")
@@ -137,7 +137,7 @@ def train(kind, out_dir, seed, target_spec, data, holdout, max_new_tokens, steps
 def materialize(artifact, target_spec, out_dir) -> None:
     """Write a layer draft artifact as the model directory a --draft spec names.
 
-    
+    \b
     Example:
       semjobs draft train --out mydraft --sampled-prompts 384
       semjobs draft materialize mydraft --out mydraft-model
@@ -145,11 +145,15 @@ def materialize(artifact, target_spec, out_dir) -> None:
     """
     import torch
 
-    from semspec.models.draft_artifact import DraftMismatchError, materialize_draft
+    from semspec.models.draft_artifact import DraftMismatchError, load_artifact, materialize_draft
     from semspec.models.loaded import load_model
 
     if Path(out_dir).exists():
         raise click.UsageError(f"{out_dir} exists: name a directory to create")
+    try:
+        load_artifact(artifact)  # a directory that is no layer draft fails before the target loads
+    except (OSError, ValueError) as e:
+        raise click.ClickException(f"{artifact} is not a layer draft artifact (semjobs draft train): {e}") from e
     target = load_model(target_spec, device="cpu", dtype=torch.float32)
     try:
         path = materialize_draft(target.model, target.tokenizer, artifact, out_dir)
@@ -158,19 +162,23 @@ def materialize(artifact, target_spec, out_dir) -> None:
     click.echo(f"wrote {path}: the draft of {artifact} on {target.identity}")
 
 
-def _target_answers(cfg, target_spec, cache_dir, log) -> list:
-    """The target's answers the layer draft learns from, decoded by a vLLM engine that is shut
-    down before the target loads for the teacher pass."""
+def _target_answers(cfg, target_spec, cache_dir, log) -> tuple[list, dict | None]:
+    """The target's answers the layer draft learns from, and how they were decoded: by a vLLM
+    engine that is shut down before the target loads for the teacher pass."""
     import gc
+
+    import torch
 
     from semspec.draft.head_build import trace_engine
     from semspec.draft.train import target_answers
 
     if not cfg.answered_prompts:
-        return []
+        return [], None
+    torch.set_num_threads(cfg.threads)  # vLLM decodes at the count it starts with
     engine = trace_engine(target_spec, cfg)
     try:
-        return target_answers(engine, cfg, cache_dir or None, log)
+        how = {"engine": engine.identities["engine"], "dtype": engine.dtype, "threads": cfg.threads}
+        return target_answers(engine, cfg, cache_dir or None, log), how
     finally:
         del engine
         gc.collect()
@@ -183,7 +191,7 @@ def _train_layers(cfg, out_dir, target_spec, cache_dir, data_only, log) -> None:
     from semspec.draft.train import train_draft
     from semspec.models.loaded import load_model
 
-    answers = _target_answers(cfg, target_spec, cache_dir, log)
+    answers, decoded = _target_answers(cfg, target_spec, cache_dir, log)
     if data_only:
         log(f"{len(answers)} answers ({sum(a.source == 'sampled' for a in answers)} sampled)")
         return
@@ -191,7 +199,7 @@ def _train_layers(cfg, out_dir, target_spec, cache_dir, data_only, log) -> None:
     target = load_model(target_spec, device="cpu", dtype=torch.float32)
     log(f"target {target.identity}")
     art = train_draft(target.model, target.tokenizer, cfg, answers, cache_dir=cache_dir or None, log=log,
-                      target_name=f"{target_spec} ({target.identity})")
+                      target_name=f"{target_spec} ({target.identity})", answers_from=decoded)
     path = save_artifact(art, out_dir)
     tr = art.meta["training"]
     size = sum(f.stat().st_size for f in path.iterdir())

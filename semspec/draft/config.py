@@ -33,7 +33,7 @@ class DraftTrainConfig:
     max_new_tokens: int = 192
     gen_batch_size: int = 32
     teacher_batch_size: int = 8
-    eval_fraction: float = 0.125  # of the generated sequences, held out for evaluation
+    eval_fraction: float = 0.125  # of the greedily answered questions, held out with all their answers
     # Distillation targets: the teacher's top-k next-token logits at every response position.
     teacher_topk: int = 32
     temperature: float = 1.0

@@ -31,7 +31,7 @@ SELECT_K = 6  # drafted tokens per verification the selection scores (the bench'
 
 def trace_engine(target_spec: str, cfg: HeadTrainConfig | DraftTrainConfig,
                  kv_cache_gb: float | None = None) -> VLLMEngine:
-    """vLLM on the target, to decode the traces (a head's, or a layer draft's sampled answers):
+    """vLLM on the target, to decode the traces (a head's, or a layer draft's answers):
     ``cfg.gen_batch_size`` answers in flight,
     seeded with ``cfg.seed``, in the number type "auto" picks: bfloat16 on a GPU or a CPU with
     bfloat16 matrix instructions, float32 elsewhere, as the embedded engine picked for the

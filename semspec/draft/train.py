@@ -353,7 +353,11 @@ def target_answers(engine, cfg: DraftTrainConfig, cache_dir: str | None = None,
 def reference_answers(tokenizer, cfg: DraftTrainConfig) -> list[Sequence]:
     """The reference solutions of the ``cfg.ref_prompts`` questions after the answered ones."""
     rows = load_questions(cfg.data, cfg.holdout)
-    return reference_sequences(tokenizer, rows[cfg.answered_prompts: cfg.answered_prompts + cfg.ref_prompts])
+    need = cfg.answered_prompts + cfg.ref_prompts
+    if len(rows) < need:
+        raise ValueError(f"{cfg.data} has {len(rows)} questions after the first {cfg.holdout}; {need} are asked for "
+                         f"({cfg.answered_prompts} answered, {cfg.ref_prompts} references)")
+    return reference_sequences(tokenizer, rows[cfg.answered_prompts:need])
 
 
 @dataclass
@@ -379,6 +383,8 @@ def prepare_items(target, tokenizer, cfg: DraftTrainConfig, ks: list[int], answe
     if (len(gen), len(sampled)) != want:
         raise ValueError(f"the config asks for {want[0]} greedy and {want[1]} sampled answers, {len(gen)} and "
                          f"{len(sampled)} were given (semspec.draft.train.target_answers decodes them)")
+    if any(s.question is None for s in gen + sampled):  # the held-out split is by question
+        raise ValueError("every answer must say which question it answers (Sequence.question)")
     ref = reference_answers(tokenizer, cfg)
     t_data = time.perf_counter() - t0
     n_eval = int(round(len(gen) * cfg.eval_fraction)) if gen else 0
@@ -398,9 +404,11 @@ def prepare_items(target, tokenizer, cfg: DraftTrainConfig, ks: list[int], answe
 
 
 def train_draft(target, tokenizer, cfg: DraftTrainConfig, answers: list[Sequence], cache_dir: str | None = None,
-                log: Log | None = None, target_name: str | None = None) -> DraftArtifact:
+                log: Log | None = None, target_name: str | None = None,
+                answers_from: dict | None = None) -> DraftArtifact:
     """Build a draft artifact for ``target`` from its ``answers`` (``target_answers``);
-    deterministic given ``cfg`` (seed, threads) and the answers."""
+    deterministic given ``cfg`` (seed, threads) and the answers. ``answers_from``: how they
+    were decoded (engine, number type, threads), recorded with the training summary."""
     t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     n_layers = int(target.config.num_hidden_layers)
@@ -428,6 +436,7 @@ def train_draft(target, tokenizer, cfg: DraftTrainConfig, answers: list[Sequence
         "total_seconds": time.perf_counter() - t_start,
         "train_sequences": len(train_items), "eval_sequences": len(eval_items),
         "eval_sampled_sequences": len(data.held_sampled),
+        "answers": answers_from,
         "train_response_tokens": int(sum(len(it.positions) for it in train_items)),
         "torch_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,

@@ -58,3 +58,6 @@ def test_a_trained_layer_draft_becomes_the_model_directory_a_spec_names(tmp_path
     other = tiny_model_dir(tmp_path / "other", num_layers=2, seed=1)
     wrong = materialize(str(other), tmp_path / "model2")
     assert wrong.exit_code == 1 and "was not trained on" in wrong.output and not (tmp_path / "model2").exists()
+    (tmp_path / "empty").mkdir()
+    res = CliRunner().invoke(main, ["draft", "materialize", str(tmp_path / "empty"), "--out", str(tmp_path / "m3")])
+    assert res.exit_code == 1 and "is not a layer draft artifact" in res.output

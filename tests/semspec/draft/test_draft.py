@@ -192,5 +192,10 @@ def test_the_answers_must_be_those_the_config_asks_for(target, tokenizer, data_f
     given = answers(target, tokenizer, cfg)
     with pytest.raises(ValueError, match="4 greedy and 6 sampled answers, 4 and 5 were given"):
         prepare_items(target, tokenizer, cfg, [2], given[:-1])
+    unplaced = [Sequence(s.ids, s.prompt_len, s.source) for s in given]  # no question: no held-out split
+    with pytest.raises(ValueError, match="which question it answers"):
+        prepare_items(target, tokenizer, cfg, [2], unplaced)
+    with pytest.raises(ValueError, match="10 questions after the first 4; 11 are asked for"):
+        reference_answers(tokenizer, tiny_cfg(data_file, ref_prompts=5, sampled_prompts=6))
     with pytest.raises(ValueError, match="sampled_answers"):
         tiny_cfg(data_file, sampled_answers=0)

@@ -1,5 +1,5 @@
 """Building a draft head (`semjobs draft train --kind eagle`) on a tiny model vLLM runs: the
-traces are the target's own answers decoded by vLLM (as are a layer draft's sampled answers)
+traces are the target's own answers decoded by vLLM (as are a layer draft's answers)
 and leave the benchmark slice out, the
 build is reproducible bit for bit, an interrupted training resumes to the same weights, and
 the artifact serves token_sd in vLLM with the target's exact greedy text.
@@ -218,8 +218,8 @@ def test_cli_trains_a_head(engines, tiny_vllm_dir, questions, tmp_path, monkeypa
 
 
 def test_cli_trains_a_layer_draft_on_sampled_answers_too(engines, tiny_vllm_dir, questions, tmp_path, monkeypatch):
-    """``--sampled-prompts`` for the layer draft: vLLM decodes the answers and is gone before
-    the teacher pass; the artifact says what it trained and scored on."""
+    """``--sampled-prompts`` for the layer draft: vLLM decodes the answers; the artifact says
+    what it trained and scored on, and how its answers were decoded."""
     from semjobs.cli.main import main
 
     engines.close()
@@ -245,6 +245,7 @@ def test_cli_trains_a_layer_draft_on_sampled_answers_too(engines, tiny_vllm_dir,
     tr = meta["training"]  # held out: question 7 (the last eighth of the greedy ones) and its two sampled answers
     assert (tr["train_sequences"], tr["eval_sequences"], tr["eval_sampled_sequences"]) == (7 + 2 + 14, 1, 2)
     assert tr["eval_after_sampled"]["tokens"] > 0
+    assert tr["answers"]["dtype"] in ("bfloat16", "float32") and tr["answers"]["engine"].startswith("vllm ")
     assert "held-out top-1 agreement" in res.output and "sampled answers" in res.output
 
 
