@@ -106,6 +106,9 @@ def _unescape(value: str | None) -> str | None:
               help="Further draft specs run beside --draft on the same prompts, e.g. embedded:smollm2-135m-head: "
                    "token_sd, step_judge and semspec once more per draft (with its shipped probes, if any), "
                    "labelled METHOD@draft=NAME, each draft on vLLM engines of its own.")
+@click.option("--compare-probes", default=None,
+              help="Probes for the --compare-drafts, in their order (e.g. a draft you built and its probes: "
+                   "--compare-drafts M --compare-probes P); a draft without keeps its shipped ones.")
 @click.option("--probes", default=None,
               help="Probe dir or embedded:<name> (default: the embedded probes when shipped); accept, reject, const:P_T,P_D.")
 @click.option("--step-delimiter", default=None,
@@ -134,7 +137,8 @@ def _unescape(value: str | None) -> str | None:
               help="vLLM's KV cache budget in GiB, per engine (default: SEMJOBS_KV_CACHE_GB).")
 @engine_arg_options
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
-          candidates, ratio_floors, adaptive, token_speculation, target, draft, compare_drafts, probes, step_delimiter, max_step_tokens, draft_tokens,
+          candidates, ratio_floors, adaptive, token_speculation, target, draft, compare_drafts, compare_probes, probes,
+          step_delimiter, max_step_tokens, draft_tokens,
           judge_threshold, threads, device, cache_dir, no_warmup, no_loglik, quiet, batch_sizes,
           draft_max_batch, dtype, kv_cache_gb, engine_args, draft_engine_args) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
@@ -169,6 +173,7 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
         judge_threshold=judge_threshold,
         warmup=not no_warmup, loglik=not no_loglik,
         compare_drafts=tuple(d.strip() for d in (compare_drafts or "").split(",") if d.strip()),
+        compare_probes=tuple(p.strip() for p in (compare_probes or "").split(",") if p.strip()),
         engine_args=service_settings.target_engine_args, draft_engine_args=service_settings.draft_engine_args,
     )
     t0 = time.perf_counter()

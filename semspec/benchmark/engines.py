@@ -76,11 +76,15 @@ class BenchEngines:
 
     @property
     def identities(self) -> dict[str, str]:
-        """The main step engine's models, and the draft every other engine decodes with."""
+        """The main step engine's models, and the draft (and a compare lane's probes) every
+        other engine decodes with."""
         ids = dict(self.steps.identities)
         for (draft, method), engine in self.serving.items():
             if engine is not self.steps and "draft" in engine.identities:
                 ids[f"{method} draft" if draft is None else f"draft={draft}"] = engine.identities["draft"]
+                for probe in ("target_probe", "draft_probe"):
+                    if draft is not None and probe in engine.identities:
+                        ids[f"{probe} of draft={draft}"] = engine.identities[probe]
         return ids
 
     def describe(self) -> dict[str, Any]:
@@ -105,6 +109,7 @@ def load_engines(settings, target: str | None = None, draft: str | None = None, 
 
     for refusal in filter(None, map(draft_refusal, (draft, *settings.compare_drafts))):
         raise ValueError(refusal)
+    lanes = compare_lane_probes(settings, target)
     number_type = vllm_dtype(device, dtype)
     options = dict(device=device, cache_dir=cache_dir, dtype=number_type, batch_size=BENCH_SLOTS,
                    kv_cache_gb=kv_cache_gb, seed=settings.seed, engine_args=settings.engine_args)
@@ -114,11 +119,9 @@ def load_engines(settings, target: str | None = None, draft: str | None = None, 
         main_probes = _probe_spec(probes, target, draft, cache_dir, scratch)
         _load_lane(engines, None, target, draft, main_probes, {"ar", *settings.methods}, options, tokens,
                    settings.draft_engine_args)
-    for spec in settings.compare_drafts:
-        from semspec.components import default_probes
-
+    for spec, lane_probes in lanes.items():
         # the drafting methods once more per draft (ar runs once, on the main lane)
-        _load_lane(engines, spec, target, spec, default_probes(spec, target), set(settings.methods) - {"ar"},
+        _load_lane(engines, spec, target, spec, lane_probes, set(settings.methods) - {"ar"},
                    options, tokens, settings.draft_engine_args)
     methods = set(settings.methods)
     if settings.loglik or methods & {"hf_generate", "hf_assisted"}:
@@ -126,6 +129,19 @@ def load_engines(settings, target: str | None = None, draft: str | None = None, 
     if "hf_assisted" in methods:
         _load_assistant(engines, target, draft, device, cache_dir, number_type)
     return engines
+
+
+def compare_lane_probes(settings, target: str | None = None) -> dict[str, str | None]:
+    """The probes of each draft of ``settings.compare_drafts``: those ``compare_probes`` gives
+    in the same place, else the draft's shipped ones (None: it has none). ValueError for more
+    probes than drafts."""
+    from semspec.components import default_probes
+
+    drafts, given = settings.compare_drafts, settings.compare_probes
+    if len(given) > len(drafts):
+        raise ValueError(f"--compare-probes names {len(given)} probes for {len(drafts)} --compare-drafts")
+    return {spec: (given[i] if i < len(given) else None) or default_probes(spec, target)
+            for i, spec in enumerate(drafts)}
 
 
 def _load_lane(engines: BenchEngines, lane: str | None, target, draft, probes, methods: set[str],

@@ -73,6 +73,8 @@ class BenchSettings:
     # further drafts run beside the main one on the same prompts, in the same run: each
     # drafting method once more per draft, labelled e.g. "token_sd@draft=smollm2-135m-head"
     compare_drafts: tuple[str, ...] = ()
+    # the probes of each of compare_drafts, in their order (a draft without: its shipped ones)
+    compare_probes: tuple[str, ...] = ()
     # vLLM's own engine arguments for the target's engines and the step engines' draft
     # (semspec.engine.engine_args), recorded with the results
     engine_args: dict[str, Any] = field(default_factory=dict)

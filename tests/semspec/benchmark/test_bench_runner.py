@@ -238,6 +238,7 @@ def test_cli_bench(engines, probes, prompts_file, tmp_path, monkeypatch):
     (["--taus", "probes,x"], "comma-separated floats"),
     (["--draft", "first:2"], "built in memory"),
     (["--compare-drafts", "first:1"], "built in memory"),
+    (["--compare-probes", "a"], "1 probes for 0 --compare-drafts"),
     (["--draft-stop-prob", "0.3"], "No such option"),
     (["--engine", "vllm"], "No such option"),
 ])
@@ -260,3 +261,15 @@ def test_forced_probes_are_saved_for_the_step_engine(tiny_vllm_dir, tiny_cache, 
     assert _probe_spec("embedded:x", model, model, tiny_cache, str(tmp_path)) == "embedded:x"
     with pytest.raises(ValueError, match="const:P_T,P_D"):
         _probe_spec("const:0.7", model, model, tiny_cache, str(tmp_path))
+
+
+def test_each_compared_draft_gets_the_probes_given_in_its_place_else_its_shipped_ones(prompts_file):
+    from semspec.benchmark.engines import compare_lane_probes
+    from semspec.components import EMBEDDED_DRAFT, default_probes
+
+    given = settings(prompts_file, compare_drafts=("/m/built", EMBEDDED_DRAFT, "ngram"), compare_probes=("/p/built",))
+    assert compare_lane_probes(given) == {"/m/built": "/p/built", EMBEDDED_DRAFT: default_probes(EMBEDDED_DRAFT, None),
+                                          "ngram": None}
+    assert default_probes(EMBEDDED_DRAFT, None) is not None  # the embedded draft's shipped probes
+    with pytest.raises(ValueError, match="2 probes for 1 --compare-drafts"):
+        compare_lane_probes(settings(prompts_file, compare_drafts=("ngram",), compare_probes=("a", "b")))
