@@ -24,11 +24,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from semspec.models.paths import DRAFT_ARTIFACT_META
 from semspec.models.reduced_vocab import VOCAB_SUBSET_FILE
 
 FORMAT = "semspec-draft/1"
 WEIGHTS_FILE = "draft.safetensors"
-META_FILE = "draft.json"
+META_FILE = DRAFT_ARTIFACT_META
 VOCAB_TENSOR = "vocab_ids"
 
 

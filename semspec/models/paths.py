@@ -8,6 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+# The metadata file of a layer draft artifact (what `semjobs draft train` writes;
+# semspec.models.draft_artifact), named here so that a spec naming one gets told what it is
+DRAFT_ARTIFACT_META = "draft.json"
+
+
 class ModelLoadError(RuntimeError):
     pass
 
@@ -34,9 +39,7 @@ def resolve_path(spec: str, path: Path, name: str | None = None) -> ResolvedSpec
         if len(ggufs) == 1:
             path = ggufs[0]
         else:
-            from semspec.models.draft_artifact import META_FILE
-
-            if (path / META_FILE).is_file():  # what `semjobs draft train` writes
+            if (path / DRAFT_ARTIFACT_META).is_file():
                 raise ModelLoadError(f"{path} is a layer draft artifact, not a model directory: "
                                      f"`semjobs draft materialize {path} --out DIR` writes the one a spec names")
             raise ModelLoadError(f"{path} is not a model directory (no config.json, {len(ggufs)} .gguf files)")
