@@ -61,9 +61,13 @@ def hub_env(tmp_path_factory):
 
 @pytest.fixture
 def pair_env(service_env, hub_env):
-    """The deployment's settings: the pair by hub name, decoded by vLLM (no stand-in)."""
+    """The deployment's settings: the pair by hub name, decoded by vLLM (no stand-in), drafting
+    at any batch (draft_max_batch 0: a CPU's default drafts only for a sequence decoding alone,
+    which three questions sampled to the same length may never leave, and then the jobs would
+    not show that the probes are asked and that the small model drafts)."""
     return {**service_env, **hub_env, "SEMJOBS_ENGINE_FACTORY": "", "SEMJOBS_TARGET_MODEL": TARGET,
-            "SEMJOBS_DRAFT_MODEL": DRAFT, "SEMJOBS_KV_CACHE_GB": "0.25", "SEMJOBS_THREADS": "1"}
+            "SEMJOBS_DRAFT_MODEL": DRAFT, "SEMJOBS_KV_CACHE_GB": "0.25", "SEMJOBS_THREADS": "1",
+            "SEMJOBS_DRAFT_MAX_BATCH": "0"}
 
 
 def write_questions(path) -> None:
@@ -167,7 +171,7 @@ def test_a_qwen3_pair_by_hub_name_through_the_service(pair_env, workers, tmp_pat
     # jobs while the other works, in float32 (lossless to the token: a float32 pass computes
     # the same numbers over one token or a verification's four), drafting at any batch
     eagle3_env = {**pair_env, "SEMJOBS_DRAFT_MODEL": HEAD, "SEMJOBS_QUEUE": f"{pair_env['SEMJOBS_QUEUE']}-eagle3",
-                  "SEMJOBS_DTYPE": "float32", "SEMJOBS_DRAFT_MAX_BATCH": "0"}
+                  "SEMJOBS_DTYPE": "float32"}
     workers.env = eagle3_env
     workers.start("qwen3-eagle3")
     greedy = {method: submit_questions(eagle3_env, tmp_path, method, "--temperature", "0", "--max-new-tokens", "40")
@@ -179,10 +183,8 @@ def test_a_qwen3_pair_by_hub_name_through_the_service(pair_env, workers, tmp_pat
     workers.start("qwen3", "--engine-arg", f"max_model_len={MAX_MODEL_LEN}")
     calibrate(pair_env, workers, tmp_path / "cal")
 
-    # semspec: the draft writes steps, the probes trained above judge them; drafting at any
-    # batch (draft_max_batch 0), so that the probes are asked
-    rows, manifest = decode({**pair_env, "SEMJOBS_DRAFT_MAX_BATCH": "0"}, workers, tmp_path, "semspec",
-                            "--max-new-tokens", "40")
+    # semspec: the draft writes steps, the probes trained above judge them
+    rows, manifest = decode(pair_env, workers, tmp_path, "semspec", "--max-new-tokens", "40")
     check_split_at_think_end(rows)
     assert sum(r["stats"]["steps_drafted"] for r in rows) > 0
     check_identities(manifest["identities"], "target", "draft")
