@@ -26,6 +26,10 @@ PG_ADMIN_URL = os.environ.get(
 REDIS_URL = os.environ.get("SEMJOBS_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 REQUIRE = os.environ.get("SEMJOBS_TEST_REQUIRE_SERVICES") == "1"
 FAKE_ENGINE = "tests.fake_engine:InstantEngine.load"
+# How long a worker may take to its first finished item, its engine's start included. Waiting
+# ends at the first item, so the bound costs nothing when things go well; a vLLM worker's start
+# took over 60 s under the parallel suite (scripts/test.sh) on a slow 2-core host.
+FIRST_PROGRESS_S = 240
 
 
 def require_vllm() -> None:

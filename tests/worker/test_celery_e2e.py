@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from semjobs.db import repo
 from semjobs.db.models import Item, Job, Output, Worker
 from semjobs.db.session import session_factory
-from tests.conftest import run_cli, wait_for
+from tests.conftest import FIRST_PROGRESS_S, run_cli, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def counts(url, job_id):
         )
 
 
-def wait_completed(url, job_id, workers, timeout=90):
+def wait_completed(url, job_id, workers, timeout=FIRST_PROGRESS_S):
     def done():
         for p in workers.procs:
             if p.poll() is not None and p.returncode not in (0, -signal.SIGKILL):
@@ -177,7 +177,7 @@ def test_two_workers_process_every_item_exactly_once(service_env, workers, pg_db
     slow = {"FAKE_ENGINE_DELAY_S": "0.05"}
     procs = [workers.start("w1", env=slow), workers.start("w2", env=slow)]
     # both consuming before the job exists, so neither can take it all alone
-    wait_for(lambda: all(" ready." in workers.log(p) for p in procs), 90, what="workers ready")
+    wait_for(lambda: all(" ready." in workers.log(p) for p in procs), FIRST_PROGRESS_S, what="workers ready")
     job_id = submit(service_env, write_input(tmp_path / "in.jsonl", n))
     wait_completed(pg_db, job_id, workers)
     with session_factory(pg_db)() as s:
@@ -221,7 +221,7 @@ def test_sigkilled_worker_items_are_redone_never_duplicated(service_env, workers
     job_id = submit(env, write_input(tmp_path / "in.jsonl", n), *options)
     victim = workers.start("victim")
 
-    wait_for(lambda: victim_mid_item(pg_db, job_id, min_done=2), 60, interval=0.05,
+    wait_for(lambda: victim_mid_item(pg_db, job_id, min_done=2), FIRST_PROGRESS_S, interval=0.05,
              what="victim busy on an item")
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
@@ -229,7 +229,7 @@ def test_sigkilled_worker_items_are_redone_never_duplicated(service_env, workers
     assert running, "the victim was killed between two items"
     killed_item = running[0].item_id
     workers.start("survivor")
-    wait_completed(pg_db, job_id, workers, timeout=120)
+    wait_completed(pg_db, job_id, workers)
 
     with session_factory(pg_db)() as s:
         items = {i.item_id: i for i in s.scalars(select(Item).where(Item.job_id == job_id))}
@@ -264,7 +264,7 @@ def test_killed_worker_items_are_redone_in_seconds_not_after_the_visibility_time
     victim = workers.start("victim")
     t_start = time.monotonic()  # the victim receives its chunk after this: redelivery > +vt
 
-    wait_for(lambda: victim_mid_item(pg_db, job_id, min_done=1), 60, interval=0.05,
+    wait_for(lambda: victim_mid_item(pg_db, job_id, min_done=1), FIRST_PROGRESS_S, interval=0.05,
              what="victim busy on an item")
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait()
@@ -322,7 +322,7 @@ def test_cancel_stops_a_running_job(service_env, workers, pg_db, tmp_path, decod
     job_id = submit(env, write_input(tmp_path / "in.jsonl", n), *options)
     # two items at a time, 0.3 s each: the job runs for seconds, the cancel arrives mid-job
     workers.start("w1", env={"FAKE_ENGINE_DELAY_S": "0.3", "SEMJOBS_BATCH_SIZE": "2", **engine_env})
-    wait_for(lambda: counts(pg_db, job_id).get("done", 0) >= 2, 60, what="first items")
+    wait_for(lambda: counts(pg_db, job_id).get("done", 0) >= 2, FIRST_PROGRESS_S, what="first items")
     res = run_cli(["cancel", job_id], service_env)
     cancelled_at = datetime.now(timezone.utc)
     assert "cancelled" in res.stdout
@@ -358,7 +358,8 @@ def test_cancel_aborts_the_items_decoding(service_env, workers, pg_db, tmp_path,
     n = 8
     job_id = submit(env, write_input(tmp_path / "in.jsonl", n), *options)
     w = workers.start("w1", env={"FAKE_ENGINE_DELAY_S": "60", "SEMJOBS_BATCH_SIZE": "2", **engine_env})
-    wait_for(lambda: counts(pg_db, job_id).get("running") == 2, 90, interval=0.05, what="two items decoding")
+    wait_for(lambda: counts(pg_db, job_id).get("running") == 2, FIRST_PROGRESS_S, interval=0.05,
+             what="two items decoding")
     t0 = time.monotonic()
     with session_factory(pg_db)() as s:  # what `semjobs cancel` does, without its start-up
         repo.cancel_job(s, job_id)
@@ -392,13 +393,13 @@ def test_sigterm_hands_back_the_rest_of_the_chunk(service_env, workers, pg_db, t
     n = 16
     job_id = submit(env, write_input(tmp_path / "in.jsonl", n), *options)
     first = workers.start("first")
-    wait_for(lambda: counts(pg_db, job_id).get("done", 0) >= 2, 60, interval=0.05,
+    wait_for(lambda: counts(pg_db, job_id).get("done", 0) >= 2, FIRST_PROGRESS_S, interval=0.05,
              what="first items")
     first.send_signal(signal.SIGTERM)
     first.wait(timeout=30)
     assert first.returncode == 0, workers.log(first)
     workers.start("second")
-    wait_completed(pg_db, job_id, workers, timeout=90)
+    wait_completed(pg_db, job_id, workers)
     with session_factory(pg_db)() as s:
         rows = s.execute(select(Item.seq, Item.attempts, Item.worker)
                          .where(Item.job_id == job_id)).all()
@@ -423,10 +424,10 @@ def test_killed_prefork_child_chunk_is_requeued_at_once(service_env, workers, pg
                                                 Item.attempts == 1)).first()
         return item
 
-    item = wait_for(busy_child, 90, interval=0.05, what="a child busy on an item")
+    item = wait_for(busy_child, FIRST_PROGRESS_S, interval=0.05, what="a child busy on an item")
     child_pid = int(item.worker.rsplit(":", 1)[1])
     os.kill(child_pid, signal.SIGKILL)
-    wait_completed(pg_db, job_id, workers, timeout=90)
+    wait_completed(pg_db, job_id, workers)
     with session_factory(pg_db)() as s:
         killed = s.scalars(select(Item).where(Item.job_id == job_id, Item.seq == item.seq)).one()
         n_out = s.scalar(select(func.count()).select_from(Output).where(Output.job_id == job_id))
@@ -473,7 +474,7 @@ def test_an_engine_that_cannot_load_fails_the_items_with_its_reason(service_env,
     workers.start("broken", env={"SEMJOBS_ENGINE_FACTORY": "no_such_module:Engine.load",
                                  "SEMJOBS_ENGINE_RETRY_S": "1"})
     t0 = time.monotonic()
-    wait_completed(pg_db, job_id, workers, timeout=120)
+    wait_completed(pg_db, job_id, workers)
     assert time.monotonic() - t0 < 120
     assert counts(pg_db, job_id) == {"failed": 6}
     st = json.loads(run_cli(["status", job_id, "--json"], service_env).stdout)

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 from semjobs.db.models import Item, Output
 from semjobs.db.session import session_factory
-from tests.conftest import wait_for
+from tests.conftest import FIRST_PROGRESS_S, wait_for
 from tests.worker.test_celery_e2e import submit, wait_completed, write_input
 
 pytestmark = pytest.mark.slow
@@ -45,20 +45,20 @@ def test_two_worker_processes_restart_a_killed_one_and_stop_on_sigterm(service_e
            "SEMJOBS_WORKER_DEAD_AFTER_S": "2"}
     workers.env = env
     sup = workers.start("sup", "--processes", "2", "--threads", "1")
-    wait_for(lambda: workers.log(sup).count(" ready.") == 2, 90, what="both worker processes ready")
+    wait_for(lambda: workers.log(sup).count(" ready.") == 2, FIRST_PROGRESS_S, what="both worker processes ready")
     assert "2 processes, 1 torch thread(s) each" in workers.log(sup)
     first = node_pids(sup.pid)
     assert set(first) == {"sup-0", "sup-1"}
 
     n = 24
     job_id = submit(env, write_input(tmp_path / "in.jsonl", n))
-    wait_for(lambda: running_on(pg_db, job_id, "sup-0") and running_on(pg_db, job_id, "sup-1"), 60,
+    wait_for(lambda: running_on(pg_db, job_id, "sup-0") and running_on(pg_db, job_id, "sup-1"), FIRST_PROGRESS_S,
              interval=0.05, what="both processes decoding")
     os.kill(first["sup-0"], signal.SIGKILL)
     killed = {i.seq for i in running_on(pg_db, job_id, "sup-0")}
     wait_for(lambda: "process 0 exited with code -9; starting it again" in workers.log(sup), 30,
              what="the supervisor restarting it")
-    wait_completed(pg_db, job_id, workers, timeout=120)
+    wait_completed(pg_db, job_id, workers)
 
     with session_factory(pg_db)() as s:
         items = {i.seq: i for i in s.scalars(select(Item).where(Item.job_id == job_id))}
