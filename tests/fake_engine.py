@@ -5,6 +5,8 @@ Select it with SEMJOBS_ENGINE_FACTORY=tests.fake_engine:InstantEngine.load (the 
 root must be importable, e.g. PYTHONPATH=.). Knobs, read from the environment at load time:
 - FAKE_ENGINE_DELAY_S: seconds each item takes (items of one batch run side by side, as in
   the real engine), to kill a worker mid-job;
+- FAKE_ENGINE_GATE: a path; items finish only once it exists (a test holds them running
+  until the moment it chooses);
 - a prompt containing "FAIL" raises, to exercise failed items;
 - a prompt containing "KILL" SIGKILLs the process decoding it (a poison item);
 - a nonzero seed changes the text and adds seed % 3 to the answer (samples differ).
@@ -23,8 +25,8 @@ from semspec.types import Abort, Cancelled, Counters, Finished, GenerationConfig
 
 
 class InstantEngine:
-    def __init__(self, delay_s: float = 0.0):
-        self.delay_s = delay_s
+    def __init__(self, delay_s: float = 0.0, gate: str | None = None):
+        self.delay_s, self.gate = delay_s, gate
         self.identities = {"target": "fake-instant@sha256:0", "draft": "fake-instant@sha256:0"}
         if "torch" in sys.modules:  # e.g. imported to apply SEMJOBS_THREADS: let tests see
             # (in the job manifest) what torch got in the process that runs the engine.
@@ -33,7 +35,7 @@ class InstantEngine:
 
     @classmethod
     def load(cls, target=None, draft=None, probes=None, device="auto", cache_dir=None, **_settings):
-        return cls(float(os.environ.get("FAKE_ENGINE_DELAY_S", "0") or 0))
+        return cls(float(os.environ.get("FAKE_ENGINE_DELAY_S", "0") or 0), os.environ.get("FAKE_ENGINE_GATE"))
 
     def generate_many(self, requests, config=None, batch_size=1):
         """The real engine's interface and batching: up to ``batch_size`` items in flight,
@@ -56,8 +58,9 @@ class InstantEngine:
                 time.sleep(0.005)  # nothing in flight and nothing ready: the source was polled
                 continue
             due, req = min(active, key=lambda a: a[0])
-            time.sleep(max(0.0, min(due - time.monotonic(), 0.02)))
-            if time.monotonic() < due:
+            held = self.gate is not None and not os.path.exists(self.gate)
+            time.sleep(0.02 if held else max(0.0, min(due - time.monotonic(), 0.02)))
+            if held or time.monotonic() < due:
                 continue
             active.remove((due, req))
             try:

@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from semjobs.db import migrate
 from semjobs.db.models import Item, Job, Output
 from semjobs.db.session import forget, session_factory
-from tests.conftest import FAKE_ENGINE, ROOT, Workers, wait_for
+from tests.conftest import FAKE_ENGINE, FIRST_PROGRESS_S, ROOT, Workers, wait_for
 from tests.services import PrivatePostgres, PrivateRedis
 from tests.worker.test_celery_e2e import counts, decoded_by, submit, wait_completed, write_input
 
@@ -93,10 +93,10 @@ def test_redis_restarted_mid_job_the_lost_messages_are_reissued(stack, decoding)
     n = 16
     job_id = submit(stack.env, write_input(stack.tmp / "in.jsonl", n), *options)
     w = stack.start("w1")
-    wait_for(lambda: done(stack.url, job_id) >= 1, 60, interval=0.05, what="first items")
+    wait_for(lambda: done(stack.url, job_id) >= 1, FIRST_PROGRESS_S, interval=0.05, what="first items")
     stack.redis.stop()
     stack.redis.start()
-    wait_completed(stack.url, job_id, stack, timeout=90)
+    wait_completed(stack.url, job_id, stack)
     assert "had lost the messages of pending items" in stack.log(w)
     assert n_outputs(stack.url, job_id) == n and decoded_by(stack.url, job_id, decoding)
     # the chunks in the worker's hands when Redis went down finished there; each item of a
@@ -112,11 +112,11 @@ def test_postgres_restarted_mid_job_commits_are_retried(stack, decoding):
     n = 12
     job_id = submit(stack.env, write_input(stack.tmp / "in.jsonl", n), *options)
     w = stack.start("w1")
-    wait_for(lambda: done(stack.url, job_id) >= 2, 60, interval=0.05, what="first items")
+    wait_for(lambda: done(stack.url, job_id) >= 2, FIRST_PROGRESS_S, interval=0.05, what="first items")
     stack.pg.stop()
     time.sleep(2)
     stack.pg.start()
-    wait_completed(stack.url, job_id, stack, timeout=90)
+    wait_completed(stack.url, job_id, stack)
     log = stack.log(w)
     assert "database unreachable" in log and "Traceback" not in log, log[-3000:]
     assert n_outputs(stack.url, job_id) == n and decoded_by(stack.url, job_id, decoding)
@@ -130,7 +130,7 @@ def test_everything_stopped_then_started_again_continues_without_redoing(stack, 
     n = 16
     job_id = submit(stack.env, write_input(stack.tmp / "in.jsonl", n), *options)
     first = stack.start("first")
-    wait_for(lambda: done(stack.url, job_id) >= 3, 60, interval=0.05, what="first items")
+    wait_for(lambda: done(stack.url, job_id) >= 3, FIRST_PROGRESS_S, interval=0.05, what="first items")
     first.send_signal(signal.SIGTERM)
     first.wait(timeout=30)
     before = {seq: i.finished_at for seq, i in items(stack.url, job_id).items() if i.status == "done"}
@@ -141,32 +141,36 @@ def test_everything_stopped_then_started_again_continues_without_redoing(stack, 
     stack.pg.start()
     stack.redis.start()
     stack.start("second")
-    wait_completed(stack.url, job_id, stack, timeout=90)
+    wait_completed(stack.url, job_id, stack)
     after = items(stack.url, job_id)
     assert n_outputs(stack.url, job_id) == n and decoded_by(stack.url, job_id, decoding)
     assert all(after[seq].finished_at == at for seq, at in before.items())
 
 
 def test_a_chunk_that_outlives_the_visibility_timeout_generates_no_item_twice(stack):
-    """Items slower than the broker's visibility timeout: Redis hands the running chunk to a
-    second worker while the first still decodes it. The second skips what a live worker is
-    running; every item is generated once."""
+    """A chunk running longer than the broker's visibility timeout: Redis hands it to a second
+    worker while the first still decodes it. The second skips what a live worker is running;
+    every item is generated once. The first's items are held running (the fake engine's gate)
+    until the second has been handed the chunk, however long the second takes to start."""
     vt = 2
-    env = {**stack.env, "SEMJOBS_VISIBILITY_TIMEOUT_S": str(vt), "FAKE_ENGINE_DELAY_S": str(2 * vt),
-           "SEMJOBS_CHUNK_SIZE": "2", "SEMJOBS_BATCH_SIZE": "2"}
+    gate = stack.tmp / "gate"
+    env = {**stack.env, "SEMJOBS_VISIBILITY_TIMEOUT_S": str(vt), "FAKE_ENGINE_DELAY_S": "0",
+           "FAKE_ENGINE_GATE": str(gate), "SEMJOBS_CHUNK_SIZE": "2", "SEMJOBS_BATCH_SIZE": "2"}
     stack.env = env
-    n = 4
+    n = 2  # one chunk
     job_id = submit(env, write_input(stack.tmp / "in.jsonl", n))
     stack.start("first")
-    wait_for(lambda: counts(stack.url, job_id).get("running", 0) >= 2, 60, interval=0.05,
-             what="the first chunk running")
+    wait_for(lambda: counts(stack.url, job_id).get("running", 0) == n, FIRST_PROGRESS_S, interval=0.05,
+             what="the chunk running")
     second = stack.start("second")
-    wait_completed(stack.url, job_id, stack, timeout=120)
+    skipped = re.compile(r"chunk \[\d+\]: done=0 failed=0 skipped=2")
+    wait_for(lambda: skipped.search(stack.log(second)), FIRST_PROGRESS_S, what="the second worker handed the chunk")
+    gate.touch()
+    wait_completed(stack.url, job_id, stack)
     assert n_outputs(stack.url, job_id) == n
     got = items(stack.url, job_id)
     assert [i.attempts for i in got.values()] == [1] * n, {s: (i.attempts, i.worker) for s, i in got.items()}
-    # the redelivered chunks reached the second worker, which left the first's running items
-    assert re.search(r"chunk \[\d+\]: done=\d+ failed=0 skipped=[1-9]", stack.log(second))
+    assert len({i.worker for i in got.values()}) == 1  # the first's: the second decoded none (done=0)
 
 
 def test_an_item_that_kills_its_worker_every_time_fails_after_the_attempt_cap(stack):
