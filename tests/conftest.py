@@ -55,6 +55,15 @@ def tiny_vllm_dir(tmp_path_factory):
     return tiny_vllm_model(tmp_path_factory)
 
 
+def pytest_collection_modifyitems(items):
+    """The files with slow tests first, in their order (a stable sort): run one file per
+    process (scripts/test.sh: pytest-xdist, --dist loadfile, --no-loadscope-reorder), the long
+    files start early and the many short ones even out the processes' ends, which would
+    otherwise wait on the longest files (tests/worker/, minutes each) started last."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 def _unavailable(what: str, err: Exception):
     msg = f"{what} not reachable ({type(err).__name__}: {err})"
     if REQUIRE:
