@@ -182,6 +182,27 @@ class ModelFiles:
         return Served(llm, facts, self.shape, norm, layer)
 
 
+def read_step_models(target: str | None, draft: str | None, probes: str | None, cache: Path,
+                     with_probes: bool = True) -> tuple[ModelFiles, ModelFiles | None, ProbePair | None]:
+    """What ``VLLMStepEngine.load`` reads before it starts an engine, where the defaults
+    resolve (``resolve_components``): the target's files, the draft's and the probes checked
+    against both (None where not named, or not ``with_probes``). Models are converted into
+    ``cache`` where they come so. A draft the step methods cannot use, or of another
+    tokenizer, is refused (MethodUnavailable); a probe that does not fit its model fails here."""
+    draft, probes = resolve_components(target, draft, probes)
+    problem = step_draft_problem("semspec", draft)
+    if problem is not None:
+        raise MethodUnavailable(problem)
+    t = ModelFiles.read(target or DEFAULT_TARGET, cache)
+    d = ModelFiles.read(draft, cache) if draft else None
+    if d is not None and not same_tokenizer(t.tokenizer, d.tokenizer):
+        raise MethodUnavailable("the step-level methods on vLLM need a draft with the target's tokenizer")
+    pair = None
+    if with_probes and d is not None and probes:
+        pair = ProbePair.load(resolve_probes(probes), t.shape, d.shape, name=str(probes))
+    return t, d, pair
+
+
 def gpu_shares(engines: dict[str, ModelFiles | None], engine_args: dict[str, dict]) -> dict[str, float]:
     """Each engine's gpu_memory_utilization where the step engines share a GPU (all of a
     process's engines start on its first one): vLLM's default fraction split among them by
@@ -258,17 +279,10 @@ class VLLMStepEngine:
 
         threads = torch.get_num_threads()
         cache = models_cache(cache_dir) or DEFAULT_CACHE_DIR
-        draft, probes = resolve_components(target, draft, probes)
-        problem = step_draft_problem("semspec", draft)
-        if problem is not None:
-            raise MethodUnavailable(problem)
-        t = ModelFiles.read(target or DEFAULT_TARGET, cache)
-        d = ModelFiles.read(draft, cache) if draft else None
-        if d is not None and not same_tokenizer(t.tokenizer, d.tokenizer):
-            raise MethodUnavailable("the step-level methods on vLLM need a draft with the target's tokenizer")
-        pair, calibrating = None, layers is not None  # probe calibration reads states: no writer
-        if layers is None and d is not None and probes:
-            pair = ProbePair.load(resolve_probes(probes), t.shape, d.shape, name=str(probes))
+        calibrating = layers is not None  # probe calibration reads states: no probes, no writer
+        t, d, pair = read_step_models(target, draft, probes, cache, with_probes=not calibrating)
+        draft = d.spec if d is not None else None
+        if pair is not None:
             layers = {"target": pair.target.layer, "draft": pair.draft.layer}
         layers = dict(layers or {})
         options = dict(device=device, dtype=dtype, batch_size=batch_size, compile=compile, seed=seed)

@@ -67,14 +67,16 @@ def test_the_shipped_probes_name_the_embedded_models_by_their_sources(pair, monk
 @pytest.mark.slow
 def test_the_shipped_probes_load_after_the_cache_is_rebuilt_under_another_home(tmp_path):
     """A fresh HOME and cache directory convert and materialise the models anew (under the
-    installed transformers): the default engine still loads the shipped probes."""
+    installed transformers): the default step engine still takes the shipped probes (what it
+    reads before its engines start; tests/semspec/engine/test_step_engine_real.py starts them)."""
     import os
     import subprocess
     import sys
 
-    code = ("from semspec.engine.step_engine import VLLMStepEngine\n"
-            "e = VLLMStepEngine.load(device='cpu', cache_dir='cache', dtype='float32', batch_size=1, kv_cache_gb=0.5)\n"
-            "assert e.probes is not None; print(e.identities['draft'])")
+    code = ("from semspec.engine.step_engine import read_step_models\n"
+            "from semspec.models.identity import models_cache\n"
+            "t, d, pair = read_step_models(None, None, None, models_cache('cache'))\n"
+            "assert pair is not None; print(d.shape.identity)")
     env = {k: v for k, v in os.environ.items() if k != "SEMJOBS_MODEL_CACHE"} | {"HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=600)
