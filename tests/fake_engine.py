@@ -25,8 +25,9 @@ from semspec.types import Abort, Cancelled, Counters, Finished, GenerationConfig
 
 
 class InstantEngine:
-    def __init__(self, delay_s: float = 0.0, gate: str | None = None):
-        self.delay_s, self.gate = delay_s, gate
+    def __init__(self, delay_s: float = 0.0):
+        self.delay_s = delay_s
+        self.gate: str | None = None  # FAKE_ENGINE_GATE
         self.identities = {"target": "fake-instant@sha256:0", "draft": "fake-instant@sha256:0"}
         if "torch" in sys.modules:  # e.g. imported to apply SEMJOBS_THREADS: let tests see
             # (in the job manifest) what torch got in the process that runs the engine.
@@ -35,7 +36,9 @@ class InstantEngine:
 
     @classmethod
     def load(cls, target=None, draft=None, probes=None, device="auto", cache_dir=None, **_settings):
-        return cls(float(os.environ.get("FAKE_ENGINE_DELAY_S", "0") or 0), os.environ.get("FAKE_ENGINE_GATE"))
+        engine = cls(float(os.environ.get("FAKE_ENGINE_DELAY_S", "0") or 0))
+        engine.gate = os.environ.get("FAKE_ENGINE_GATE")
+        return engine
 
     def generate_many(self, requests, config=None, batch_size=1):
         """The real engine's interface and batching: up to ``batch_size`` items in flight,
