@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from semspec.adaptive import FIRST_BACKOFF, MAX_BACKOFF, Governor
+from semspec.adaptive import FIRST_BACKOFF, MAX_BACKOFF, TRUSTED_VERIFICATIONS, Governor, JobExperience, LiveCosts, Meter
 
 
 def test_break_even_is_the_acceptance_at_which_a_drafted_step_pays():
@@ -54,7 +54,6 @@ def test_the_first_steps_move_the_estimate_as_a_mean_would():
 def test_measured_costs_decide_once_each_is_known():
     """A job that leaves its costs to the engine decides on what the engine measured, in units
     of its own writing: a writer twice as fast doubles what a drafted token costs."""
-    from semspec.adaptive import LiveCosts, Meter
 
     write, draft, verify = Meter(), Meter(), Meter()
     g = Governor(draft_cost=0.16, verify_cost_per_token=0.066, step_tokens=20, live=LiveCosts(write, draft, verify))
@@ -74,7 +73,6 @@ def test_a_jobs_sequences_start_from_what_its_earlier_ones_found():
     """Live costs carry the job's experience: a new sequence's prior is the rate at which the
     job's drafts were kept, its back-off as long as the job's have grown; a verification that
     finds drafting paying shortens them again for every sequence."""
-    from semspec.adaptive import JobExperience, LiveCosts, Meter
 
     shared = JobExperience()
     live = LiveCosts(Meter(), Meter(), Meter(), shared)
@@ -97,3 +95,68 @@ def test_a_jobs_sequences_start_from_what_its_earlier_ones_found():
         third.observe_verification(True)
     assert third.acceptance > third.break_even() and shared.backoff == FIRST_BACKOFF
     assert shared.acceptance == pytest.approx(4 / 8)  # a mean over the first verifications (20 of them)
+
+
+def test_a_meter_splits_a_calls_fixed_cost_from_its_cost_per_unit():
+    """Seconds = 0.25 + 0.05 per token, over requests of varied lengths: the line is found;
+    calls of one size, or too few, tell no fixed part; noise under zero counts as none."""
+    m = Meter()
+    for tokens in (20, 120, 35, 256, 20, 64):
+        m.observe(0.25 + 0.05 * tokens, tokens)
+    fixed, per_token = m.split()
+    assert fixed == pytest.approx(0.25) and per_token == pytest.approx(0.05)
+    same = Meter()
+    for _ in range(10):
+        same.observe(1.25, 20)
+    assert same.split() is None and same.per_unit() == pytest.approx(1.25 / 20)
+    few = Meter()
+    for tokens in (20, 120, 35):
+        few.observe(0.25 + 0.05 * tokens, tokens)
+    assert few.split() is None
+    cheaper_when_short = Meter()  # a fixed part under zero: none, at the average per token
+    for tokens, seconds in ((20, 0.5), (200, 8.0), (20, 0.5), (200, 8.0)):
+        cheaper_when_short.observe(seconds, tokens)
+    assert cheaper_when_short.split() == (0.0, cheaper_when_short.per_unit())
+
+
+def test_the_writings_re_entry_raises_the_break_even():
+    """A rejected step costs the writer a request it would not have made: with the writing
+    split into 0.25 s a request and 0.05 s a token, a 20-token step drafted at 0.012 s a token
+    and verified in 0.3 s pays above (20 * 0.24 + 6 + 5) / (20 + 5), not (20 * 0.012 + 0.3) /
+    (20 * average per token)."""
+    write, draft, verify = Meter(), Meter(), Meter()
+    g = Governor(draft_cost=0.16, verify_cost_per_token=0.066, step_tokens=20, live=LiveCosts(write, draft, verify))
+    draft.observe(0.24, 20)
+    verify.observe(0.3)
+    for tokens in (20, 120, 35, 256):
+        write.observe(0.25 + 0.05 * tokens, tokens)
+    assert g.break_even() == pytest.approx((20 * 0.012 / 0.05 + 0.3 / 0.05 + 0.25 / 0.05) / (20 + 0.25 / 0.05))
+    average = write.per_unit()
+    assert g.break_even() > (20 * 0.012 + 0.3) / (20 * average)
+
+
+def test_once_a_job_knows_its_drafts_lose_new_sequences_start_backed_off():
+    """After TRUSTED_VERIFICATIONS of the job's steps, kept under the break-even, a new
+    sequence writes the job's back-off first (then drafts a step to look), but for one in a
+    back-off's steps of the job's, which drafts its first step; before that, or where the
+    job's drafts pay, each drafts its first step."""
+    shared = JobExperience()
+    live = LiveCosts(Meter(), Meter(), Meter(), shared)
+    first = Governor(draft_cost=0.16, verify_cost_per_token=0.066, step_tokens=20, live=live)
+    for _ in range(TRUSTED_VERIFICATIONS - 1):
+        first.observe_verification(False)
+        first.waiting = 0
+    assert Governor(0.16, 0.066, step_tokens=20, live=live).should_speculate()  # not yet trusted
+    first.observe_verification(False)
+    backed_off = Governor(0.16, 0.066, step_tokens=20, live=live)
+    assert backed_off.waiting == shared.backoff == MAX_BACKOFF and not backed_off.should_speculate()
+    for _ in range(MAX_BACKOFF - 1):  # the job's sequences close steps: one short of a back-off
+        backed_off.observe_step(20)
+    assert Governor(0.16, 0.066, step_tokens=20, live=live).waiting == MAX_BACKOFF
+    backed_off.observe_step(20)
+    looks = Governor(0.16, 0.066, step_tokens=20, live=live)  # a back-off's steps since a look: it looks
+    assert looks.should_speculate() and shared.steps_since_look == 0
+    assert Governor(0.16, 0.066, step_tokens=20, live=live).waiting == MAX_BACKOFF  # and the next does not
+    for _ in range(2 * TRUSTED_VERIFICATIONS):  # the job's drafts then pay: new sequences draft again
+        first.observe_verification(True)
+    assert Governor(0.16, 0.066, step_tokens=20, live=live).should_speculate()

@@ -222,8 +222,9 @@ def test_a_rejection_that_backs_off_writes_the_step_and_the_back_off_in_one_requ
 
 def test_a_job_that_measures_its_costs_learns_from_its_earlier_sequences(engine):
     """Live costs (no draft_cost): the engine keeps what a kind of job's drafts did; once
-    they were all rejected, a new sequence drafts its first step and, rejected too, writes
-    the rest itself; another kind of job (sampled) starts afresh."""
+    they were all rejected, new sequences start backed off and write on alone, but for one
+    that drafts its first step to look (the job's steps since the last look are a back-off's
+    worth); another kind of job (sampled) starts afresh."""
     engine.reset_meters()
     engine.probes = ProbePair.always_reject(256, 256)
     try:
@@ -238,7 +239,8 @@ def test_a_job_that_measures_its_costs_learns_from_its_earlier_sequences(engine)
     learned = learned.experience  # the same kind of job, its temperature given as an int
     assert learned.acceptance == 0.0 and learned.verified == sum(r.counters.steps_drafted for r in first + again)
     assert fresh.acceptance is None and fresh is not learned
-    assert all(r.counters.steps_drafted == 1 for r in again if len(r.steps) > 1)
+    assert all(r.counters.steps_drafted <= 1 for r in again)
+    assert 1 <= sum(r.counters.steps_drafted for r in again) < len(again)
     assert sum(r.counters.steps_drafted for r in first) > len(first)
 
 
