@@ -105,7 +105,8 @@ class Meter:
     def split(self) -> tuple[float, float] | None:
         """(seconds a call costs whatever its size, seconds per unit): the weighted least-squares
         line through the calls; None until there are ``SPLIT_CALLS`` of sizes that vary, or
-        where the line falls with size (noise). A fixed part under zero counts as none."""
+        where the line falls with size or finds no fixed part (noise, or calls that cost only
+        by their size): the average per unit (``per_unit``) then stands for both."""
         variance = self.squares - self.units ** 2
         if self.calls < SPLIT_CALLS or variance <= (SPLIT_SPREAD * self.units) ** 2:
             return None
@@ -113,7 +114,7 @@ class Meter:
         if slope <= 0:
             return None
         fixed = self.seconds - slope * self.units
-        return (fixed, slope) if fixed > 0 else (0.0, self.per_unit())
+        return (fixed, slope) if fixed > 0 else None
 
 
 @dataclass

@@ -164,8 +164,6 @@ class ModelFiles:
             if not 0 <= index <= self.shape.num_layers:
                 raise ValueError(f"{self.spec} has {self.shape.num_layers} layers: no hidden_states[{layer}]")
             layer = index
-            if not 0 <= layer <= self.shape.num_layers:
-                raise ValueError(f"{self.spec} has {self.shape.num_layers} layers: no hidden_states[{layer}]")
         user = reduced_vocab_plugin.engine_args(self.directory, self.config, engine_args)
         if user is not engine_args:  # our class of its architecture, made known to vLLM here
             register()

@@ -113,10 +113,10 @@ def test_a_meter_splits_a_calls_fixed_cost_from_its_cost_per_unit():
     for tokens in (20, 120, 35):
         few.observe(0.25 + 0.05 * tokens, tokens)
     assert few.split() is None
-    cheaper_when_short = Meter()  # a fixed part under zero: none, at the average per token
+    cheaper_when_short = Meter()  # a fixed part under zero: none (the average per token stands)
     for tokens, seconds in ((20, 0.5), (200, 8.0), (20, 0.5), (200, 8.0)):
         cheaper_when_short.observe(seconds, tokens)
-    assert cheaper_when_short.split() == (0.0, cheaper_when_short.per_unit())
+    assert cheaper_when_short.split() is None
 
 
 def test_the_writings_re_entry_raises_the_break_even():
@@ -133,6 +133,11 @@ def test_the_writings_re_entry_raises_the_break_even():
     assert g.break_even() == pytest.approx((20 * 0.012 / 0.05 + 0.3 / 0.05 + 0.25 / 0.05) / (20 + 0.25 / 0.05))
     average = write.per_unit()
     assert g.break_even() > (20 * 0.012 + 0.3) / (20 * average)
+    whole = Meter()  # calls whose line finds no fixed part: no re-entry, the average per token
+    for tokens, seconds in ((20, 0.5), (200, 8.0), (20, 0.5), (200, 8.0)):
+        whole.observe(seconds, tokens)
+    g = Governor(draft_cost=0.16, verify_cost_per_token=0.066, step_tokens=20, live=LiveCosts(whole, draft, verify))
+    assert g.break_even() == pytest.approx((20 * 0.012 + 0.3) / (20 * whole.per_unit()))
 
 
 def test_once_a_job_knows_its_drafts_lose_new_sequences_start_backed_off():
