@@ -47,6 +47,24 @@ def test_the_targets_rewrites_go_to_the_writer_and_stay_the_targets_own(engine):
     assert engine.writer.steps > before[0]
 
 
+def test_paused_beside_other_sequences_the_writing_stays_on_the_writer(engine):
+    """Drafting paused for the batch (4 in flight, draft_max_batch 1): the target's writing
+    still goes to the writer (which drafts tokens only while few requests run in it), not to
+    the states engine; a job without token speculation writes on the target. Greedy, the
+    text is ar's."""
+    from semspec.stepwise import TARGET, WRITE_PHASE, Call
+
+    write = Call(TARGET, [1, 2, 3], 8, WRITE_PHASE)
+    paused = engine.new_program(PROMPTS[0], config("semspec", draft_max_batch=1), lambda: len(PROMPTS))
+    assert engine._served(write, paused) is engine.writer
+    plain = engine.new_program(PROMPTS[0], config("semspec", draft_max_batch=1, token_speculation=False),
+                               lambda: len(PROMPTS))
+    assert engine._served(write, plain) is engine.target
+    before = engine.writer.steps
+    assert texts(engine, config("semspec", draft_max_batch=1)) == texts(engine, config("ar"))
+    assert engine.writer.steps > before
+
+
 def test_only_a_job_the_writer_wrote_for_names_its_draft(engine):
     models = {m: engine.generate(PROMPTS[1], config(m, **kw)).models
               for m, kw in (("ar", {}), ("semspec", {}), ("step_judge", {"token_speculation": False}))}
