@@ -83,13 +83,13 @@ class GenerationConfig:
     adaptive: bool = True
     draft_cost: float | None = None
     verify_cost_per_token: float = 0.066
-    # semspec and step_judge: draft (and speculate tokens in the target's own writing) only
-    # while at most this many sequences are in flight. With more, the target's pass runs on
-    # every tick for the others anyway, and a drafted step saves no pass: it only adds draft
-    # passes (docs/batching.md). The target writes meanwhile (steps logged with reason
-    # "batch"), and drafting resumes as the batch thins out at the end of a job. (token_sd's
-    # engine on a CPU likewise drafts only while few requests run, engine-wide:
-    # token_engine.CPU_SPECULATION_MAX_BATCH, 2.)
+    # semspec and step_judge: draft steps only while at most this many sequences are in
+    # flight. With more, the target's pass runs on every tick for the others anyway, and a
+    # drafted step saves no pass: it only adds draft passes (docs/batching.md). The target
+    # writes meanwhile (steps logged with reason "batch"; on the writer where the job
+    # speculates tokens, which like token_sd's engine on a CPU drafts tokens only while few
+    # requests run in it: token_engine.CPU_SPECULATION_MAX_BATCH, 2), and drafting resumes
+    # as the batch thins out at the end of a job.
     # None: the engine's choice (1 on a CPU, as measured; no limit on an accelerator,
     # untested); 0: no limit. Outputs then depend on the batch's occupancy.
     # The service's default: SEMJOBS_DRAFT_MAX_BATCH.
