@@ -554,9 +554,14 @@ class VLLMStepEngine:
         stop = [cfg.step_delimiter] + ([item.program.think_end] if item.program.think_end else [])
         extra = {"kv_transfer_params": {STATES_FROM: call.states_from}} if call.states_from is not None else None
         sampled = cfg.temperature > 0 and not call.scored  # a judge reads its scores greedily
+        # a sequence's first request takes the job's seed, as ar's and token_sd's single request
+        # does: one that drafts nothing writes their sample (the writer verifies by the
+        # target's own draws), so a benchmark compares the methods on the same text; each
+        # later request other numbers (apart from the acceptance coin's, seed + 1_000_003)
+        seed = (cfg.seed + item.calls * 2_000_003) % 2**63
         params = SamplingParams(
             temperature=cfg.temperature if sampled else 0.0, top_p=cfg.top_p if sampled else 1.0,
-            seed=(cfg.seed * 1_000_003 + item.calls) % 2**63 if sampled and cfg.reproducible else None,
+            seed=seed if sampled and cfg.reproducible else None,
             max_tokens=call.max_tokens, stop_token_ids=sorted(served.facts.eos),
             stop=stop if call.stop_at_step_end else None, include_stop_str_in_output=True,
             detokenize=call.stop_at_step_end, output_kind=RequestOutputKind.FINAL_ONLY, extra_args=extra,

@@ -65,6 +65,22 @@ def test_paused_beside_other_sequences_the_writing_stays_on_the_writer(engine):
     assert engine.writer.steps > before
 
 
+def test_a_sampled_sequences_first_request_takes_the_jobs_seed(engine, monkeypatch):
+    """As ar's and token_sd's one request does, so a sequence that drafts nothing writes their
+    sample; its later requests take other numbers. (Paused beside the batch, each prompt's
+    first request is a write-ahead on the writer.)"""
+    seeds = []
+    add = engine.writer.llm.add_request
+
+    def spy(request_id, prompt, params, *args, **kwargs):
+        seeds.append(params.seed)
+        return add(request_id, prompt, params, *args, **kwargs)
+
+    monkeypatch.setattr(engine.writer.llm, "add_request", spy)
+    texts(engine, config("semspec", temperature=0.8, top_p=0.95, seed=5, draft_max_batch=1))
+    assert seeds[:len(PROMPTS)] == [5] * len(PROMPTS) and 5 not in seeds[len(PROMPTS):]
+
+
 def test_only_a_job_the_writer_wrote_for_names_its_draft(engine):
     models = {m: engine.generate(PROMPTS[1], config(m, **kw)).models
               for m, kw in (("ar", {}), ("semspec", {}), ("step_judge", {"token_speculation": False}))}
