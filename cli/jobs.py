@@ -32,6 +32,14 @@ def _storable_name(ctx, param, value: str | None) -> str | None:
 
 
 def generation_options(f):
+    f = click.option("--stop-loops/--keep-loops", "stop_loops", default=None,
+                     help="End a sample that starts repeating itself, its text cut where the loop began "
+                     "(finish reason `repetition`; an answer written before it is kept and checked). "
+                     "Default: on (SEMJOBS_STOP_LOOPS).")(f)
+    f = click.option("--want", type=click.IntRange(1, MAX_SAMPLES), default=None,
+                     help="Kept samples per input that are enough, of at most --n: once an input has this many "
+                     "(right by its reference; without one, ended by itself with an answer), its other samples "
+                     "are not decoded (state `unneeded`) and go out in waves (a line's own `want` wins).")(f)
     f = click.option("--n", "samples", type=click.IntRange(1, MAX_SAMPLES), default=1, show_default=True,
                      help="Samples per input, each an item of its own with its own seed "
                      "(a line's own `n`, or `n` in a Batch body, wins). Needs --temperature > 0.")(f)
@@ -114,13 +122,14 @@ def db_option(f):
                         "database of the last `run` or `submit` here, else the embedded SQLite file).")(f)
 
 
-def _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible) -> dict:
-    from semjobs.jobs.submit import job_config
+def _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible, stop_loops=None,
+            want=None) -> dict:
+    from semjobs.jobs.submit import job_config, want_problem
 
     if seed is not None and not reproducible:
         raise click.BadParameter("a seed means nothing to a job sampled without seeds", param_hint="--seed")
     try:
-        config = job_config(method, max_new_tokens, temperature, seed, top_p, tau)
+        config = job_config(method, max_new_tokens, temperature, seed, top_p, tau, stop_loops)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--method") from None
     if tau is not None and config["method"] != "semspec":
@@ -130,6 +139,9 @@ def _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, repr
     if samples > 1 and config["temperature"] == 0:
         raise click.BadParameter(f"{samples} samples of greedy decoding would be {samples} copies; "
                                  "give --temperature above 0 (e.g. 0.6)", param_hint="--n")
+    problem = want_problem(want, samples)
+    if problem:
+        raise click.BadParameter(problem, param_hint="--want")
     return config
 
 
@@ -197,7 +209,8 @@ def _shown(url: str) -> str:
 @click.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @generation_options
-def submit(file, method, max_new_tokens, temperature, top_p, seed, tau, reproducible, name, samples) -> None:
+def submit(file, method, max_new_tokens, temperature, top_p, seed, tau, reproducible, name, samples, want,
+           stop_loops) -> None:
     """Validate FILE, store the job and its items, enqueue them; prints the job id last.
 
     Example: semjobs submit prompts.jsonl --method semspec --n 4 --temperature 0.6 --top-p 0.95"""
@@ -206,12 +219,12 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, tau, reproduc
     from semjobs.settings import settings
     from semjobs.worker.queues import queue_name
 
-    config = _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible)
+    config = _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible, stop_loops, want)
     queue = queue_name(kind=config["method"])  # the workers that serve the method take it
     t0 = time.perf_counter()
     validation = _storable(file, samples, method=config["method"])
     job_id, n = store_job(file, config, queue=queue, name=name, status="pending", validation=validation,
-                          samples=samples)
+                          samples=samples, want=want)
     from semjobs.worker.publish import publisher
 
     try:
@@ -292,7 +305,8 @@ def jobs_command(as_json, limit, db_url) -> None:
               "an input's samples as choices) or hf (a datasets directory with a dataset card). "
               "Default: parquet for a .parquet OUTPUT, batch for jobs of Batch lines, else jsonl.")
 @click.option("--only", type=click.Choice(ONLY), default=None,
-              help="Keep only the samples whose final answer is right (or wrong) by the input's reference.")
+              help="Keep only the samples whose final answer is right (or wrong) by the input's reference, "
+              "or those a dataset keeps (kept: right; without a reference, ended with an answer).")
 @click.option("--majority", is_flag=True,
               help="Keep one sample per input: the first giving its most frequent answer.")
 @click.option("--errors", type=click.Path(dir_okay=False), default=None,
@@ -447,8 +461,8 @@ def retry(job, include_pending, db_url) -> None:
               help="Engine processes (default: SEMJOBS_PROCESSES, else one per core on a CPU, at "
               "least 8 items each, one on a GPU).")
 @engine_arg_options
-def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, tau, reproducible, name, samples, db_url,
-        steps, force, resume, batch_size, processes, engine_args, draft_engine_args) -> None:
+def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, tau, reproducible, name, samples, want,
+        stop_loops, db_url, steps, force, resume, batch_size, processes, engine_args, draft_engine_args) -> None:
     """Embedded mode: no servers; process FILE on this machine into a SQLite file, then
     export. Same tables, same per-item code as the workers; on a CPU one engine process per
     core.
@@ -461,8 +475,8 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     from semjobs.db import migrate
     from semjobs.jobs.export import check_targets
     from semjobs.jobs.locate import missing_sqlite_file, remember
-    from semjobs.jobs.status import answers_line, job_status
-    from semjobs.jobs.submit import find_resumable, store_job, unfinished_seqs, validate
+    from semjobs.jobs.status import answers_line, job_status, kept_line
+    from semjobs.jobs.submit import find_resumable, store_job, unfinished_seqs, validate, work_order
     from semjobs.settings import settings
     from semjobs.worker import engine_processes
     from semjobs.worker.engine import EngineLoadError
@@ -475,7 +489,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     if processes is not None:
         settings.processes = processes
     use_engine_args(engine_args, draft_engine_args)
-    config = _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible)
+    config = _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible, stop_loops, want)
     try:  # before any work: an output that would be refused is refused now, not after the run
         check_targets(output, errors, force=force, input_path=file)
     except ValueError as e:
@@ -486,7 +500,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     fresh = missing_sqlite_file(url) is not None or migrate.current(url) is None
     if not fresh:
         migrate.upgrade(url)  # the job to resume is looked up in the current schema
-    job_id = (find_resumable(validation, config, samples=samples, url=url)
+    job_id = (find_resumable(validation, config, samples=samples, want=want, url=url)
               if resume and validation.ok and not fresh else None)
     seqs = unfinished_seqs(job_id, url=url) if job_id is not None else None
     n_procs, threads = (engine_processes.plan(len(seqs) if seqs is not None else validation.n_samples)
@@ -511,15 +525,16 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
             if fresh:
                 migrate.upgrade(url)
             job_id, n = store_job(file, config, queue=EMBEDDED_QUEUE, name=name, url=url, status="queued",
-                                  validation=validation, samples=samples)
+                                  validation=validation, samples=samples, want=want)
             remember(job_id, url)
             seqs = list(range(n))
             click.echo(f"job {job_id}: {n} items, method {config['method']}; database {_shown(url)}",
                        err=True)
+        seqs, in_waves = work_order(job_id, seqs, url)
         t0 = time.perf_counter()
         try:
             with click.progressbar(length=len(seqs), label="generating", file=sys.stderr) as bar:
-                engines.run(job_id, seqs, url, on_item=lambda _seq: bar.update(1))
+                engines.run(job_id, seqs, url, on_item=lambda _seq: bar.update(1), interleaved=in_waves)
         except KeyboardInterrupt:
             click.echo(f"\ninterrupted: finished items of job {job_id} are kept in {_shown(url)}; "
                        f"export them with `semjobs export {job_id} --db {_shown(url)} -o OUT`", err=True)
@@ -533,8 +548,10 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     st = job_status(job_id, url=url)
     if st["answers"]:
         click.echo(f"answers: {answers_line(st['answers'])}", err=True)
+    click.echo(f"kept: {kept_line(st['yield'])}", err=True)
     click.echo(job_id)
-    sys.exit(_run_exit_code(st["counts"]["done"], st["n_items"]))
+    # the samples an input no longer needed (--want) were not to be done
+    sys.exit(_run_exit_code(st["counts"]["done"], st["n_items"] - st["counts"]["unneeded"]))
 
 
 def _run_exit_code(done: int, items: int) -> int:

@@ -36,9 +36,11 @@ from semspec.types import COUNT_FIELDS
 # completed (every item reached a final state; counts say how many failed) | cancelled.
 JOB_STATUSES = ("pending", "queued", "running", "completed", "cancelled")
 JOB_ACTIVE = ("pending", "queued", "running")
-# Item lifecycle: pending -> running -> done | failed ; pending/running -> cancelled.
-ITEM_STATUSES = ("pending", "running", "done", "failed", "cancelled")
-ITEM_FINAL = ("done", "failed", "cancelled")
+# Item lifecycle: pending -> running -> done | failed ; pending/running -> cancelled;
+# running -> unneeded (a sample of an input that already has the kept samples its job wants:
+# not decoded, or aborted mid-decode; semjobs.db.surplus).
+ITEM_STATUSES = ("pending", "running", "done", "failed", "cancelled", "unneeded")
+ITEM_FINAL = ("done", "failed", "cancelled", "unneeded")
 
 # BIGINT on Postgres, INTEGER (the rowid alias, so it autoincrements) on SQLite.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -115,6 +117,9 @@ class Output(Base):
     reasoning: Mapped[str | None] = mapped_column(Text)
     content: Mapped[str | None] = mapped_column(Text)
     correct: Mapped[bool | None] = mapped_column(Boolean)
+    # Added in 0007; NULL on rows written before it: a sample its dataset keeps
+    # (semspec.answers.is_kept), what a job's want of K kept samples per input counts.
+    kept: Mapped[bool | None] = mapped_column(Boolean)
     finish_reason: Mapped[str] = mapped_column(String(16))
     models: Mapped[dict] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

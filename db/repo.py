@@ -31,7 +31,9 @@ from sqlalchemy import case, delete, exists, func, insert, or_, select, text, up
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from semjobs.db.models import JOB_ACTIVE, CalibrationQuestion, Item, ItemStats, Job, Output, StepLog, Worker, utcnow
+from semjobs.db.models import (ITEM_STATUSES, JOB_ACTIVE, CalibrationQuestion, Item, ItemStats, Job, Output, StepLog,
+                               Worker, utcnow)
+from semspec.answers import is_kept
 from semspec.types import COUNT_FIELDS
 
 # ---------------------------------------------------------------------------- submit
@@ -130,6 +132,7 @@ class Claim:
     attempts: int
     request: dict
     sample: int = 0
+    item_id: str = ""  # the input's id, as text: the samples of one input share it
 
 
 def get_job(session: Session, job_id: str) -> Job | None:
@@ -214,12 +217,12 @@ def claim_item(session: Session, job_id: str, seq: int, worker: str | None,
             started_at=utcnow(),
             worker=worker,
         )
-        .returning(Item.id, Item.attempts, Item.request, Item.sample)
+        .returning(Item.id, Item.attempts, Item.request, Item.sample, Item.item_id)
     ).first()
     session.commit()
     if row is None:
         return None
-    return Claim(pk=row[0], seq=seq, attempts=row[1], request=row[2], sample=row[3])
+    return Claim(pk=row[0], seq=seq, attempts=row[1], request=row[2], sample=row[3], item_id=row[4])
 
 
 def cancel_leftovers(session: Session, job_id: str, seqs: Iterable[int]) -> int:
@@ -309,7 +312,8 @@ def storable_text(text: str | None) -> str | None:
 def output_values(result: Any, correct: bool | None) -> dict[str, Any]:
     """A GenerationResult's outputs row (without the keys and the time)."""
     texts = {key: storable_text(getattr(result, key)) for key in ("text", "final_answer", "reasoning", "content")}
-    return {**texts, "correct": correct, "finish_reason": result.finish_reason, "models": dict(result.models or {})}
+    return {**texts, "correct": correct, "kept": is_kept(correct, result.final_answer, result.finish_reason),
+            "finish_reason": result.finish_reason, "models": dict(result.models or {})}
 
 
 def save_result(session: Session, job_id: str, pk: int, result: Any, correct: bool | None = None) -> bool:
@@ -389,9 +393,9 @@ WITH i AS (
     WHERE id = :pk AND status = 'running'
     RETURNING id
 ), o AS (
-    INSERT INTO outputs (item_pk, job_id, text, final_answer, reasoning, content, correct,
+    INSERT INTO outputs (item_pk, job_id, text, final_answer, reasoning, content, correct, kept,
                          finish_reason, models, created_at)
-    SELECT :pk, :job_id, :text, :final_answer, :reasoning, :content, :correct,
+    SELECT :pk, :job_id, :text, :final_answer, :reasoning, :content, :correct, :kept,
            :finish_reason, CAST(:models AS json), :now
     WHERE EXISTS (SELECT 1 FROM i)
     ON CONFLICT (item_pk) DO NOTHING
@@ -600,7 +604,7 @@ def list_jobs(session: Session, limit: int = 20) -> list[Job]:
 
 
 def counts(session: Session, job_id: str) -> dict[str, int]:
-    out = {s: 0 for s in ("pending", "running", "done", "failed", "cancelled")}
+    out = dict.fromkeys(ITEM_STATUSES, 0)
     for status, n in session.execute(
         select(Item.status, func.count()).where(Item.job_id == job_id).group_by(Item.status)
     ):
@@ -615,10 +619,11 @@ def stat_sums(session: Session, job_id: str) -> dict[str, float]:
 
 
 def last_finished_at(session: Session, job_id: str) -> datetime | None:
-    """When the job's last item was settled (done or failed)."""
+    """When the job's last item was settled (done, failed or found unneeded)."""
     return as_utc(
         session.scalar(
-            select(func.max(Item.finished_at)).where(Item.job_id == job_id, Item.status.in_(("done", "failed")))
+            select(func.max(Item.finished_at)).where(Item.job_id == job_id,
+                                                     Item.status.in_(("done", "failed", "unneeded")))
         )
     )
 

@@ -81,7 +81,8 @@ def _choice(item: Item, out: Output) -> dict:
         "message": {"role": "assistant", "content": out.text},
         "finish_reason": "length" if out.finish_reason == "length" else "stop",
         # semjobs extension: this sample's parsed answer and its check
-        "semjobs": {"final_answer": out.final_answer, "correct": out.correct},
+        "semjobs": {"final_answer": out.final_answer, "correct": out.correct, "kept": out.kept,
+                    "finish_reason": out.finish_reason},
     }
 
 
@@ -127,6 +128,7 @@ def result_line(job: Job, kept: Kept) -> dict:
         "final_answer": out.final_answer,
         "reference": req.get("reference"),
         "correct": out.correct,
+        "kept": out.kept,
         "finish_reason": out.finish_reason,
         "usage": _usage(stats),
         "method": job.config.get("method"),
@@ -161,7 +163,9 @@ def _select(done: list[Kept], only: str | None, majority: bool) -> list[Kept]:
         pick = accuracy.majority([accuracy.Answer(str(k.item.item_id), k.item.sample, k.out.final_answer,
                                                   k.out.correct) for k in done])
         done = [k for k in done if pick is not None and k.item.sample == pick.sample]
-    if only is not None:
+    if only == "kept":
+        done = [k for k in done if k.out.kept]
+    elif only is not None:
         done = [k for k in done if k.out.correct is (only == "correct")]
     return done
 

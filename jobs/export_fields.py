@@ -2,7 +2,7 @@
 `semjobs.jobs.export` its rows and its Parquet schema."""
 
 FORMATS = ("jsonl", "parquet", "batch", "hf")
-ONLY = ("correct", "incorrect")
+ONLY = ("correct", "incorrect", "kept")
 
 # The columns of a sample's row, in order: name -> (column type in Parquet and the
 # dataset, what it holds). The README's "Output" table lists the same fields. Nested values
@@ -18,7 +18,9 @@ EXPORT_FIELDS = {
     "reference": ("string", "the input's reference answer (its `answer`, or `metadata.answer`), or null"),
     "correct": ("bool", "final_answer checked against reference (math-verify); false when no answer "
                         "was found, null without a reference"),
-    "finish_reason": ("string", "eos or length"),
+    "kept": ("bool", "a sample its dataset keeps: correct with a reference; without one, ended by itself "
+                     "with an answer found (not cut at the cap, not a loop)"),
+    "finish_reason": ("string", "eos, length, or repetition (a loop, cut where it began: --stop-loops)"),
     "usage": ("string", "prompt, completion and total tokens"),
     "method": ("string", "the decoding method"),
     "stats": ("string", "the engine's counters, wall time, phase times and tokens/s of this sample"),

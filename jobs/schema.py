@@ -40,7 +40,7 @@ MAX_TOKENS = 2**31 - 1
 # is no metadata but a way to make every reader of the stored request recurse.
 MAX_DEPTH = 32
 # Fields of a plain line that ask for something rather than being kept as its metadata.
-CONTROL_FIELDS = ("id", "prompt", "messages", "n", "chat_template_kwargs", *PARAM_TYPES)
+CONTROL_FIELDS = ("id", "prompt", "messages", "n", "want", "chat_template_kwargs", *PARAM_TYPES)
 MAX_REPORTED_ERRORS = 50
 # A Batch line asks for a request: a field it names that semjobs would not honour (`stop`,
 # `logprobs`, `tools`, ...) is refused rather than silently dropped.
@@ -72,6 +72,7 @@ class Record:
     params: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     n: int | None = None  # samples asked for by the line itself (else the job's)
+    want: int | None = None  # kept samples that are enough, by the line itself (else the job's)
     reference: str | None = None  # the answer to check outputs against, when the line has one
     chat_template_kwargs: dict[str, Any] | None = None
     size: int = 0  # the line's bytes, which each of its samples stores again
@@ -101,6 +102,8 @@ class Record:
             req["params"] = self.params
         if self.chat_template_kwargs:
             req["chat_template_kwargs"] = self.chat_template_kwargs
+        if self.want is not None:
+            req["want"] = self.want
         if self.reference is not None:
             req["reference"] = self.reference
         if self.meta:
@@ -117,6 +120,7 @@ class Validation:
     errors: list[InputError]
     n_errors: int
     n_samples: int = 0  # items to store: every input's samples
+    n_wanting: int = 0  # lines that say how many kept samples are enough (`want`)
     context_unchecked: str | None = None  # why prompt lengths could not be checked, if so
 
     @property
@@ -325,6 +329,8 @@ def _parse_plain(obj: dict, line: int) -> Record:
             rec.params[key] = _check_param(obj, key, key, kind)
     if obj.get("n") is not None:
         rec.n = _check_n(obj["n"], "n")
+    if obj.get("want") is not None:
+        rec.want = _check_n(obj["want"], "want")
     if obj.get("chat_template_kwargs") is not None:
         rec.chat_template_kwargs = _check_template_kwargs(obj["chat_template_kwargs"], "chat_template_kwargs")
     rec.reference = _reference(("", obj), ("metadata.", obj.get("metadata")))
@@ -458,7 +464,7 @@ def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
     problem = _file_problem(path, max_bytes)
     if problem:
         return Validation(path, None, 0, "", [InputError(0, None, problem)], 1)
-    n_samples = 0
+    n_samples = n_wanting = 0
     hasher = hashlib.sha256()
     seen: dict[str, int] = {}
     errors: list[InputError] = []
@@ -495,7 +501,12 @@ def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
             part, message = problem
             err(InputError(rec.line, rec.field_name(part), message))
             continue
+        if rec.want is not None and rec.want > rec.samples(samples):
+            err(InputError(rec.line, "want", f"wants {rec.want} kept samples of {rec.samples(samples)} "
+                           "(the line's `n`, else the job's --n): at most as many as are sampled"))
+            continue
         n += 1
+        n_wanting += rec.want is not None
         n_samples += rec.samples(samples)
         stored_bytes += rec.size * rec.samples(samples)
         if max_bytes is not None and stored_bytes > max_bytes and not too_big:
@@ -510,4 +521,4 @@ def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
                            "SEMJOBS_MAX_JOB_ITEMS raises the limit)"))
     if n == 0 and n_errors == 0:
         err(InputError(0, None, "the file holds no items"))
-    return Validation(path, fmt, n, hasher.hexdigest(), errors, n_errors, n_samples)
+    return Validation(path, fmt, n, hasher.hexdigest(), errors, n_errors, n_samples, n_wanting)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from semjobs.db import repo
+from semjobs.db import repo, surplus
 from semjobs.jobs import accuracy
 from semjobs.db.models import JOB_ACTIVE
 from semjobs.db.session import session_factory
@@ -42,6 +42,27 @@ def _answers(session, job_id: str) -> dict[str, Any] | None:
     acc = round(right / checked, 4)
     return {"inputs": checked, "samples_checked": checked, "accuracy": acc, "pass_at_k": {"1": acc},
             "majority_accuracy": acc}
+
+
+def _kept(session, job, spent_tokens: int) -> dict[str, Any]:
+    """What the job's samples are worth to its dataset: kept samples (semspec.answers.is_kept),
+    useful ones (kept, at most the job's `want` per input: what a dataset of it holds),
+    inputs with at least one kept (covered) and with all it wants (full), and the tokens
+    spent for them (generated, cut from loops and spent on samples aborted as unneeded)."""
+    want = job.manifest.get("want_per_input")
+    per_input = surplus.kept_by_input(session, job.id)
+    kept = sum(k for _, _, k in per_input)
+    useful = sum(min(k, want) if want else k for _, _, k in per_input)
+    return {
+        "want": want,
+        "kept": kept,
+        "useful": useful,
+        "inputs": job.manifest.get("input", {}).get("items"),
+        "covered_inputs": sum(k > 0 for _, _, k in per_input),
+        "full_inputs": sum(k >= want for _, _, k in per_input) if want else None,
+        "spent_tokens": spent_tokens,
+        "tokens_per_useful": _ratio(spent_tokens, useful),
+    }
 
 
 def _stalled(job, counts: dict[str, int], quiet_s: float, mean_gap_s: float | None,
@@ -75,6 +96,7 @@ def job_status(job_id: str, *, url: str | None = None) -> dict[str, Any] | None:
         sums = repo.stat_sums(session, job_id)
         last = repo.last_finished_at(session, job_id)
         answers = _answers(session, job_id)
+        kept = _kept(session, job, int(sums["generated_tokens"] + sums["cut_tokens"]))
         failures = repo.failure_reasons(session, job_id) if counts["failed"] else []
         live = repo.live_workers(session, settings.worker_dead_after_s) if job.status in JOB_ACTIVE else 0
     started = repo.as_utc(job.started_at)
@@ -119,6 +141,7 @@ def job_status(job_id: str, *, url: str | None = None) -> dict[str, Any] | None:
             "draft_forward_passes": int(sums["draft_forward_passes"]),
         },
         "answers": answers,
+        "yield": kept,
         "config": job.config,
         "manifest": job.manifest,
         "created_at": _iso(job.created_at),
@@ -163,7 +186,8 @@ def render(st: dict[str, Any]) -> str:
         f"job {st['id']}  {st['name'] or ''}".rstrip(),
         f"  status     {st['status']}   method {st['method']}   queue {st['queue']}",
         f"  items      {st['n_items']} total: {c['done']} done, {c['running']} running, "
-        f"{c['pending']} pending, {c['failed']} failed, {c['cancelled']} cancelled",
+        f"{c['pending']} pending, {c['failed']} failed, {c['cancelled']} cancelled"
+        + (f", {c['unneeded']} unneeded" if c["unneeded"] else ""),
         f"  tokens     {st['generated_tokens']} generated",
         # two rates far apart when items decode side by side: each says what it divides
         f"  tok/s      {st['tokens_per_s'] or 0:.1f} overall (generated / elapsed), "
@@ -187,7 +211,17 @@ def render(st: dict[str, Any]) -> str:
     )
     if st.get("answers"):
         lines.append(f"  answers    {answers_line(st['answers'])}")
+    if st["yield"]["kept"] or st["yield"]["want"]:
+        lines.append(f"  kept       {kept_line(st['yield'])}")
     return "\n".join(lines)
+
+
+def kept_line(y: dict[str, Any]) -> str:
+    """The dataset's side of a job: kept and useful samples, inputs covered, tokens per useful one."""
+    full = f", {y['full_inputs']} with all {y['want']} wanted" if y["want"] else ""
+    per = f", {y['tokens_per_useful']:.0f} tokens spent per useful sample" if y["tokens_per_useful"] else ""
+    return (f"{y['kept']} samples kept, {y['useful']} useful; {y['covered_inputs']} of {y['inputs']} inputs "
+            f"with one{full}{per}")
 
 
 def answers_line(ans: dict[str, Any]) -> str:
@@ -200,7 +234,7 @@ def answers_line(ans: dict[str, Any]) -> str:
 def progress_line(st: dict[str, Any], width: int = 30) -> str:
     c = st["counts"]
     total = max(st["n_items"], 1)
-    settled = c["done"] + c["failed"] + c["cancelled"]
+    settled = c["done"] + c["failed"] + c["cancelled"] + c["unneeded"]
     filled = int(width * settled / total)
     bar = "#" * filled + "-" * (width - filled)
     acc = st["acceptance"]["step_acceptance"]

@@ -18,7 +18,7 @@ from semspec.models.hub import HubName, fetch_snapshot, parse_hub_name
 from semspec.models.paths import ModelLoadError
 from semspec.types import METHODS, NGRAM_DRAFT, GenerationConfig
 
-from semjobs.db import repo
+from semjobs.db import repo, surplus
 from semjobs.db.session import session_factory
 from semjobs.jobs.schema import (InputError, Record, Validation, column_chars, iter_records, name_problem,
                                  validate_file)
@@ -44,6 +44,7 @@ def job_config(
     seed: int | None = None,
     top_p: float | None = None,
     tau: float | None = None,
+    stop_loops: bool | None = None,
 ) -> dict:
     """The job's GenerationConfig as a dict: command-line values over settings defaults."""
     method = method or settings.method
@@ -55,6 +56,7 @@ def job_config(
         temperature=temperature if temperature is not None else settings.temperature,
         seed=seed if seed is not None else settings.seed,
         draft_max_batch=settings.draft_max_batch,
+        stop_loops=stop_loops if stop_loops is not None else settings.stop_loops,
     )
     if top_p is not None:
         cfg.top_p = top_p
@@ -158,7 +160,7 @@ def validate(path: str | Path, samples: int = 1) -> Validation:
     return validation
 
 
-def manifest_for(path: Path, validation: Validation, queue: str, samples: int) -> dict:
+def manifest_for(path: Path, validation: Validation, queue: str, samples: int, want: int | None = None) -> dict:
     return {
         "input": {
             "path": str(path.resolve()),
@@ -167,6 +169,10 @@ def manifest_for(path: Path, validation: Validation, queue: str, samples: int) -
             "items": validation.n_items,
         },
         "samples_per_input": samples,
+        # kept samples wanted per input (a line's own `want` wins); None: every sample is decoded
+        "want_per_input": want,
+        # the job's samples go out in waves (semjobs.db.surplus.in_waves): some input wants
+        "in_waves": want is not None or validation.n_wanting > 0,
         "models": {
             "target": settings.target_model or "embedded",
             "draft": settings.draft_model or "embedded",
@@ -203,15 +209,20 @@ def store_job(
     status: str = "pending",
     validation: Validation | None = None,
     samples: int = 1,
+    want: int | None = None,
 ) -> tuple[str, int]:
     """Validate `path` completely (unless `validation` of it is given), then store job +
-    items: `samples` per input (a line's own `n` wins). Raises InvalidInput (and writes
-    nothing) when any line is bad, ValueError when ``name`` cannot be stored. Returns (job id,
-    number of items)."""
+    items: `samples` per input (a line's own `n` wins), of which `want` kept ones are enough
+    (a line's own `want` wins; None: all). Raises InvalidInput (and writes nothing) when any
+    line is bad, ValueError when ``name`` cannot be stored or ``want`` exceeds ``samples``.
+    Returns (job id, number of items)."""
     path = Path(path)
     problem = name_problem(name) if name is not None else None
     if problem:
         raise ValueError(f"job name {problem}")
+    problem = want_problem(want, samples)
+    if problem:
+        raise ValueError(problem)
     if validation is None:
         validation = validate(path, samples)
     if not validation.ok:
@@ -226,7 +237,7 @@ def store_job(
             input_format=validation.format,
             queue=queue,
             config=config,
-            manifest=manifest_for(path, validation, queue, samples),
+            manifest=manifest_for(path, validation, queue, samples, want),
             items=_rows(path, samples),
             batch_size=settings.insert_batch_size,
             status=status,
@@ -238,10 +249,17 @@ def store_job(
     return job_id, n
 
 
-def find_resumable(validation: Validation, config: dict, *, samples: int = 1,
+def want_problem(want: int | None, samples: int) -> str | None:
+    """Why a job cannot want ``want`` kept samples of each input out of ``samples``."""
+    if want is not None and not 1 <= want <= samples:
+        return f"want {want} kept samples of each input out of {samples} (--n): give --want between 1 and --n"
+    return None
+
+
+def find_resumable(validation: Validation, config: dict, *, samples: int = 1, want: int | None = None,
                    url: str | None = None) -> str | None:
-    """The newest unfinished job of the same input file (sha256), config and samples per
-    input, if any."""
+    """The newest unfinished job of the same input file (sha256), config, samples and kept
+    samples wanted per input, if any."""
     from sqlalchemy import select
 
     from semjobs.db.models import JOB_ACTIVE, Job
@@ -251,7 +269,8 @@ def find_resumable(validation: Validation, config: dict, *, samples: int = 1,
             select(Job).where(Job.status.in_(JOB_ACTIVE)).order_by(Job.created_at.desc())
         ):
             if job.manifest.get("input", {}).get("sha256") == validation.sha256 \
-                    and job.config == config and job.manifest.get("samples_per_input", 1) == samples:
+                    and job.config == config and job.manifest.get("samples_per_input", 1) == samples \
+                    and job.manifest.get("want_per_input") == want:
                 return job.id
     return None
 
@@ -268,10 +287,19 @@ def unfinished_seqs(job_id: str, *, url: str | None = None) -> list[int]:
         ))
 
 
+def work_order(job_id: str, seqs: list[int], url: str | None = None) -> tuple[list[int], bool]:
+    """``seqs`` in the order they should decode (semjobs.db.surplus.work_order), and whether
+    that order is in waves (then processes that share them should take them in turn)."""
+    with session_factory(url)() as session:
+        ordered = surplus.work_order(session, job_id, seqs)
+    return ordered, ordered != sorted(seqs)
+
+
 def send_chunks(session, job_id: str, seqs: list[int], enqueue: Callable[[str, list[int], list[str]], None]) -> int:
     """Hand `seqs` to `enqueue` in chunks, each with its items' input ids (for Flower);
     returns how many chunks."""
     labels = repo.item_labels(session, job_id, None if len(seqs) > 1000 else seqs)
+    seqs = surplus.work_order(session, job_id, seqs)
     n = 0
     for chunk in chunks(seqs, settings.chunk_size):
         enqueue(job_id, chunk, [labels[s] for s in chunk])

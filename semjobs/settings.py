@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     # (GenerationConfig.draft_max_batch); None: the engine's choice (1 on a CPU), 0: always.
     draft_max_batch: int | None = Field(default=None, ge=0)
     seed: int = Field(default=0, ge=0, le=2**63 - 1)  # a line's seed takes the same (jobs.schema.MAX_SEED)
+    # A sample that starts repeating itself ends there (finish reason "repetition", its text cut
+    # at the loop's onset; GenerationConfig.stop_loops): a looping tail is thrown away anyway.
+    stop_loops: bool = True
 
     # Embedded mode (`semjobs run`): no servers, one SQLite file.
     embedded_database_url: str = "sqlite:///semjobs.sqlite"

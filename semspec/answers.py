@@ -275,3 +275,13 @@ def is_correct(answer: str | None, reference: str | None) -> bool | None:
         return verdict
     fa, fr = _as_fraction(a), _as_fraction(r)
     return fa is not None and fa == fr
+
+
+def is_kept(correct: bool | None, final_answer: str | None, finish_reason: str) -> bool:
+    """Whether a finished sample is one a dataset keeps: with a reference, a right answer
+    (``correct``, from :func:`is_correct`; a loop cut after a right answer still counts);
+    without one, a sample that ended by itself (EOS) with an answer found, so neither cut
+    off at the token cap nor degenerate (finish reason "repetition")."""
+    if correct is not None:
+        return correct
+    return finish_reason == "eos" and final_answer is not None

@@ -130,7 +130,8 @@ class InProcessEngine:
 
         return engines.method_problems(engines.get_engine(*self.request))
 
-    def run(self, job_id: str, seqs: list[int], url: str, on_item: Callable[[int], None]) -> None:
+    def run(self, job_id: str, seqs: list[int], url: str, on_item: Callable[[int], None],
+            interleaved: bool = False) -> None:  # noqa: ARG002 -- one process takes them in the order given
         from semjobs.worker.process import run_items
 
         run_items(job_id, seqs, url=url, on_item=lambda _key, seq: on_item(seq))
@@ -202,16 +203,19 @@ class EngineProcesses:
             waiting.discard(index)
         return problems
 
-    def run(self, job_id: str, seqs: list[int], url: str, on_item: Callable[[int], None]) -> None:
+    def run(self, job_id: str, seqs: list[int], url: str, on_item: Callable[[int], None],
+            interleaved: bool = False) -> None:
         """Run ``seqs`` of the job, child i taking the i-th of n contiguous shares (an input's
-        samples are adjacent seqs, and a process prefills their shared prompt once); ``on_item``
-        is called with each finished item's seq. A child that dies does not stop the others:
-        once they are done, EngineProcessLost names it (its unfinished items stay unfinished
-        in the database, for the next run to resume)."""
+        samples are adjacent seqs, and a process prefills their shared prompt once), or, when
+        ``interleaved`` (seqs in waves: semjobs.db.surplus.work_order), every n-th seq from the
+        i-th, so every child works through the waves in order; ``on_item`` is called with each
+        finished item's seq. A child that dies does not stop the others: once they are done,
+        EngineProcessLost names it (its unfinished items stay unfinished in the database, for
+        the next run to resume)."""
         n = len(self._children)
         waiting, lost = set(), []
         for i, inbox in enumerate(self._inboxes):
-            share = seqs[i * len(seqs) // n:(i + 1) * len(seqs) // n]
+            share = seqs[i::n] if interleaved else seqs[i * len(seqs) // n:(i + 1) * len(seqs) // n]
             inbox.put((job_id, share, url) if share else None)
             if share:
                 waiting.add(i)

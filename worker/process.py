@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
-from semjobs.db import repo
+from semjobs.db import repo, surplus
 from semjobs.db.retry import retrying
 from semjobs.db.session import session_factory
 from semjobs.jobs.submit import item_config
@@ -32,6 +32,7 @@ from semjobs.worker.holdings import holdings
 
 log = logging.getLogger(__name__)
 _job_configs: dict[str, dict] = {}  # job id -> config (immutable once stored)
+_job_wants: dict[str, int | None] = {}  # job id -> kept samples wanted per input (likewise)
 _identities_written: set[str] = set()
 # How often a chunk with items decoding asks whether their job was cancelled: a cancel stops
 # them within about this, for one small read per chunk and interval.
@@ -43,6 +44,7 @@ class ChunkReport:
     done: int = 0
     failed: int = 0
     skipped: int = 0  # already finished, or claimed by nobody (cancelled)
+    unneeded: int = 0  # not decoded, or aborted mid-decode: the input had the kept samples it wants
     aborted: int = 0  # stopped mid-decode: the job was cancelled
     duplicates: int = 0  # finished here, but another delivery had stored it first
     late: int = 0  # finished here after the item was settled otherwise (cancelled, failed): not stored
@@ -62,6 +64,7 @@ def _job_config(session, job_id: str) -> dict | None:
         job = repo.get_job(session, job_id)
         if job is None:
             return None
+        _job_wants[job_id] = job.manifest.get("want_per_input")
         cfg = _job_configs[job_id] = dict(job.config)
     return cfg
 
@@ -102,7 +105,7 @@ def run_items(
                 repo.hold_items(session, job_id, seqs, worker)
                 session.commit()
                 _identities_written.add(job_id)
-                chunk = _Chunk(session, job_id, seqs, worker, config, loop, report, on_item)
+                chunk = _Chunk(session, job_id, seqs, worker, config, loop, report, on_item, _job_wants.get(job_id))
                 try:
                     chunk.run(deadline, should_stop)
                 except BaseException:  # the chunk ends unsettled: what it decodes is no longer
@@ -142,12 +145,17 @@ class _Chunk:
     """One chunk's items through the shared batch loop: claim as slots free, commit as
     items finish."""
 
-    def __init__(self, session, job_id, seqs, worker, config, loop, report, on_item):
+    def __init__(self, session, job_id, seqs, worker, config, loop, report, on_item, want=None):
         self.session, self.job_id, self.seqs, self.worker = session, job_id, seqs, worker
         self.config, self.loop, self.report, self.on_item = config, loop, report, on_item
+        self.want = want  # the job's kept samples wanted per input (a line's own `want` wins)
         # future -> (item pk, seq, the input's reference answer)
         self.in_flight: dict[Future, tuple[int, int, str | None]] = {}
+        # future -> (input id, kept samples it wants), for the items whose input wants some
+        self.wanting: dict[Future, tuple[str, int]] = {}
+        self.surplus: set[Future] = set()  # aborted: their input had what it wants
         self.next_cancel_check = 0.0  # time.monotonic()
+        self.next_surplus_check = 0.0
         self.abort_sent = False
 
     def run(self, deadline, should_stop) -> None:
@@ -177,6 +185,7 @@ class _Chunk:
                 self.give_up_on_hung_engine(self.seqs[i:])
                 return
             self.abort_if_cancelled()
+            self.abort_surplus()
             self.loop.wait(seen, timeout=CANCEL_CHECK_S)
 
     def abort_if_cancelled(self) -> None:
@@ -193,6 +202,26 @@ class _Chunk:
             self.report.cancelled = True  # the next claim finds nothing and cancels the rest
         self.abort_sent = True  # nothing starts after a cancel: these are all there will be
         self.loop.cancel(self.in_flight)
+
+    def abort_surplus(self) -> None:
+        """Abort the items in flight whose input has, meanwhile, the kept samples it wants
+        (stored by any worker); each then ends Cancelled and is settled unneeded. Asked every
+        CANCEL_CHECK_S while such items decode."""
+        live = {fut: want for fut, want in self.wanting.items() if fut not in self.surplus}
+        if not live or time.monotonic() < self.next_surplus_check:
+            return
+        self.next_surplus_check = time.monotonic() + CANCEL_CHECK_S
+        wants = dict(live.values())
+        done = retrying(self.session, lambda: self._satisfied(wants), "reading kept samples")
+        aborted = [fut for fut, (item_id, _) in live.items() if item_id in done]
+        if aborted:
+            self.surplus.update(aborted)
+            self.loop.cancel(aborted)
+
+    def _satisfied(self, wants: dict[str, int]) -> set[str]:
+        found = surplus.satisfied(self.session, self.job_id, wants)
+        self.session.commit()  # ends the read: no transaction stays open while items decode
+        return found
 
     def _job_cancelled(self) -> bool:
         cancelled = repo.job_is_cancelled(self.session, self.job_id)
@@ -272,14 +301,29 @@ class _Chunk:
                 self.report.failed += 1
             return False
         request = claim.request
+        want = request.get("want") or self.want
+        if want and claim.item_id in retrying(s, lambda: self._satisfied({claim.item_id: want}),
+                                              "reading kept samples"):
+            self._settle_unneeded(claim.pk, seq)
+            return False
         fut = self.loop.submit(request.get("messages") or request["prompt"],
                                item_config(self.config, request, claim.sample))
         self.in_flight[fut] = (claim.pk, seq, request.get("reference"))
+        if want:
+            self.wanting[fut] = (claim.item_id, want)
         return True
+
+    def _settle_unneeded(self, pk: int, seq: int, spent_tokens: int = 0) -> None:
+        if retrying(self.session, lambda: surplus.settle_unneeded(self.session, self.job_id, pk, self.worker,
+                                                                  spent_tokens), "settling an unneeded item"):
+            self.report.unneeded += 1
+            if self.on_item:
+                self.on_item("unneeded", seq)
 
     def settle_finished(self) -> None:
         for fut in [f for f in self.in_flight if f.done()]:
             pk, seq, reference = self.in_flight.pop(fut)
+            self.wanting.pop(fut, None)
             try:
                 self._settle(fut, pk, seq, reference)
             finally:
@@ -287,6 +331,10 @@ class _Chunk:
 
     def _settle(self, fut: Future, pk: int, seq: int, reference: str | None) -> None:
         error = fut.exception()
+        if isinstance(error, Cancelled) and fut in self.surplus:  # aborted by abort_surplus
+            self.surplus.discard(fut)
+            self._settle_unneeded(pk, seq, error.generated_tokens)
+            return
         if isinstance(error, Cancelled):  # aborted by abort_if_cancelled
             retrying(self.session, lambda: repo.cancel_running(self.session, pk, self.worker), "cancelling an item")
             self.report.aborted += 1

@@ -293,6 +293,32 @@ def test_run_exit_status_says_all_some_or_none_done(tmp_path, sqlite_db, fake_en
     assert res.output.strip().splitlines()[-1] == newest  # the job id still printed last
 
 
+def test_run_with_want_decodes_no_sample_an_input_no_longer_needs(tmp_path, sqlite_db, fake_engine):
+    """--want 1 of --n 4: each input's first sample is right (the fake engine's sample 0
+    answers the prompt's word count), so its other three end unneeded; the run succeeds,
+    exports only what was decoded and says what was kept."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "one two", "answer": "2"}) + "\n" for i in range(3)))
+    out = tmp_path / "o.jsonl"
+    res = invoke("run", src, "-o", out, "--db", sqlite_db, "--n", 4, "--want", 1, "--temperature", 0.6,
+                 "--batch-size", 1)
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in open(out)]
+    assert [(r["id"], r["sample"], r["kept"]) for r in rows] == [("q0", 0, True), ("q1", 0, True), ("q2", 0, True)]
+    assert "kept: 3 samples kept, 3 useful; 3 of 3 inputs with one, 3 with all 1 wanted" in res.output
+    st = json.loads(invoke("status", "--json", "--db", sqlite_db).output)
+    assert st["counts"]["unneeded"] == 9 and st["yield"]["useful"] == 3
+
+
+def test_want_more_than_n_is_refused_before_anything_is_stored(tmp_path, sqlite_db, fake_engine):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "q", "prompt": "one two"}) + "\n")
+    res = invoke("run", src, "-o", tmp_path / "o.jsonl", "--db", sqlite_db, "--n", 2, "--want", 3,
+                 "--temperature", 0.6)
+    assert res.exit_code == 2 and "--want" in res.output
+    assert not (tmp_path / "o.jsonl").exists()
+
+
 def test_run_help_documents_its_exit_status():
     text = invoke("run", "--help").output
     assert "3 some failed" in text and "4 none done" in text

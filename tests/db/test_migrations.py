@@ -11,7 +11,7 @@ from semjobs.db.models import Base
 
 TABLES = {"jobs", "items", "outputs", "step_log", "item_stats", "workers", "calibrations",
           "calibration_questions", "calibration_prefixes"}
-HEAD = "0006_calibrations"
+HEAD = "0007_kept_samples"
 NEW_STEP_COLS = {"target_tokens", "draft_text", "judge_score"}
 
 

@@ -61,6 +61,8 @@ def test_batch_lines_ok(tmp_path):
         ({"id": "b", "prompt": "x", "n": 0}, 2, "n", "between 1 and 64"),
         ({"id": "b", "prompt": "x", "n": 65}, 2, "n", "between 1 and 64"),
         ({"id": "b", "prompt": "x", "n": "4"}, 2, "n", "integer"),
+        ({"id": "b", "prompt": "x", "want": 0}, 2, "want", "between 1 and 64"),
+        ({"id": "b", "prompt": "x", "n": 2, "want": 3}, 2, "want", "at most as many as are sampled"),
         ({"id": "b", "prompt": "x", "chat_template_kwargs": "think"}, 2, "chat_template_kwargs", "object"),
         ({"id": "b", "prompt": "x", "answer": {"n": 1}}, 2, "answer", "string or a number"),
         ({"id": "b", "prompt": "x", "metadata": {"answer": True}}, 2, "metadata.answer", "string or a number"),
@@ -367,3 +369,13 @@ def test_job_names_are_checked_against_their_column(name, problem):
 
     found = name_problem(name)
     assert found is None if problem is None else problem in found
+
+
+def test_a_lines_want_is_stored_with_its_request_and_counted(tmp_path):
+    from semjobs.jobs.schema import iter_records
+
+    p = write(tmp_path, [{"id": "a", "prompt": "q", "n": 8, "want": 2}, {"id": "b", "prompt": "r"}])
+    v = validate_file(p, 10_000, samples=4)
+    assert v.ok and v.n_samples == 12 and v.n_wanting == 1
+    first, second = iter_records(p, 10_000)
+    assert first.request()["want"] == 2 and "want" not in first.meta and "want" not in second.request()

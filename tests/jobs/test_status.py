@@ -63,13 +63,14 @@ def test_a_job_that_progresses_or_has_ended_is_not_stalled(pg_db, quiet_job):
 
 
 def test_the_two_rates_say_which_is_which():
-    counts = dict(done=3, running=0, pending=0, failed=0, cancelled=0)
+    counts = dict(done=3, running=0, pending=0, failed=0, cancelled=0, unneeded=0)
     acceptance = dict(steps_drafted=0, steps_accepted=0, step_acceptance=None, drafted_tokens=0,
                       accepted_tokens=0, token_acceptance=None, target_forward_passes=9,
                       draft_forward_passes=0)
     st = dict(id="j", name=None, status="completed", method="ar", queue="embedded", n_items=3,
               counts=counts, generated_tokens=600, elapsed_s=60.0, tokens_per_s=10.0,
-              decode_tokens_per_s=25.0, eta_s=None, stalled=None, acceptance=acceptance)
+              decode_tokens_per_s=25.0, eta_s=None, stalled=None, acceptance=acceptance,
+              **{"yield": dict(want=None, kept=0, useful=0)})
     assert ("  tok/s      10.0 overall (generated / elapsed), 25.0 per item (generated / summed item "
             "wall times)") in render(st).splitlines()
     assert "600 tok  10.0 tok/s overall" in progress_line(st)

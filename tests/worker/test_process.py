@@ -304,3 +304,93 @@ def test_a_hung_engine_fails_the_item_it_hung_on_and_the_rest_is_done_elsewhere(
     assert count(db_url, Output, job_id) == 5
     with session_factory(db_url)() as s:
         assert s.get(Job, job_id).status == "completed"
+
+
+def make_wanting_job(url, tmp_path, inputs=2, samples=4, want=1, reference="3"):
+    """Inputs "question number i" (the fake engine's sample 0 answers 3, its later samples
+    3 + seed % 3), each with ``samples`` samples of which ``want`` kept ones are enough."""
+    p = tmp_path / "wanting.jsonl"
+    with open(p, "w") as f:
+        for i in range(inputs):
+            f.write(json.dumps({"id": f"i{i}", "prompt": f"question number {i}", "answer": reference}) + "\n")
+    job_id, n = store_job(p, job_config("ar", 16, temperature=0.6), queue="q", url=url, status="queued",
+                          samples=samples, want=want)
+    return job_id, n
+
+
+def test_an_input_with_the_kept_samples_it_wants_decodes_no_more(db_url, tmp_path, fake_engine, monkeypatch):
+    """In waves (every input's first sample, then every input's second, ...) one at a time:
+    each input's first sample is right, so its three others end unneeded, undecoded; the
+    job completes and counts them apart from failed and cancelled."""
+    from semjobs.jobs.status import job_status
+    from semjobs.jobs.submit import work_order
+    from semjobs.settings import settings
+
+    monkeypatch.setattr(settings, "batch_size", 1)
+    job_id, n = make_wanting_job(db_url, tmp_path)
+    seqs, in_waves = work_order(job_id, list(range(n)), db_url)
+    assert in_waves and seqs == [0, 4, 1, 5, 2, 6, 3, 7]  # input i's sample k is seq 4 i + k
+    rep = run_items(job_id, seqs, url=db_url)
+    assert (rep.done, rep.unneeded, rep.failed) == (2, 6, 0)
+    assert count(db_url, Output, job_id) == 2 and count(db_url, ItemStats, job_id) == 2
+    with session_factory(db_url)() as s:
+        samples = dict(s.execute(select(Item.seq, Item.status).where(Item.job_id == job_id)).all())
+    assert [seq for seq, status in samples.items() if status == "done"] == [0, 4]
+    st = job_status(job_id, url=db_url)
+    assert st["status"] == "completed" and st["counts"]["unneeded"] == 6
+    y = st["yield"]
+    assert (y["want"], y["kept"], y["useful"], y["covered_inputs"], y["full_inputs"]) == (1, 2, 2, 2, 2)
+
+
+def test_a_wrong_sample_is_not_enough_and_the_next_wave_decodes(db_url, tmp_path, fake_engine, monkeypatch):
+    """Without a right answer among an input's samples every sample decodes: wrong ones are
+    not kept (reference 99: the fake engine never says it)."""
+    from semjobs.settings import settings
+
+    monkeypatch.setattr(settings, "batch_size", 1)
+    job_id, n = make_wanting_job(db_url, tmp_path, inputs=1, reference="99")
+    rep = run_items(job_id, list(range(n)), url=db_url)
+    assert (rep.done, rep.unneeded) == (4, 0)
+    with session_factory(db_url)() as s:
+        assert s.scalars(select(Output.kept).where(Output.job_id == job_id)).all() == [False] * 4
+
+
+def test_samples_decoding_when_another_worker_stores_enough_are_aborted(db_url, tmp_path, fake_engine,
+                                                                        monkeypatch):
+    """Three samples of an input decode here (3 s each); another worker stores a right one of
+    the same input: within about a second (the chunk asks once a second) the three stop and
+    end unneeded, their partial tokens counted as cut."""
+    import threading
+
+    from semjobs.settings import settings
+    from semjobs.worker import engine as engines
+    from semspec.types import Counters, GenerationResult
+
+    monkeypatch.setenv("FAKE_ENGINE_DELAY_S", "3")
+    monkeypatch.setattr(settings, "batch_size", 4)
+    engines._cache.clear()
+    job_id, _ = make_wanting_job(db_url, tmp_path, inputs=1)
+    reports = {}
+    chunk = threading.Thread(target=lambda: reports.setdefault("r", run_items(job_id, [1, 2, 3], url=db_url,
+                                                                               worker="w@h:1")))
+    chunk.start()
+    wait_for(lambda: list(statuses_by_seq(db_url, job_id).values()).count("running") == 3, 10, interval=0.05,
+             what="three samples decoding")
+    right = GenerationResult(text="The answer is 3.", final_answer="3", steps=[], counters=Counters(generated_tokens=5),
+                             wall_seconds=0.1, finish_reason="eos")
+    with session_factory(db_url)() as s:
+        claim = repo.claim_item(s, job_id, 0, "other@h:2")
+        assert repo.save_result(s, job_id, claim.pk, right, correct=True)
+    t0 = time.monotonic()
+    chunk.join(timeout=10)
+    assert time.monotonic() - t0 < 2.5  # well before their 3 s end
+    rep = reports["r"]
+    assert (rep.unneeded, rep.done, rep.aborted) == (3, 0, 0)
+    assert statuses_by_seq(db_url, job_id) == {0: "done", 1: "unneeded", 2: "unneeded", 3: "unneeded"}
+    with session_factory(db_url)() as s:
+        assert s.get(Job, job_id).status == "completed"
+
+
+def statuses_by_seq(url, job_id):
+    with session_factory(url)() as s:
+        return dict(s.execute(select(Item.seq, Item.status).where(Item.job_id == job_id)).all())
