@@ -36,6 +36,10 @@ def generation_options(f):
                      help="End a sample that starts repeating itself, its text cut where the loop began "
                      "(finish reason `repetition`; an answer written before it is kept and checked). "
                      "Default: on (SEMJOBS_STOP_LOOPS).")(f)
+    f = click.option("--budget-tokens", type=click.IntRange(min=1), default=None,
+                     help="Tokens the job may generate (kept, cut from loops, spent on samples aborted): once "
+                     "spent, samples not started end `over_budget`. With --want or a budget, samples go out in "
+                     "waves, so what is spent first covers every input once.")(f)
     f = click.option("--want", type=click.IntRange(1, MAX_SAMPLES), default=None,
                      help="Kept samples per input that are enough, of at most --n: once an input has this many "
                      "(right by its reference; without one, ended by itself with an answer), its other samples "
@@ -210,7 +214,7 @@ def _shown(url: str) -> str:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @generation_options
 def submit(file, method, max_new_tokens, temperature, top_p, seed, tau, reproducible, name, samples, want,
-           stop_loops) -> None:
+           budget_tokens, stop_loops) -> None:
     """Validate FILE, store the job and its items, enqueue them; prints the job id last.
 
     Example: semjobs submit prompts.jsonl --method semspec --n 4 --temperature 0.6 --top-p 0.95"""
@@ -224,7 +228,7 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, tau, reproduc
     t0 = time.perf_counter()
     validation = _storable(file, samples, method=config["method"])
     job_id, n = store_job(file, config, queue=queue, name=name, status="pending", validation=validation,
-                          samples=samples, want=want)
+                          samples=samples, want=want, budget_tokens=budget_tokens)
     from semjobs.worker.publish import publisher
 
     try:
@@ -462,7 +466,7 @@ def retry(job, include_pending, db_url) -> None:
               "least 8 items each, one on a GPU).")
 @engine_arg_options
 def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, tau, reproducible, name, samples, want,
-        stop_loops, db_url, steps, force, resume, batch_size, processes, engine_args, draft_engine_args) -> None:
+        budget_tokens, stop_loops, db_url, steps, force, resume, batch_size, processes, engine_args, draft_engine_args) -> None:
     """Embedded mode: no servers; process FILE on this machine into a SQLite file, then
     export. Same tables, same per-item code as the workers; on a CPU one engine process per
     core.
@@ -500,7 +504,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     fresh = missing_sqlite_file(url) is not None or migrate.current(url) is None
     if not fresh:
         migrate.upgrade(url)  # the job to resume is looked up in the current schema
-    job_id = (find_resumable(validation, config, samples=samples, want=want, url=url)
+    job_id = (find_resumable(validation, config, samples=samples, want=want, budget_tokens=budget_tokens, url=url)
               if resume and validation.ok and not fresh else None)
     seqs = unfinished_seqs(job_id, url=url) if job_id is not None else None
     n_procs, threads = (engine_processes.plan(len(seqs) if seqs is not None else validation.n_samples)
@@ -525,7 +529,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
             if fresh:
                 migrate.upgrade(url)
             job_id, n = store_job(file, config, queue=EMBEDDED_QUEUE, name=name, url=url, status="queued",
-                                  validation=validation, samples=samples, want=want)
+                                  validation=validation, samples=samples, want=want, budget_tokens=budget_tokens)
             remember(job_id, url)
             seqs = list(range(n))
             click.echo(f"job {job_id}: {n} items, method {config['method']}; database {_shown(url)}",
@@ -551,7 +555,8 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     click.echo(f"kept: {kept_line(st['yield'])}", err=True)
     click.echo(job_id)
     # the samples an input no longer needed (--want) were not to be done
-    sys.exit(_run_exit_code(st["counts"]["done"], st["n_items"] - st["counts"]["unneeded"]))
+    sys.exit(_run_exit_code(st["counts"]["done"], st["n_items"] - st["counts"]["unneeded"]
+                            - st["counts"]["over_budget"]))
 
 
 def _run_exit_code(done: int, items: int) -> int:

@@ -38,9 +38,10 @@ JOB_STATUSES = ("pending", "queued", "running", "completed", "cancelled")
 JOB_ACTIVE = ("pending", "queued", "running")
 # Item lifecycle: pending -> running -> done | failed ; pending/running -> cancelled;
 # running -> unneeded (a sample of an input that already has the kept samples its job wants:
-# not decoded, or aborted mid-decode; semjobs.db.surplus).
-ITEM_STATUSES = ("pending", "running", "done", "failed", "cancelled", "unneeded")
-ITEM_FINAL = ("done", "failed", "cancelled", "unneeded")
+# not decoded, or aborted mid-decode) | over_budget (claimed once the job had spent its token
+# budget: not decoded); semjobs.db.surplus.
+ITEM_STATUSES = ("pending", "running", "done", "failed", "cancelled", "unneeded", "over_budget")
+ITEM_FINAL = ("done", "failed", "cancelled", "unneeded", "over_budget")
 
 # BIGINT on Postgres, INTEGER (the rowid alias, so it autoincrements) on SQLite.
 BigId = BigInteger().with_variant(Integer(), "sqlite")

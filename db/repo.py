@@ -619,11 +619,11 @@ def stat_sums(session: Session, job_id: str) -> dict[str, float]:
 
 
 def last_finished_at(session: Session, job_id: str) -> datetime | None:
-    """When the job's last item was settled (done, failed or found unneeded)."""
+    """When the job's last item was settled (done, failed, or found unneeded or over budget)."""
     return as_utc(
         session.scalar(
             select(func.max(Item.finished_at)).where(Item.job_id == job_id,
-                                                     Item.status.in_(("done", "failed", "unneeded")))
+                                                     Item.status.in_(("done", "failed", "unneeded", "over_budget")))
         )
     )
 

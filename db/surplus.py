@@ -34,15 +34,23 @@ def satisfied(session: Session, job_id: str, wants: dict[str, int]) -> set[str]:
     return {item_id for item_id, n in kept if n >= wants[item_id]}
 
 
-def settle_unneeded(session: Session, job_id: str, pk: int, worker: str, spent_tokens: int = 0) -> bool:
-    """Mark item ``pk`` unneeded: ``worker`` holds it running and found its input satisfied,
-    before decoding it or after aborting it with ``spent_tokens`` generated. Committed;
-    False, and nothing written, when the item was settled otherwise or handed to another
-    worker meanwhile."""
+def spent_tokens(session: Session, job_id: str) -> int:
+    """Tokens the job has generated so far: in its outputs, cut from them, and spent on
+    samples aborted as unneeded (what a token budget counts)."""
+    return int(session.scalar(select(func.coalesce(func.sum(ItemStats.generated_tokens + ItemStats.cut_tokens), 0))
+                              .where(ItemStats.job_id == job_id)))
+
+
+def settle_unneeded(session: Session, job_id: str, pk: int, worker: str, spent_tokens: int = 0,
+                    status: str = "unneeded") -> bool:
+    """Mark item ``pk`` ``status`` ("unneeded", or "over_budget"): ``worker`` holds it
+    running and found its input satisfied (or the job's budget spent), before decoding it or
+    after aborting it with ``spent_tokens`` generated. Committed; False, and nothing written,
+    when the item was settled otherwise or handed to another worker meanwhile."""
     res = session.execute(
         update(Item)
         .where(Item.id == pk, Item.status == "running", Item.worker == worker)
-        .values(status="unneeded", finished_at=utcnow())
+        .values(status=status, finished_at=utcnow())
     )
     if res.rowcount != 1:
         session.rollback()
@@ -69,10 +77,11 @@ def work_order(session: Session, job_id: str, seqs: list[int]) -> list[int]:
     """``seqs`` in the order they should decode. A job whose inputs want some kept samples
     goes in waves: every input's first sample, then every input's second, and so on, so an
     input's next sample starts only once its earlier ones have (mostly) finished, and is not
-    decoded when they were enough. Other jobs keep an input's samples adjacent (their prompt
+    decoded when they were enough; so does a job with a token budget, so that what it spends
+    first covers every input once. Other jobs keep an input's samples adjacent (their prompt
     is prefilled once)."""
     job = session.get(Job, job_id)
-    if job is None or not job.manifest.get("in_waves"):
+    if job is None or not (job.manifest.get("in_waves") or job.manifest.get("budget_tokens")):
         return list(seqs)
     wanted = set(seqs)
     sample_of = dict(session.execute(select(Item.seq, Item.sample).where(Item.job_id == job_id)).all())

@@ -55,6 +55,7 @@ def _kept(session, job, spent_tokens: int) -> dict[str, Any]:
     useful = sum(min(k, want) if want else k for _, _, k in per_input)
     return {
         "want": want,
+        "budget_tokens": job.manifest.get("budget_tokens"),
         "kept": kept,
         "useful": useful,
         "inputs": job.manifest.get("input", {}).get("items"),
@@ -187,7 +188,7 @@ def render(st: dict[str, Any]) -> str:
         f"  status     {st['status']}   method {st['method']}   queue {st['queue']}",
         f"  items      {st['n_items']} total: {c['done']} done, {c['running']} running, "
         f"{c['pending']} pending, {c['failed']} failed, {c['cancelled']} cancelled"
-        + (f", {c['unneeded']} unneeded" if c["unneeded"] else ""),
+        + "".join(f", {c[s]} {s.replace('_', ' ')}" for s in ("unneeded", "over_budget") if c[s]),
         f"  tokens     {st['generated_tokens']} generated",
         # two rates far apart when items decode side by side: each says what it divides
         f"  tok/s      {st['tokens_per_s'] or 0:.1f} overall (generated / elapsed), "
@@ -234,7 +235,7 @@ def answers_line(ans: dict[str, Any]) -> str:
 def progress_line(st: dict[str, Any], width: int = 30) -> str:
     c = st["counts"]
     total = max(st["n_items"], 1)
-    settled = c["done"] + c["failed"] + c["cancelled"] + c["unneeded"]
+    settled = c["done"] + c["failed"] + c["cancelled"] + c["unneeded"] + c["over_budget"]
     filled = int(width * settled / total)
     bar = "#" * filled + "-" * (width - filled)
     acc = st["acceptance"]["step_acceptance"]

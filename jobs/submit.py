@@ -160,7 +160,8 @@ def validate(path: str | Path, samples: int = 1) -> Validation:
     return validation
 
 
-def manifest_for(path: Path, validation: Validation, queue: str, samples: int, want: int | None = None) -> dict:
+def manifest_for(path: Path, validation: Validation, queue: str, samples: int, want: int | None = None,
+                 budget_tokens: int | None = None) -> dict:
     return {
         "input": {
             "path": str(path.resolve()),
@@ -173,6 +174,8 @@ def manifest_for(path: Path, validation: Validation, queue: str, samples: int, w
         "want_per_input": want,
         # the job's samples go out in waves (semjobs.db.surplus.in_waves): some input wants
         "in_waves": want is not None or validation.n_wanting > 0,
+        # tokens the job may generate; once spent, samples not started end over_budget
+        "budget_tokens": budget_tokens,
         "models": {
             "target": settings.target_model or "embedded",
             "draft": settings.draft_model or "embedded",
@@ -210,10 +213,11 @@ def store_job(
     validation: Validation | None = None,
     samples: int = 1,
     want: int | None = None,
+    budget_tokens: int | None = None,
 ) -> tuple[str, int]:
     """Validate `path` completely (unless `validation` of it is given), then store job +
     items: `samples` per input (a line's own `n` wins), of which `want` kept ones are enough
-    (a line's own `want` wins; None: all). Raises InvalidInput (and writes nothing) when any
+    (a line's own `want` wins; None: all), within ``budget_tokens`` generated. Raises InvalidInput (and writes nothing) when any
     line is bad, ValueError when ``name`` cannot be stored or ``want`` exceeds ``samples``.
     Returns (job id, number of items)."""
     path = Path(path)
@@ -237,7 +241,7 @@ def store_job(
             input_format=validation.format,
             queue=queue,
             config=config,
-            manifest=manifest_for(path, validation, queue, samples, want),
+            manifest=manifest_for(path, validation, queue, samples, want, budget_tokens),
             items=_rows(path, samples),
             batch_size=settings.insert_batch_size,
             status=status,
@@ -257,7 +261,7 @@ def want_problem(want: int | None, samples: int) -> str | None:
 
 
 def find_resumable(validation: Validation, config: dict, *, samples: int = 1, want: int | None = None,
-                   url: str | None = None) -> str | None:
+                   budget_tokens: int | None = None, url: str | None = None) -> str | None:
     """The newest unfinished job of the same input file (sha256), config, samples and kept
     samples wanted per input, if any."""
     from sqlalchemy import select
@@ -270,7 +274,8 @@ def find_resumable(validation: Validation, config: dict, *, samples: int = 1, wa
         ):
             if job.manifest.get("input", {}).get("sha256") == validation.sha256 \
                     and job.config == config and job.manifest.get("samples_per_input", 1) == samples \
-                    and job.manifest.get("want_per_input") == want:
+                    and job.manifest.get("want_per_input") == want \
+                    and job.manifest.get("budget_tokens") == budget_tokens:
                 return job.id
     return None
 

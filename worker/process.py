@@ -32,7 +32,7 @@ from semjobs.worker.holdings import holdings
 
 log = logging.getLogger(__name__)
 _job_configs: dict[str, dict] = {}  # job id -> config (immutable once stored)
-_job_wants: dict[str, int | None] = {}  # job id -> kept samples wanted per input (likewise)
+_job_rules: dict[str, tuple[int | None, int | None]] = {}  # job id -> (want per input, token budget)
 _identities_written: set[str] = set()
 # How often a chunk with items decoding asks whether their job was cancelled: a cancel stops
 # them within about this, for one small read per chunk and interval.
@@ -45,6 +45,7 @@ class ChunkReport:
     failed: int = 0
     skipped: int = 0  # already finished, or claimed by nobody (cancelled)
     unneeded: int = 0  # not decoded, or aborted mid-decode: the input had the kept samples it wants
+    over_budget: int = 0  # not decoded: the job had spent its token budget
     aborted: int = 0  # stopped mid-decode: the job was cancelled
     duplicates: int = 0  # finished here, but another delivery had stored it first
     late: int = 0  # finished here after the item was settled otherwise (cancelled, failed): not stored
@@ -64,7 +65,7 @@ def _job_config(session, job_id: str) -> dict | None:
         job = repo.get_job(session, job_id)
         if job is None:
             return None
-        _job_wants[job_id] = job.manifest.get("want_per_input")
+        _job_rules[job_id] = (job.manifest.get("want_per_input"), job.manifest.get("budget_tokens"))
         cfg = _job_configs[job_id] = dict(job.config)
     return cfg
 
@@ -105,7 +106,8 @@ def run_items(
                 repo.hold_items(session, job_id, seqs, worker)
                 session.commit()
                 _identities_written.add(job_id)
-                chunk = _Chunk(session, job_id, seqs, worker, config, loop, report, on_item, _job_wants.get(job_id))
+                chunk = _Chunk(session, job_id, seqs, worker, config, loop, report, on_item,
+                               *_job_rules.get(job_id, (None, None)))
                 try:
                     chunk.run(deadline, should_stop)
                 except BaseException:  # the chunk ends unsettled: what it decodes is no longer
@@ -145,10 +147,12 @@ class _Chunk:
     """One chunk's items through the shared batch loop: claim as slots free, commit as
     items finish."""
 
-    def __init__(self, session, job_id, seqs, worker, config, loop, report, on_item, want=None):
+    def __init__(self, session, job_id, seqs, worker, config, loop, report, on_item, want=None, budget=None):
         self.session, self.job_id, self.seqs, self.worker = session, job_id, seqs, worker
         self.config, self.loop, self.report, self.on_item = config, loop, report, on_item
         self.want = want  # the job's kept samples wanted per input (a line's own `want` wins)
+        self.budget = budget  # tokens the job may generate
+        self.spent_checked = (-1.0, 0)  # (time.monotonic(), tokens the job had spent then)
         # future -> (item pk, seq, the input's reference answer)
         self.in_flight: dict[Future, tuple[int, int, str | None]] = {}
         # future -> (input id, kept samples it wants), for the items whose input wants some
@@ -300,6 +304,9 @@ class _Chunk:
             if retrying(s, lambda: repo.fail_item(s, claim.pk, reason, self.worker), "failing an item"):
                 self.report.failed += 1
             return False
+        if self.budget is not None and self._spent() >= self.budget:
+            self._settle_unneeded(claim.pk, seq, status="over_budget")
+            return False
         request = claim.request
         want = request.get("want") or self.want
         if want and claim.item_id in retrying(s, lambda: self._satisfied({claim.item_id: want}),
@@ -313,12 +320,26 @@ class _Chunk:
             self.wanting[fut] = (claim.item_id, want)
         return True
 
-    def _settle_unneeded(self, pk: int, seq: int, spent_tokens: int = 0) -> None:
+    def _spent(self) -> int:
+        """The job's spent tokens, read at most once per CANCEL_CHECK_S (a sum over its items)
+        and after each result this chunk stores."""
+        at, spent = self.spent_checked
+        if time.monotonic() - at > CANCEL_CHECK_S:
+            spent = retrying(self.session, self._read_spent, "reading spent tokens")
+            self.spent_checked = (time.monotonic(), spent)
+        return spent
+
+    def _read_spent(self) -> int:
+        spent = surplus.spent_tokens(self.session, self.job_id)
+        self.session.commit()  # ends the read: no transaction stays open while items decode
+        return spent
+
+    def _settle_unneeded(self, pk: int, seq: int, spent_tokens: int = 0, status: str = "unneeded") -> None:
         if retrying(self.session, lambda: surplus.settle_unneeded(self.session, self.job_id, pk, self.worker,
-                                                                  spent_tokens), "settling an unneeded item"):
-            self.report.unneeded += 1
+                                                                  spent_tokens, status), "settling an item"):
+            setattr(self.report, status, getattr(self.report, status) + 1)
             if self.on_item:
-                self.on_item("unneeded", seq)
+                self.on_item(status, seq)
 
     def settle_finished(self) -> None:
         for fut in [f for f in self.in_flight if f.done()]:
@@ -359,6 +380,7 @@ class _Chunk:
                     "storing a result"):
             self.report.done += 1
             outcome = "done"
+            self.spent_checked = (-1.0, 0)  # the job spent more: the next claim reads it anew
         else:
             outcome = self._came_late(pk, seq, "result")
         if self.on_item:

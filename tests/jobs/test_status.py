@@ -63,7 +63,7 @@ def test_a_job_that_progresses_or_has_ended_is_not_stalled(pg_db, quiet_job):
 
 
 def test_the_two_rates_say_which_is_which():
-    counts = dict(done=3, running=0, pending=0, failed=0, cancelled=0, unneeded=0)
+    counts = dict(done=3, running=0, pending=0, failed=0, cancelled=0, unneeded=0, over_budget=0)
     acceptance = dict(steps_drafted=0, steps_accepted=0, step_acceptance=None, drafted_tokens=0,
                       accepted_tokens=0, token_acceptance=None, target_forward_passes=9,
                       draft_forward_passes=0)

@@ -394,3 +394,20 @@ def test_samples_decoding_when_another_worker_stores_enough_are_aborted(db_url, 
 def statuses_by_seq(url, job_id):
     with session_factory(url)() as s:
         return dict(s.execute(select(Item.seq, Item.status).where(Item.job_id == job_id)).all())
+
+
+def test_once_the_job_has_spent_its_token_budget_no_sample_starts(db_url, tmp_path, fake_engine, monkeypatch):
+    """A budget of 5 tokens: the first sample (9 of the fake engine's tokens) spends it, so
+    the others end over_budget, undecoded, and the job completes."""
+    from semjobs.jobs.status import job_status
+    from semjobs.settings import settings
+
+    monkeypatch.setattr(settings, "batch_size", 1)
+    p = tmp_path / "in.jsonl"
+    p.write_text("".join(json.dumps({"id": f"i{i}", "prompt": f"question number {i}"}) + "\n" for i in range(4)))
+    job_id, n = store_job(p, job_config("ar", 16), queue="q", url=db_url, status="queued", budget_tokens=5)
+    rep = run_items(job_id, list(range(n)), url=db_url)
+    assert (rep.done, rep.over_budget) == (1, 3)
+    st = job_status(job_id, url=db_url)
+    assert st["status"] == "completed" and st["counts"]["over_budget"] == 3
+    assert st["yield"]["budget_tokens"] == 5 and st["yield"]["spent_tokens"] == st["generated_tokens"] > 5
