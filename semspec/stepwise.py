@@ -18,11 +18,14 @@ rejected step is "rolled back" by not extending the prefix).
              (``semspec.acceptance.judge_decision``).
 
 Counting conventions are ``semspec.types``' (``Counters``), as ``semspec.engine.token_engine``'s,
-so results compare.
+so results compare. With ``stop_loops`` a sequence's generated ids are looked at after every
+step with ``semspec.repetition``'s rule, and one that loops ends there ("repetition"), cut as
+the token engine cuts it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Callable, Generator
@@ -32,6 +35,7 @@ import torch
 from .acceptance import judge_decision, meaning_decision
 from .adaptive import Governor, LiveCosts
 from .answers import final_answer, split_reasoning
+from .repetition import DEFAULT_RULE, find_loop, line_break_ids
 from .sampling import make_generator
 from .steps import IncrementalText, StepDetector
 from .types import ANSWER_BY, Counters, GenerationConfig, GenerationResult, StepRecord
@@ -61,6 +65,9 @@ class Call:
     stop_at_step_end: bool = False
     states_from: int | None = None
     scored: tuple[int, ...] = ()  # the next token is one of these: the reply carries their log-probabilities
+    # the engine may end the request early where its own tokens loop (semspec.repetition's rule,
+    # as vLLM's repetition detection): the program finds the loop in its ids after the reply
+    stop_loops: bool = False
 
 
 @dataclass
@@ -149,6 +156,7 @@ class StepProgram:
         self.in_flight = in_flight
         self.governor: Governor | None = None
         self.tail: dict | None = None  # the open step's record (decision and fields), when a write-ahead began it
+        self.loop_checked = 0  # generated tokens the loop rule has looked at (stop_loops)
         self.t0 = time.perf_counter()
         self._step_t0 = self.t0
 
@@ -238,7 +246,9 @@ class StepProgram:
         the first step it closes, where that is not a plain target step (a rejected draft's,
         the target writing it); an open step it goes on with keeps its own record; the others'
         are ``extra``. Returns how many steps it closed."""
-        reply = yield Call(TARGET, self.ids, max(1, min(self.remaining(), tokens)), WRITE_PHASE)
+        # (a loop in what it writes ends the request there: stop_loop finds it after)
+        reply = yield Call(TARGET, self.ids, max(1, min(self.remaining(), tokens)), WRITE_PHASE,
+                           stop_loops=self.cfg.stop_loops)
         before = len(self.steps)
         plain = {"decision": "target_only", **extra}
         opening = first or self.tail  # the first step's record, where it is not ``plain``
@@ -276,12 +286,47 @@ class StepProgram:
     def advance(self) -> Program:
         yield from self.write_step("target_only")
 
+    def stop_loop(self) -> bool:
+        """With ``stop_loops``: when the generated ids have fallen into a loop since the last
+        look, cut them after its first copy (``semspec.repetition.find_loop``) and finish
+        ("repetition"): steps wholly before the cut stay, the one it falls in is cut short
+        (its text and tokens), later ones go; the open step's kept part closes as it was
+        begun. The tokens cut count as ``cut_tokens``."""
+        if not self.cfg.stop_loops:
+            return False
+        generated = self.ids[self.prompt_len:]
+        cut = find_loop(generated, DEFAULT_RULE, self.loop_checked, line_break_ids(self.target.tokenizer))
+        self.loop_checked = len(generated)
+        if cut is None:
+            return False
+        end = self.prompt_len + cut
+        self.counters.cut_tokens += len(self.ids) - end
+        del self.ids[end:]
+        kept, start = [], self.prompt_len
+        for step in self.steps:
+            if start >= end:
+                break
+            if start + step.target_tokens > end:
+                n = end - start
+                step = dataclasses.replace(step, text=self.decode(self.ids[start:end]), target_tokens=n,
+                                           accepted_tokens=min(step.accepted_tokens, n))
+            kept.append(step)
+            start += step.target_tokens
+        self.steps = kept
+        self.step_start = min(self.step_start, end)
+        if len(self.ids) > self.step_start:
+            self.close_step("target", **(self.tail or {"decision": "target_only"}))
+        self.tail = None
+        self.finish_reason, self.phase = "repetition", "done"
+        return True
+
     def program(self) -> Program:
         while not self.done:
             if self.remaining() <= 0:
                 self.finish("length")
                 break
             yield from self.advance()
+            self.stop_loop()
         if len(self.ids) > self.step_start:
             self.close_step("target", "target_only")
 

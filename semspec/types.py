@@ -106,13 +106,9 @@ class GenerationConfig:
     # Extra arguments of the tokenizer's chat template (e.g. {"enable_thinking": True}).
     chat_template_kwargs: dict[str, Any] | None = None
     # End a sequence that falls into a loop (the same unit of tokens over and over) as it starts,
-    # finish_reason "repetition", its output cut after the loop's first copy
-    # (semspec.repetition). Off by default: the library writes what the model writes; the
-    # service turns it on, as a looping tail is tokens no dataset keeps.
-    stop_loops: bool = False
-    # End a sequence that starts repeating itself (semspec.repetition), its output cut where
-    # the loop began, finish reason "repetition". Off here: the engine writes what the model
-    # writes; the service turns it on for its jobs (SEMJOBS_STOP_LOOPS).
+    # finish reason "repetition", its output cut after the loop's first copy (semspec.repetition).
+    # Off here: the engine writes what the model writes; the service turns it on for its jobs
+    # (SEMJOBS_STOP_LOOPS), as a looping tail is tokens no dataset keeps.
     stop_loops: bool = False
 
 

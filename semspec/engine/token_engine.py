@@ -11,6 +11,11 @@ Prompts are rendered and tokenized here with the target's own chat template
 Results have the step-level methods' shape: the text's steps are cut after decoding by the
 same step rule, each timed by when its tokens came back.
 
+With ``stop_loops`` a request carries ``semspec.repetition``'s rule as vLLM's own repetition
+detection (``SamplingParams.repetition_detection``: the same rule, checked in vLLM's scheduler
+after every token, so the request ends at the token the rule fires on, drafted tokens past it
+dropped); its result is cut where ``semspec.repetition.find_loop`` says.
+
 vLLM's synchronous ``LLMEngine`` runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
 the caller's loop (``semjobs.worker.batching``) adds a request the moment a slot frees and gets each
 result the step it finishes, which is what an async engine would give it, without a second
@@ -40,6 +45,7 @@ from semspec.models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cac
 from semspec.models.loaded import eos_token_ids
 from semspec.models.specs import model_source
 from semspec.prompts import prompt_ids
+from semspec.repetition import DEFAULT_RULE, find_loop, line_break_ids
 from semspec.steps import StepDetector, detect_think_end, step_spans
 from semspec.engine.speculation import MODEL_FREE_METHODS, speculative_config
 # one check that vLLM is here, for the engines and for the engine arguments (which load no torch)
@@ -347,8 +353,8 @@ class VLLMEngine:
                         rid = next((r for r, run in running.items() if run.key == req.key), None)
                         if rid is not None:  # else it has finished
                             self.llm.abort_request([rid])
-                            del running[rid]
-                            yield Finished(req.key, None, Cancelled(f"request {req.key!r} aborted"))
+                            spent = len(running.pop(rid).ids)
+                            yield Finished(req.key, None, Cancelled(f"request {req.key!r} aborted", spent))
                         continue
                     try:
                         self._add(req.key, req.prompt, req.config or default, running)
@@ -383,11 +389,16 @@ class VLLMEngine:
             raise ValueError(f"draft_tokens={config.draft_tokens}, but vLLM drafts the same number for every "
                              f"request of an engine: this one drafts {self.speculation.tokens}")
         ids = prompt_ids(self.tokenizer, prompt, config.chat_template_kwargs, self.max_context)
+        loops = {}
+        if config.stop_loops:
+            from vllm.sampling_params import RepetitionDetectionParams
+
+            loops = {"repetition_detection": RepetitionDetectionParams(**DEFAULT_RULE.vllm_params())}
         params = SamplingParams(
             temperature=config.temperature, top_p=config.top_p if config.temperature > 0 else 1.0,
             seed=config.seed if config.temperature > 0 and config.reproducible else None,
             max_tokens=min(config.max_new_tokens, self.max_context - len(ids)),
-            stop_token_ids=sorted(self.eos), detokenize=False, output_kind=RequestOutputKind.DELTA,
+            stop_token_ids=sorted(self.eos), detokenize=False, output_kind=RequestOutputKind.DELTA, **loops,
         )
         request_id = str(self._next_id)
         self._next_id += 1
@@ -416,10 +427,18 @@ class VLLMEngine:
         if ids and ids[-1] in self.eos:
             ids = ids[:-1]  # the end-of-sequence token is not part of the text (semspec.types' counting)
         cfg = run.config
+        cut = None
+        if cfg.stop_loops and finish != "eos":
+            # vLLM ended a loop where the rule fires (or the cap came with the token it fires on)
+            cut = find_loop(ids, DEFAULT_RULE, line_breaks=line_break_ids(self.tokenizer))
+            if cut is not None or output.finish_reason == "repetition":
+                finish = "repetition"
+            if cut is not None:
+                ids = ids[:cut]
         think_end = self.think_end_marker if cfg.think_end == "auto" else (cfg.think_end or None)
         detector = StepDetector(cfg.step_delimiter or DEFAULT_STEP_DELIMITER, think_end,
                                 cfg.max_step_tokens or DEFAULT_MAX_STEP_TOKENS)
-        drafted, accepted, verified = self._verifications(run, output.spec_decode_metrics, len(ids))
+        drafted, accepted, verified = self._verifications(run, output.spec_decode_metrics, len(ids), cut)
         steps = self._steps(ids, step_spans(self.tokenizer, ids, detector), run, verified)
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         reasoning, content = split_reasoning(text, think_end)
@@ -430,6 +449,7 @@ class VLLMEngine:
                             # a draft model or head runs once per drafted token; ngram and suffix run none
                             draft_forward_passes=drafted if self.speculation
                             and self.speculation.method not in MODEL_FREE_METHODS else 0,
+                            cut_tokens=0 if cut is None else len(run.ids) - cut,
                             phase_seconds={"prefill": first - run.t0, "target_write": last - first})
         return GenerationResult(
             text=text, final_answer=final_answer(text, think_end), reasoning=reasoning, content=content,
@@ -438,10 +458,12 @@ class VLLMEngine:
         )
 
     @staticmethod
-    def _verifications(run: _Running, metrics: Any, kept: int) -> tuple[int, int, list[tuple[int, int, int]]]:
+    def _verifications(run: _Running, metrics: Any, kept: int,
+                       cut: int | None = None) -> tuple[int, int, list[tuple[int, int, int]]]:
         """(tokens drafted, tokens accepted, and per verification pass: the first kept token
         it delivered, tokens drafted, tokens accepted) of a speculating engine's request, from
-        vLLM's per-request metrics (``kept``: tokens in the result). The totals are vLLM's; the
+        vLLM's per-request metrics (``kept``: tokens in the result; ``cut``: where a loop was
+        cut, the passes after it are left out of the list). The totals are vLLM's; the
         passes are placed only where vLLM listed one for every step after the prompt's (a
         step with nothing drafted, as ngram's without a match or the first after a preempted
         request is recomputed, lists none); else only the counters carry them."""
@@ -451,7 +473,10 @@ class VLLMEngine:
         starts = [min(count, kept - 1) for count, _ in run.arrivals[:-1]]  # an EOS-only last step counts
         if len(metrics.per_step_drafted) != len(starts) or kept == 0:      # in the last kept token's step
             return metrics.num_draft_tokens, accepted, []
-        return metrics.num_draft_tokens, accepted, list(zip(starts, metrics.per_step_drafted, metrics.per_step_accepted))
+        passes = list(zip(starts, metrics.per_step_drafted, metrics.per_step_accepted))
+        if cut is not None:
+            passes = [p for p, (count, _) in zip(passes, run.arrivals) if count < cut]
+        return metrics.num_draft_tokens, accepted, passes
 
     def _steps(self, ids: list[int], spans: list[tuple[int, int]], run: _Running,
                verified: list[tuple[int, int, int]]) -> list[StepRecord]:

@@ -299,6 +299,50 @@ def test_an_abort_ends_its_prompt_and_the_others_go_on(engine):
     assert not any(s.llm.has_unfinished_requests() for s in (engine.target, engine.draft))
 
 
+@pytest.mark.parametrize("method,kw", [("ar", {}), ("semspec", {}), ("semspec", {"draft_max_batch": 1}),
+                                       ("step_judge", {"judge_threshold": 10})])
+def test_a_sequence_that_loops_ends_cut_after_its_first_copy(engine, monkeypatch, method, kw):
+    """stop_loops: after each step (a drafted one, one the target wrote, a write-ahead's run of
+    them) the generated ids are looked at with semspec.repetition's rule; a sequence that loops
+    (the tiny random model does, greedy) ends ("repetition") with the ids the rule keeps, as
+    the token engine cuts them: steps before the cut as they were, the one it falls in cut
+    short; what was generated past the cut, up to the end of the step the loop was found in,
+    counts as cut_tokens. Without stop_loops, and a sequence that does not loop, unchanged."""
+    from semspec.repetition import find_loop, line_break_ids, loop_end
+    from semspec.stepwise import StepProgram
+
+    real = StepProgram.result
+
+    def result(program):
+        res = real(program)
+        res.ids = program.ids[program.prompt_len:]
+        return res
+
+    monkeypatch.setattr(StepProgram, "result", result)
+    tok = engine.target.facts.tokenizer
+    off = run_all(engine, config(method, max_new_tokens=150, **kw))
+    on = run_all(engine, config(method, max_new_tokens=150, stop_loops=True, **kw))
+    looped = 0
+    for full, cut_short in zip(off, on):
+        assert full.finish_reason in ("eos", "length") and full.counters.cut_tokens == 0
+        end = loop_end(full.ids)
+        if end is None:
+            assert (cut_short.text, cut_short.finish_reason) == (full.text, full.finish_reason)
+            continue
+        looped += 1
+        cut = find_loop(full.ids, line_breaks=line_break_ids(tok))
+        assert (cut_short.finish_reason, cut_short.ids) == ("repetition", full.ids[:cut])
+        assert cut_short.text == tok.decode(full.ids[:cut], skip_special_tokens=True)
+        c = cut_short.counters
+        assert c.generated_tokens == cut and end - cut <= c.cut_tokens <= end - cut + 8
+        assert sum(s.target_tokens for s in cut_short.steps) == cut
+        assert [s.index for s in cut_short.steps] == list(range(len(cut_short.steps)))
+        *before, last = cut_short.steps
+        assert [(s.text, s.decision) for s in before] == [(s.text, s.decision) for s in full.steps[:len(before)]]
+        assert full.steps[len(before)].text.startswith(last.text) and last.decision == full.steps[len(before)].decision
+    assert looped >= 2
+
+
 def test_methods_it_does_not_serve_are_refused_by_name(engine):
     assert "token_sd" in engine.method_problem("token_sd")
     (done,) = engine.generate_many(["hi"], GenerationConfig(method="token_sd"), batch_size=1)

@@ -3,11 +3,14 @@ seconds), compared with transformers' own generate on the same weights."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from concurrent.futures import wait
 
 import pytest
 
+from semspec.answers import final_answer, split_reasoning
+from semspec.repetition import find_loop, line_break_ids, loop_end
 from semspec.testing import aborting_source
 from semspec.types import Cancelled, GenerationConfig, Request
 from semspec.engine.token_engine import VLLMEngine
@@ -70,6 +73,58 @@ def test_a_job_that_asks_for_speed_over_reruns_sends_vllm_no_seed(engine, monkey
     assert seeds == [SAMPLED.seed, None]
 
 
+def record_ids(engine, monkeypatch) -> list:
+    """Have every result carry the ids vLLM generated for it (``result.ids``, its EOS too) and
+    record the repetition detection each request was sent with (the list returned)."""
+    real_result, real_add, sent = engine._result, engine.llm.add_request, []
+
+    def result(run, output):
+        res = real_result(run, output)
+        res.ids = list(run.ids)
+        return res
+
+    monkeypatch.setattr(engine, "_result", result)
+    monkeypatch.setattr(engine.llm, "add_request", lambda rid, prompt, params: (
+        sent.append(params.repetition_detection), real_add(rid, prompt, params))[1])
+    return sent
+
+
+def test_a_loop_ends_its_request_cut_after_its_first_copy(engine, monkeypatch):
+    """stop_loops: vLLM ends a request at the token semspec.repetition's rule fires on (the
+    tiny random model falls into loops, greedy), the result cut after the loop's first copy:
+    text, steps and answer of the kept ids, the tokens generated past the cut counted as
+    cut_tokens. A request that does not loop, and every request without stop_loops (vLLM
+    sent no repetition detection), ends as it always did."""
+    config = GenerationConfig(method="ar", max_new_tokens=200, step_delimiter=" ", max_step_tokens=8)
+    sent = record_ids(engine, monkeypatch)
+    off = _results(engine, PROMPTS, config)
+    assert sent == [None] * len(PROMPTS)
+    on = _results(engine, PROMPTS, dataclasses.replace(config, stop_loops=True))
+    assert all(d is not None for d in sent[len(PROMPTS):])
+    breaks, looped = line_break_ids(engine.tokenizer), 0
+    for key in range(len(PROMPTS)):
+        full, cut_short = off[key].result, on[key].result
+        assert full.finish_reason in ("eos", "length") and full.counters.cut_tokens == 0
+        ids = full.ids[:-1] if full.finish_reason == "eos" else full.ids
+        end = loop_end(ids)
+        if end is None:
+            assert (cut_short.text, cut_short.finish_reason, cut_short.counters.generated_tokens,
+                    cut_short.counters.cut_tokens) == (full.text, full.finish_reason, full.counters.generated_tokens, 0)
+            continue
+        looped += 1
+        cut = find_loop(ids, line_breaks=breaks)
+        assert cut_short.finish_reason == "repetition" and cut_short.ids == ids[:end]
+        assert cut_short.text == engine.tokenizer.decode(ids[:cut], skip_special_tokens=True)
+        assert full.text.startswith(cut_short.text) and len(cut_short.text) < len(full.text)
+        c = cut_short.counters
+        assert (c.generated_tokens, c.cut_tokens, c.target_forward_passes) == (cut, end - cut, end)
+        assert sum(s.target_tokens for s in cut_short.steps) == cut
+        assert "".join(s.text for s in cut_short.steps) == engine.tokenizer.decode(ids[:cut])
+        assert (cut_short.reasoning, cut_short.content) == split_reasoning(cut_short.text, engine.think_end_marker)
+        assert cut_short.final_answer == final_answer(cut_short.text, engine.think_end_marker)
+    assert looped >= 2
+
+
 def test_results_have_the_service_shape(engine):
     r = engine.generate(PROMPTS[0], GenerationConfig(method="ar", max_new_tokens=7))
     c = r.counters
@@ -113,6 +168,7 @@ def test_an_abort_ends_its_request_at_once_and_leaves_the_others_alone(engine):
 
     done = list(engine.generate_many(aborting_source(reqs), batch_size=2))
     assert done[0].key == 0 and isinstance(done[0].error, Cancelled) and done[0].result is None
+    assert done[0].error.generated_tokens >= 1  # one step ran: spent, though nothing keeps it
     assert not engine.llm.has_unfinished_requests()
     alone = _results(engine, reqs[1:], None)
     assert {d.key: d.result.text for d in done[1:]} == {k: d.result.text for k, d in alone.items()}

@@ -15,6 +15,7 @@ their configs.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -26,10 +27,12 @@ import pytest
 import torch
 
 from semspec.engine.token_engine import VLLMEngine
+from semspec.repetition import find_loop, line_break_ids, loop_end
 from semspec.testing import write_eagle3_head
 from tests.conftest import ROOT, require_vllm
 from tests.semspec.engine.test_speculation import drafts  # noqa: F401 -- a fixture used here
 from tests.semspec.engine.test_speculation import GREEDY, PROMPTS
+from tests.semspec.engine.test_token_engine import record_ids
 
 
 def padded_copy(model_dir: Path, dest: Path, rows: int) -> Path:
@@ -80,6 +83,32 @@ def test_greedy_text_is_the_targets_own(drafting, tiny_vllm_greedy):
     assert (engine.speculation.method, engine.speculation.draft.name) == (method, draft)
     if method == "draft_model":
         assert accepted / drafted > 0.9
+
+
+def test_a_loop_ends_at_the_token_the_rule_fires_on_drafted_or_not(drafting, monkeypatch):
+    """stop_loops with drafts: vLLM checks each token a verification keeps, so the request ends
+    at the token the rule fires on (drafted tokens after it dropped), cut as ar's is; the step
+    log places only the verifications before the cut."""
+    engine, _, _ = drafting
+    config = dataclasses.replace(GREEDY, max_new_tokens=200)
+    record_ids(engine, monkeypatch)
+    off = {d.key: d.result for d in engine.generate_many(PROMPTS, config, batch_size=1)}
+    on = {d.key: d.result for d in engine.generate_many(PROMPTS, dataclasses.replace(config, stop_loops=True),
+                                                         batch_size=1)}
+    looped = 0
+    for key in range(len(PROMPTS)):
+        ids = off[key].ids[:-1] if off[key].finish_reason == "eos" else off[key].ids
+        end = loop_end(ids)
+        if end is None:
+            assert (on[key].text, on[key].finish_reason) == (off[key].text, off[key].finish_reason)
+            continue
+        looped += 1
+        cut, c = find_loop(ids, line_breaks=line_break_ids(engine.tokenizer)), on[key].counters
+        assert on[key].finish_reason == "repetition" and on[key].ids == ids[:end]
+        assert (c.generated_tokens, c.cut_tokens) == (cut, end - cut)
+        assert on[key].text == engine.tokenizer.decode(ids[:cut], skip_special_tokens=True)
+        assert sum(s.drafted_tokens for s in on[key].steps) <= c.drafted_tokens
+    assert looped >= 2
 
 
 def test_vllm_takes_every_model_drafts_config_for_cuda(drafts, tiny_vllm_dir, tiny_cache):  # noqa: F811
