@@ -197,7 +197,9 @@ def iter_inputs(job_id: str, *, url: str | None = None, with_steps: bool = False
 def _settle(group: list[tuple], steps_session, only, majority) -> tuple[list[Kept], list[Item], int]:
     done = [Kept(item, out, stats) for item, out, stats in group if item.status == "done" and out is not None]
     errors = [item for item, _, _ in group if item.status in ("failed", "cancelled")]
-    unfinished = len(group) - len(done) - len(errors)
+    # samples an input no longer needed (--want) or the budget left undecoded are finished too
+    settled = sum(item.status in ("unneeded", "over_budget") for item, _, _ in group)
+    unfinished = len(group) - len(done) - len(errors) - settled
     done = _select(done, only, majority)
     if steps_session is not None:
         for k in done:
