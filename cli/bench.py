@@ -135,12 +135,25 @@ def _unescape(value: str | None) -> str | None:
                    "hf_generate's is the fastest for each size).")
 @click.option("--kv-cache-gb", type=click.FloatRange(min=0, min_open=True), default=None,
               help="vLLM's KV cache budget in GiB, per engine (default: SEMJOBS_KV_CACHE_GB).")
+@click.option("--yield", "yield_bench", is_flag=True,
+              help="The yield benchmark instead: useful samples (kept: correct, or without a reference ended with an "
+                   "answer; at most --want per input) per hour and per million tokens, of `semjobs run --n N "
+                   "--keep-loops`, plain vLLM with n=N and `semjobs run --n N --want K`, each method of --methods "
+                   "(default ar,semspec) as `semjobs run` on --batch-size; results.json's `yield`.")
+@click.option("--n", "samples", type=click.IntRange(min=1), default=4, show_default=True,
+              help="With --yield: samples per input at most.")
+@click.option("--want", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --yield: kept samples wanted per input.")
+@click.option("--problems", default=None, metavar="mixed:COUNT",
+              help="With --yield: COUNT problems of mixed difficulty (generated arithmetic word problems, graded, "
+                   "and GSM8K test questions from line 301 on; semjobs.jobs.yield_problems) instead of --prompts.")
 @engine_arg_options
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
           candidates, ratio_floors, adaptive, token_speculation, target, draft, compare_drafts, compare_probes, probes,
           step_delimiter, max_step_tokens, draft_tokens,
           judge_threshold, threads, device, cache_dir, no_warmup, no_loglik, quiet, batch_sizes,
-          draft_max_batch, dtype, kv_cache_gb, engine_args, draft_engine_args) -> None:
+          draft_max_batch, dtype, kv_cache_gb, yield_bench, samples, want, problems, engine_args,
+          draft_engine_args) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
 
     The methods decode on vLLM; hf_assisted and hf_generate are transformers' generate.
@@ -162,6 +175,13 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     use_engine_args(engine_args, draft_engine_args)  # refused before anything loads
     if threads:
         torch.set_num_threads(threads)
+    if yield_bench:
+        from semjobs.jobs.yield_bench import apply_overrides
+
+        env = apply_overrides(target=target, draft=draft, probes=probes, device=device, dtype=dtype,
+                              kv_cache_gb=kv_cache_gb, cache_dir=cache_dir)
+        return _yield(prompts, limit, offset, problems, methods, samples, want, temperature, top_p, max_new_tokens,
+                      seed, batch_sizes, engine_args, draft_engine_args, env, out_dir, quiet)
     settings = BenchSettings(
         prompts=prompts, limit=limit, offset=offset,
         methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
@@ -225,6 +245,49 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
     sa = res["ar_self_agreement"]
     click.echo(f"ar_self_agreement: {'-' if sa is None else f'{sa:.2f}'}")
     click.echo(f"wrote {out / 'results.json'}, {out / 'results.md'} and plots")
+
+
+def _yield(prompts, limit, offset, problems, methods, samples, want, temperature, top_p, max_new_tokens, seed,
+           batch_sizes, engine_args, draft_engine_args, env, out_dir, quiet) -> None:
+    """`semjobs bench --yield` (semjobs.jobs.yield_bench)."""
+    from semjobs.jobs import yield_bench, yield_problems
+    from semjobs.settings import settings as service_settings
+    from semspec.types import METHODS
+
+    given = click.get_current_context().get_parameter_source("methods") != click.core.ParameterSource.DEFAULT
+    chosen = tuple(m.strip() for m in methods.split(",") if m.strip()) if given else ("ar", "semspec")
+    unknown = [m for m in chosen if m not in METHODS]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: --yield runs semjobs' methods ({', '.join(METHODS)})",
+                                 param_hint="--methods")
+    sizes = _ints(batch_sizes) or (service_settings.batch_size,)
+    if len(sizes) != 1:
+        raise click.BadParameter("--yield runs one batch size", param_hint="--batch-size")
+    if want > samples:
+        raise click.BadParameter(f"{want} kept samples of at most {samples}", param_hint="--want")
+    kind, _, count = (problems or "").partition(":")
+    if problems is not None and (kind != "mixed" or not count.isdigit() or int(count) < 1):
+        raise click.BadParameter(f"expected mixed:COUNT, got {problems!r}", param_hint="--problems")
+    try:
+        chosen_problems = (yield_problems.mixed(int(count), DEFAULT_PROMPTS) if problems
+                           else yield_problems.from_prompts(prompts, limit, offset))
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    s = yield_bench.YieldSettings(n=samples, want=want, methods=chosen, temperature=temperature, top_p=top_p,
+                                  max_new_tokens=max_new_tokens, batch_size=sizes[0], seed=seed,
+                                  engine_args=engine_args, draft_engine_args=draft_engine_args, env=env)
+    t0 = time.perf_counter()
+
+    def say(msg: str) -> None:
+        if not quiet:
+            click.echo(f"[{time.perf_counter() - t0:7.1f}s] {msg}", err=True)
+
+    command = "semjobs bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 \
+        and sys.argv[1] == "bench" else None
+    res = yield_bench.run_yield(s, chosen_problems, problems or f"{prompts} (offset {offset}, limit {limit})",
+                                Path(out_dir), say, command)
+    click.echo(yield_bench.table(res))
+    click.echo(f"wrote {Path(out_dir) / 'results.json'}")
 
 
 def _sweep(settings, batch_sizes, dtype, device, target, draft, probes, cache_dir, out_dir, say,
