@@ -86,3 +86,18 @@ def work_order(session: Session, job_id: str, seqs: list[int]) -> list[int]:
     wanted = set(seqs)
     sample_of = dict(session.execute(select(Item.seq, Item.sample).where(Item.job_id == job_id)).all())
     return sorted(wanted, key=lambda seq: (sample_of.get(seq, 0), seq))
+
+
+def spend_by_finish(session: Session, job_id: str) -> dict[str, tuple[int, int]]:
+    """Item status, or a done item's finish reason -> (items, tokens spent on them: generated
+    and cut), over the job's items with stats (done ones, and those aborted as unneeded)."""
+    key = func.coalesce(Output.finish_reason, Item.status)
+    rows = session.execute(
+        select(key, func.count(), func.coalesce(func.sum(ItemStats.generated_tokens + ItemStats.cut_tokens), 0))
+        .select_from(ItemStats)
+        .join(Item, Item.id == ItemStats.item_pk)
+        .outerjoin(Output, Output.item_pk == ItemStats.item_pk)
+        .where(ItemStats.job_id == job_id)
+        .group_by(key)
+    )
+    return {k: (int(n), int(tokens)) for k, n, tokens in rows}

@@ -16,7 +16,7 @@ from pathlib import Path
 from semjobs.db import repo
 from semjobs.db.session import session_factory
 from semjobs.jobs.export import Staged, manifest_of
-from semjobs.jobs.status import answers_line, fmt_duration, job_status, render
+from semjobs.jobs.status import answers_line, fmt_duration, job_status, kept_line, render, saved_line
 
 MAX_POSITION = 40  # steps further into a trace are rare; they share the last bar
 VERIFIED = ("accepted", "rejected")  # the decisions the acceptance rule made
@@ -178,6 +178,11 @@ def markdown(st: dict, figures: StepFigures) -> str:
              f"| target-only steps by reason | {', '.join(f'{k} {v}' for k, v in sorted(reasons.items())) or '-'} |"]
     if st.get("answers"):
         lines.append(f"| answers | {answers_line(st['answers'])} |")
+    y = st["yield"]
+    lines += [f"| kept | {kept_line(y)} |",
+              f"| inputs by share of samples kept | {', '.join(f'{k} {v}' for k, v in y['pass_rates'].items())} |"]
+    if saved_line(y):
+        lines.append(f"| tokens spared (estimate) | {saved_line(y)} |")
     lines += ["", "![step acceptance](step_acceptance.png)", "", "![step lengths](step_lengths.png)", "",
               "![throughput](throughput.png)", "", "Manifest (models, hashes, settings): `manifest.json`.", ""]
     return "\n".join(lines)

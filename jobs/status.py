@@ -44,6 +44,35 @@ def _answers(session, job_id: str) -> dict[str, Any] | None:
             "majority_accuracy": acc}
 
 
+PASS_RATE_BINS = (0.0, 0.25, 0.5, 0.75, 1.0)  # upper edges: 0, (0, .25], ..., (.75, 1]
+
+
+def pass_rate_histogram(per_input: list[tuple[str, int, int]]) -> dict[str, int]:
+    """Inputs by the share of their finished samples kept, in PASS_RATE_BINS."""
+    hist = dict.fromkeys((f"<={edge:g}" for edge in PASS_RATE_BINS), 0)
+    for _, stored, kept in per_input:
+        rate = kept / stored if stored else 0.0
+        edge = next(e for e in PASS_RATE_BINS if rate <= e)
+        hist[f"<={edge:g}"] += 1
+    return hist
+
+
+def saved_tokens(spend: dict[str, tuple[int, int]], counts: dict[str, int], max_new_tokens: int) -> dict[str, int]:
+    """What each rule spared, estimated: a loop cut would have run to the cap (max_new_tokens
+    a sample); a sample not decoded (unneeded, over budget) would have cost what a finished
+    sample of the job cost on average, less what an aborted one had spent."""
+    finished = [spend[k] for k in spend if k not in ("unneeded", "over_budget")]
+    n = sum(items for items, _ in finished)
+    mean = sum(tokens for _, tokens in finished) / n if n else 0.0
+    loops, loop_tokens = spend.get("repetition", (0, 0))
+    aborted = spend.get("unneeded", (0, 0))[1]
+    return {
+        "loops": max(0, loops * max_new_tokens - loop_tokens),
+        "unneeded": max(0, round(counts["unneeded"] * mean) - aborted),
+        "over_budget": round(counts["over_budget"] * mean),
+    }
+
+
 def _kept(session, job, spent_tokens: int) -> dict[str, Any]:
     """What the job's samples are worth to its dataset: kept samples (semspec.answers.is_kept),
     useful ones (kept, at most the job's `want` per input: what a dataset of it holds),
@@ -63,6 +92,7 @@ def _kept(session, job, spent_tokens: int) -> dict[str, Any]:
         "full_inputs": sum(k >= want for _, _, k in per_input) if want else None,
         "spent_tokens": spent_tokens,
         "tokens_per_useful": _ratio(spent_tokens, useful),
+        "pass_rates": pass_rate_histogram(per_input),
     }
 
 
@@ -98,6 +128,8 @@ def job_status(job_id: str, *, url: str | None = None) -> dict[str, Any] | None:
         last = repo.last_finished_at(session, job_id)
         answers = _answers(session, job_id)
         kept = _kept(session, job, int(sums["generated_tokens"] + sums["cut_tokens"]))
+        kept["saved_tokens_estimate"] = saved_tokens(surplus.spend_by_finish(session, job_id), counts,
+                                                     job.config.get("max_new_tokens", 0))
         failures = repo.failure_reasons(session, job_id) if counts["failed"] else []
         live = repo.live_workers(session, settings.worker_dead_after_s) if job.status in JOB_ACTIVE else 0
     started = repo.as_utc(job.started_at)
@@ -214,6 +246,8 @@ def render(st: dict[str, Any]) -> str:
         lines.append(f"  answers    {answers_line(st['answers'])}")
     if st["yield"]["kept"] or st["yield"]["want"]:
         lines.append(f"  kept       {kept_line(st['yield'])}")
+    if saved_line(st["yield"]):
+        lines.append(f"  spared     {saved_line(st['yield'])}")
     return "\n".join(lines)
 
 
@@ -223,6 +257,14 @@ def kept_line(y: dict[str, Any]) -> str:
     per = f", {y['tokens_per_useful']:.0f} tokens spent per useful sample" if y["tokens_per_useful"] else ""
     return (f"{y['kept']} samples kept, {y['useful']} useful; {y['covered_inputs']} of {y['inputs']} inputs "
             f"with one{full}{per}")
+
+
+def saved_line(y: dict[str, Any]) -> str | None:
+    """Tokens each rule spared, estimated (saved_tokens), or None when none did."""
+    saved = {rule: n for rule, n in (y.get("saved_tokens_estimate") or {}).items() if n}
+    if not saved:
+        return None
+    return "about " + ", ".join(f"{n} tokens by {rule.replace('_', ' ')}" for rule, n in saved.items())
 
 
 def answers_line(ans: dict[str, Any]) -> str:

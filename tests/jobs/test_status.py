@@ -74,3 +74,21 @@ def test_the_two_rates_say_which_is_which():
     assert ("  tok/s      10.0 overall (generated / elapsed), 25.0 per item (generated / summed item "
             "wall times)") in render(st).splitlines()
     assert "600 tok  10.0 tok/s overall" in progress_line(st)
+
+
+def test_inputs_are_binned_by_the_share_of_their_samples_kept():
+    from semjobs.jobs.status import pass_rate_histogram
+
+    per_input = [("a", 4, 0), ("b", 4, 1), ("c", 4, 2), ("d", 3, 3), ("e", 1, 1)]
+    assert pass_rate_histogram(per_input) == {"<=0": 1, "<=0.25": 1, "<=0.5": 1, "<=0.75": 0, "<=1": 2}
+
+
+def test_what_each_rule_spared_is_estimated_from_the_jobs_own_costs():
+    """Two loops cut at 100 tokens spent of a 512 cap spared 2 * 512 - 200; three finished
+    samples cost 100 on average, so six unneeded spared 600, less the 50 two aborted ones had
+    spent; two over budget spared 200."""
+    from semjobs.jobs.status import saved_tokens
+
+    spend = {"eos": (1, 100), "repetition": (2, 200), "unneeded": (2, 50)}
+    counts = {"unneeded": 6, "over_budget": 2}
+    assert saved_tokens(spend, counts, 512) == {"loops": 824, "unneeded": 550, "over_budget": 200}

@@ -340,6 +340,8 @@ def test_an_input_with_the_kept_samples_it_wants_decodes_no_more(db_url, tmp_pat
     assert st["status"] == "completed" and st["counts"]["unneeded"] == 6
     y = st["yield"]
     assert (y["want"], y["kept"], y["useful"], y["covered_inputs"], y["full_inputs"]) == (1, 2, 2, 2, 2)
+    per_sample = st["generated_tokens"] // 2  # the fake engine's two answers are as long
+    assert y["saved_tokens_estimate"]["unneeded"] == 6 * per_sample and y["pass_rates"]["<=1"] == 2
 
 
 def test_a_wrong_sample_is_not_enough_and_the_next_wave_decodes(db_url, tmp_path, fake_engine, monkeypatch):
