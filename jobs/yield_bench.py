@@ -95,11 +95,27 @@ def _share(a: int, b: int) -> float | None:
     return round(a / b, 4) if b else None
 
 
-def samples_from_export(path: Path) -> list[Sample]:
-    """The finished samples of a `semjobs run` export (JSONL)."""
+def export_rows(path: Path) -> list[dict]:
+    """The rows of a `semjobs run` export (JSONL)."""
     with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def samples_from_export(rows: list[dict]) -> list[Sample]:
+    """The finished samples of a `semjobs run` export's rows."""
     return [Sample(str(r["id"]), r["correct"], r["final_answer"], r["finish_reason"]) for r in rows]
+
+
+def loops(arm: str, rows: list[dict]) -> dict:
+    """What the loop rule did (``want_k``: samples ended as loops) or would have done
+    (``fixed_n``, decoded with loops kept: semjobs.jobs.loop_audit) to an arm's samples."""
+    if arm != "fixed_n":
+        return {"repetition_samples": sum(r["finish_reason"] == "repetition" for r in rows)}
+    from semjobs.jobs.loop_audit import audit
+    from semjobs.jobs.yield_vllm import target_dir
+    from semspec.engine.token_engine import model_files
+
+    return audit(((r["output"], r["finish_reason"]) for r in rows), model_files(target_dir())[0])
 
 
 def semjobs_command(arm: str, method: str, s: YieldSettings, problems: Path, output: Path, db_url: str) -> list[str]:
@@ -132,8 +148,9 @@ def semjobs_arm(arm: str, method: str, s: YieldSettings, problems: Path, input_i
     # elapsed_s: from the job's start (its first item claimed, the engines loaded) to its end, so
     # neither start-up nor the engines' shutdown that `run`'s "done in" counts; spent_tokens: every
     # token generated, those cut from loops and of samples aborted as unneeded too
-    fig = figures(samples_from_export(output), input_ids, s.want, st["elapsed_s"], st["yield"]["spent_tokens"])
-    return {**fig, "dtype": st["manifest"].get("identities", {}).get("dtype"), "job_id": job_id,
+    rows = export_rows(output)
+    fig = figures(samples_from_export(rows), input_ids, s.want, st["elapsed_s"], st["yield"]["spent_tokens"])
+    return {**fig, "loops": loops(arm, rows), "dtype": st["manifest"].get("identities", {}).get("dtype"), "job_id": job_id,
             "job_yield": st["yield"], "unneeded_samples": st["counts"]["unneeded"],
             "failed_samples": st["counts"]["failed"], "command": " ".join(["semjobs", *cmd[3:]])}
 

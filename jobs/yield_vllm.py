@@ -33,16 +33,22 @@ class VllmSample:
     tokens: int  # generated, the end-of-sequence token not counted (semjobs' counting)
 
 
+def target_dir():
+    """The directory of the target the current settings name, as `semjobs run` loads it."""
+    from semjobs.settings import settings
+    from semspec.models.identity import models_cache
+    from semspec.models.specs import model_source
+
+    return model_source(settings.target_model, models_cache(settings.cache_dir))[0]
+
+
 def engine_args(batch_size: int) -> dict:
     """vLLM's engine arguments as `semjobs run` starts its ar engine with the current settings
     (``semjobs.worker.engine.factory_for``, ``VLLMEngine.load``)."""
     from semjobs.settings import settings
     from semspec.engine.token_engine import engine_arguments
-    from semspec.models.identity import models_cache
-    from semspec.models.specs import model_source
 
-    model_dir, _ = model_source(settings.target_model, models_cache(settings.cache_dir))
-    return engine_arguments(model_dir, settings.device, settings.dtype, batch_size, settings.kv_cache_gb,
+    return engine_arguments(target_dir(), settings.device, settings.dtype, batch_size, settings.kv_cache_gb,
                             compile=bool(settings.vllm_compile), user=settings.target_engine_args)
 
 

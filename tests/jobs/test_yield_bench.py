@@ -69,7 +69,8 @@ def test_samples_from_an_export(tmp_path):
             {"id": 7, "sample": 1, "correct": None, "final_answer": None, "finish_reason": "length",
              "usage": {"completion_tokens": 30}}]
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert yb.samples_from_export(out) == [Sample("7", True, "4", "eos"), Sample("7", None, None, "length")]
+    assert yb.samples_from_export(yb.export_rows(out)) == [Sample("7", True, "4", "eos"),
+                                                           Sample("7", None, None, "length")]
 
 
 def _settings(**kw) -> YieldSettings:
@@ -135,6 +136,7 @@ def test_a_semjobs_arm_counts_the_spent_tokens(monkeypatch, tmp_path):
     assert cmd[cmd.index("--db") + 1] == f"sqlite:///{(tmp_path / 'ar_want_k.sqlite').resolve()}"
     assert f["command"].startswith("semjobs run ")
     assert not (tmp_path / "ar_want_k.sqlite-wal").exists()
+    assert f["loops"] == {"repetition_samples": 1}
 
 
 def test_a_fixed_n_arm_caps_useful_at_want(monkeypatch, tmp_path):
@@ -142,6 +144,7 @@ def test_a_fixed_n_arm_caps_useful_at_want(monkeypatch, tmp_path):
     status = _status(counts={"failed": 1, "unneeded": 0})
     status["yield"].update(want=None, full_inputs=None)
     _fake_run(monkeypatch, status, ROWS, code=3)  # 3: some samples failed, the rest count
+    monkeypatch.setattr(yb, "loops", lambda arm, rows: {"audited": len(rows)})  # semjobs.jobs.loop_audit's test
     f = yb.semjobs_arm("fixed_n", "ar", _settings(want=1), tmp_path / "p.jsonl", ["a", "b"], tmp_path)
     assert f["useful"] == 1 and f["kept_samples"] == 2 and f["full_inputs"] == 1 and f["failed_samples"] == 1
 
