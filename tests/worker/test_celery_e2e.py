@@ -193,6 +193,30 @@ def test_two_workers_process_every_item_exactly_once(service_env, workers, pg_db
     assert sorted(ids) == sorted(f"q{i}" for i in range(n)) and len(ids) == len(set(ids))
 
 
+def test_two_workers_stop_decoding_an_inputs_samples_once_it_has_what_it_wants(service_env, workers, pg_db,
+                                                                              tmp_path):
+    """--n 4 --want 1 through Redis, two workers and Postgres: every input's first sample is
+    right (the test engine answers the prompt's word count), the samples go out in waves, so
+    the later ones end unneeded, undecoded, whichever worker holds them."""
+    n = 20
+    slow = {"FAKE_ENGINE_DELAY_S": "0.3", "SEMJOBS_BATCH_SIZE": "2"}
+    procs = [workers.start("w1", env=slow), workers.start("w2", env=slow)]
+    wait_for(lambda: all(" ready." in workers.log(p) for p in procs), FIRST_PROGRESS_S, what="workers ready")
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Question {i}: what is {i} plus {i}?",
+                                        "answer": "7"}) + "\n" for i in range(n)))
+    job_id = submit(service_env, path, "--n", "4", "--want", "1", "--temperature", "0.6")
+    wait_completed(pg_db, job_id, workers)
+    c = counts(pg_db, job_id)
+    assert c.get("done", 0) + c.get("unneeded", 0) == 4 * n and c.get("unneeded", 0) >= n, c
+    with session_factory(pg_db)() as s:
+        kept = dict(s.execute(select(Item.item_id, func.count()).join(Output, Output.item_pk == Item.id)
+                              .where(Item.job_id == job_id, Output.kept.is_(True)).group_by(Item.item_id)).all())
+    assert sorted(kept) == sorted(f"q{i}" for i in range(n))  # every input has the one it wants
+    st = json.loads(run_cli(["status", job_id, "--json"], service_env).stdout)
+    assert st["yield"]["useful"] == n and st["yield"]["full_inputs"] == n
+
+
 def victim_mid_item(pg_db, job_id, min_done):
     """The items the "victim" worker is decoding for the first time, once at least
     ``min_done`` items of the job are done (so it is mid-job); else None."""
