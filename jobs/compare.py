@@ -3,6 +3,8 @@ speed a method bought and what it cost the text, e.g. token_sd (B) and semspec (
 ar (A).
 
 - tokens/s: each job's generated tokens over its elapsed time (what a deployment pays for);
+- samples kept: each job's samples its dataset keeps (right by the reference; without one,
+  ended with an answer) of those it finished: what a user pays the tokens for;
 - steps kept: B's drafted steps kept (its step acceptance);
 - the target's log-likelihood: the mean over the samples both jobs finished of the target's
   mean per-token log-probability of each output (``semspec.quality``), and A's minus B's: how
@@ -30,6 +32,8 @@ class Side:
     method: str
     tokens_per_s: float | None
     step_acceptance: float | None
+    kept: int = 0  # samples kept (semspec.answers.is_kept)
+    done: int = 0  # samples finished
     mean_loglik: float | None = None
 
 
@@ -57,6 +61,7 @@ class Comparison:
         parts = [f"{b.method} vs {a.method} on the same {self.samples} sample(s):"]
         parts.append("-" if self.speedup is None else
                      f"{self.speedup:.2f}x tokens/s ({b.tokens_per_s:.1f} vs {a.tokens_per_s:.1f}),")
+        parts.append(f"samples kept {b.kept}/{b.done} vs {a.kept}/{a.done},")
         if b.step_acceptance is not None:
             parts.append(f"{b.step_acceptance:.0%} of drafted steps kept,")
         if self.loglik_gap is None:
@@ -81,8 +86,8 @@ def compare_jobs(job_a: str, job_b: str, *, url: str | None = None, loglik: bool
     targets = {st["manifest"].get("models", {}).get("target") for st in statuses}
     if len(targets) != 1:
         raise NotComparable(f"jobs {job_a} and {job_b} decoded with different targets ({', '.join(map(str, targets))})")
-    sides = [Side(st["id"], st["method"], st["tokens_per_s"], st["acceptance"]["step_acceptance"])
-             for st in statuses]
+    sides = [Side(st["id"], st["method"], st["tokens_per_s"], st["acceptance"]["step_acceptance"],
+                  st["yield"]["kept"], st["counts"]["done"]) for st in statuses]
     pairs = _paired_outputs(job_a, job_b, url)
     if loglik and pairs:
         target = _scorer(targets.pop())

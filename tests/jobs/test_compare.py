@@ -57,6 +57,8 @@ def test_a_method_against_ar_on_one_input(scored, sqlite_db, tmp_path):
     assert got.loglik_gap == pytest.approx(0.0, abs=1e-9)  # the double writes the same text for both
     assert f"gap {got.loglik_gap:.3f}" in line
     assert got.speedup == pytest.approx(got.b.tokens_per_s / got.a.tokens_per_s)
+    kept = sum(r["kept"] for r in rows)  # the double writes the same text for both: as many kept
+    assert (got.a.kept, got.a.done, got.b.kept) == (kept, 3, kept) and f"samples kept {kept}/3 vs {kept}/3," in line
 
 
 def test_jobs_of_other_inputs_are_refused_and_the_score_can_be_skipped(scored, sqlite_db, tmp_path):
