@@ -149,7 +149,7 @@ def _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, repr
     return config
 
 
-def _storable(file, samples, validation=None, method=None):
+def _storable(file, samples, validation=None, method=None, want=None):
     """FILE's validation; exits 2, saying why nothing was stored, when the job cannot be stored:
     a model path this machine lacks, models that cannot run ``method`` (when given: `run`
     asks its loaded engine instead), or any bad line."""
@@ -163,7 +163,7 @@ def _storable(file, samples, validation=None, method=None):
                    "this check where only the workers have the files)", err=True)
         sys.exit(EXIT_INVALID_INPUT)
     if validation is None:
-        validation = validate(file, samples)
+        validation = validate(file, samples, want)
     if validation.context_unchecked:
         click.echo(f"warning: prompt lengths not checked against the target's context "
                    f"({validation.context_unchecked})", err=True)
@@ -226,7 +226,7 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, tau, reproduc
     config = _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible, stop_loops, want)
     queue = queue_name(kind=config["method"])  # the workers that serve the method take it
     t0 = time.perf_counter()
-    validation = _storable(file, samples, method=config["method"])
+    validation = _storable(file, samples, method=config["method"], want=want)
     job_id, n = store_job(file, config, queue=queue, name=name, status="pending", validation=validation,
                           samples=samples, want=want, budget_tokens=budget_tokens)
     from semjobs.worker.publish import publisher
@@ -471,8 +471,9 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     export. Same tables, same per-item code as the workers; on a CPU one engine process per
     core.
 
-    Exit status: 0 every item done, 3 some failed or cancelled, 4 none done, 2 bad input
-    (nothing stored), 130 interrupted, 1 any other error.
+    Exit status: 0 every item done (but those --want or --budget-tokens left undecoded), 3 some
+    failed or cancelled, 4 none done, 2 bad input (nothing stored), 130 interrupted, 1 any other
+    error.
 
     Example: semjobs run examples/prompts.jsonl -o out/results.jsonl --batch-size 16
     --engine-arg max_model_len=4096"""
@@ -498,7 +499,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
         check_targets(output, errors, force=force, input_path=file)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-    validation = validate(file, samples)
+    validation = validate(file, samples, want)
     # A refused run leaves the database as it was: one without a schema (a new SQLite file
     # too) is created only once the job is accepted, just before it is stored.
     fresh = missing_sqlite_file(url) is not None or migrate.current(url) is None

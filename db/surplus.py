@@ -84,7 +84,10 @@ def work_order(session: Session, job_id: str, seqs: list[int]) -> list[int]:
     if job is None or not (job.manifest.get("in_waves") or job.manifest.get("budget_tokens")):
         return list(seqs)
     wanted = set(seqs)
-    sample_of = dict(session.execute(select(Item.seq, Item.sample).where(Item.job_id == job_id)).all())
+    rows = select(Item.seq, Item.sample).where(Item.job_id == job_id)
+    if len(wanted) <= 1000:  # a chunk handed back, a few re-enqueued: read only theirs
+        rows = rows.where(Item.seq.in_(wanted))
+    sample_of = dict(session.execute(rows).all())
     return sorted(wanted, key=lambda seq: (sample_of.get(seq, 0), seq))
 
 
@@ -101,3 +104,14 @@ def spend_by_finish(session: Session, job_id: str) -> dict[str, tuple[int, int]]
         .group_by(key)
     )
     return {k: (int(n), int(tokens)) for k, n, tokens in rows}
+
+
+def wants_of(session: Session, job: Job) -> dict[str, int]:
+    """The kept samples each input of ``job`` wants, for the inputs that want any: a line's
+    own `want` over the job's (lines are read only when some line has its own)."""
+    want = job.manifest.get("want_per_input")
+    if not job.manifest.get("line_wants"):
+        return {} if want is None else {item_id: want for (item_id,) in session.execute(
+            select(Item.item_id).where(Item.job_id == job.id, Item.sample == 0))}
+    rows = session.execute(select(Item.item_id, Item.request).where(Item.job_id == job.id, Item.sample == 0))
+    return {item_id: request.get("want") or want for item_id, request in rows if request.get("want") or want}

@@ -79,7 +79,8 @@ def _choice(item: Item, out: Output) -> dict:
     return {
         "index": item.sample,
         "message": {"role": "assistant", "content": out.text},
-        "finish_reason": "length" if out.finish_reason == "length" else "stop",
+        # a loop cut (repetition) did not end by itself: not "stop"; semjobs.finish_reason says which
+        "finish_reason": "stop" if out.finish_reason == "eos" else "length",
         # semjobs extension: this sample's parsed answer and its check
         "semjobs": {"final_answer": out.final_answer, "correct": out.correct, "kept": out.kept,
                     "finish_reason": out.finish_reason},
@@ -410,6 +411,7 @@ def manifest_of(job_id: str, *, url: str | None = None) -> dict:
                                       "tokens_per_s", "decode_tokens_per_s")},
         "acceptance": st["acceptance"],
         "answers": st["answers"],
+        "yield": st["yield"],
     }
 
 

@@ -452,9 +452,10 @@ def _file_problem(path: Path, max_bytes: int | None) -> str | None:
 
 def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
                   fits: Callable[[Any, dict | None], tuple[str, str] | None] | None = None, *,
-                  max_items: int | None = None, max_bytes: int | None = None) -> Validation:
+                  max_items: int | None = None, max_bytes: int | None = None, want: int | None = None) -> Validation:
     """Check the whole file without storing anything: every problem, with line and field.
-    ``samples``: the job's samples per input, for lines that do not say. ``fits(prompt,
+    ``samples``: the job's samples per input, for lines that do not say; ``want``: the job's
+    kept samples wanted per input, likewise (no line may want more than it samples). ``fits(prompt,
     template_kwargs)``: the part at fault ("prompt" or "chat_template_kwargs") and the
     problem when the target's chat template cannot render it or it overflows the context,
     else None (semjobs.jobs.context). ``max_items``: items (inputs x samples) a job may hold;
@@ -501,9 +502,11 @@ def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
             part, message = problem
             err(InputError(rec.line, rec.field_name(part), message))
             continue
-        if rec.want is not None and rec.want > rec.samples(samples):
-            err(InputError(rec.line, "want", f"wants {rec.want} kept samples of {rec.samples(samples)} "
-                           "(the line's `n`, else the job's --n): at most as many as are sampled"))
+        wanted = rec.want if rec.want is not None else want
+        if wanted is not None and wanted > rec.samples(samples):
+            err(InputError(rec.line, "want" if rec.want is not None else rec.field_name("n"),
+                           f"wants {wanted} kept samples (the line's `want`, else the job's --want) of "
+                           f"{rec.samples(samples)} (the line's `n`, else the job's --n): at most as many as are sampled"))
             continue
         n += 1
         n_wanting += rec.want is not None

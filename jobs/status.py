@@ -75,21 +75,23 @@ def saved_tokens(spend: dict[str, tuple[int, int]], counts: dict[str, int], max_
 
 def _kept(session, job, spent_tokens: int) -> dict[str, Any]:
     """What the job's samples are worth to its dataset: kept samples (semspec.answers.is_kept),
-    useful ones (kept, at most the job's `want` per input: what a dataset of it holds),
-    inputs with at least one kept (covered) and with all it wants (full), and the tokens
-    spent for them (generated, cut from loops and spent on samples aborted as unneeded)."""
-    want = job.manifest.get("want_per_input")
+    useful ones (kept, at most what each input wants: what a dataset of it holds), inputs
+    with at least one kept (covered) and with all they want (full: None when none wants),
+    and the tokens spent for them (generated, cut from loops and spent on samples aborted
+    as unneeded)."""
+    wants = surplus.wants_of(session, job)
     per_input = surplus.kept_by_input(session, job.id)
     kept = sum(k for _, _, k in per_input)
-    useful = sum(min(k, want) if want else k for _, _, k in per_input)
+    useful = sum(min(k, wants.get(item_id, k)) for item_id, _, k in per_input)
+    kept_of = {item_id: k for item_id, _, k in per_input}
     return {
-        "want": want,
+        "want": job.manifest.get("want_per_input"),
         "budget_tokens": job.manifest.get("budget_tokens"),
         "kept": kept,
         "useful": useful,
         "inputs": job.manifest.get("input", {}).get("items"),
         "covered_inputs": sum(k > 0 for _, _, k in per_input),
-        "full_inputs": sum(k >= want for _, _, k in per_input) if want else None,
+        "full_inputs": sum(kept_of.get(item_id, 0) >= w for item_id, w in wants.items()) if wants else None,
         "spent_tokens": spent_tokens,
         "tokens_per_useful": _ratio(spent_tokens, useful),
         "pass_rates": pass_rate_histogram(per_input),
@@ -138,7 +140,9 @@ def job_status(job_id: str, *, url: str | None = None) -> dict[str, Any] | None:
     end = finished or (now if job.status in JOB_ACTIVE else last or now)
     elapsed = (end - started).total_seconds() if started else 0.0
     gen = int(sums["generated_tokens"])
-    settled = counts["done"] + counts["failed"]
+    # samples found unneeded or over budget settle too (at once: an ETA of a job that wants
+    # or budgets is an upper bound)
+    settled = counts["done"] + counts["failed"] + counts["unneeded"] + counts["over_budget"]
     remaining = counts["pending"] + counts["running"]
     quiet_since = last or started or repo.as_utc(job.created_at)
     mean_gap = (last - started).total_seconds() / settled if last and started and settled else None
@@ -243,7 +247,11 @@ def render(st: dict[str, Any]) -> str:
         f"  forward    target {a['target_forward_passes']}, draft {a['draft_forward_passes']}"
     )
     if st.get("answers"):
-        lines.append(f"  answers    {answers_line(st['answers'])}")
+        # a job that wants K stops an input at its first kept samples: its figures are those of
+        # the samples it decoded, not of N samples an input
+        early = " (of the samples decoded: an input stops at the kept ones it wants)" \
+            if st["yield"].get("full_inputs") is not None else ""
+        lines.append(f"  answers    {answers_line(st['answers'])}{early}")
     if st["yield"]["kept"] or st["yield"]["want"]:
         lines.append(f"  kept       {kept_line(st['yield'])}")
     if saved_line(st["yield"]):
@@ -253,7 +261,8 @@ def render(st: dict[str, Any]) -> str:
 
 def kept_line(y: dict[str, Any]) -> str:
     """The dataset's side of a job: kept and useful samples, inputs covered, tokens per useful one."""
-    full = f", {y['full_inputs']} with all {y['want']} wanted" if y["want"] else ""
+    full = "" if y.get("full_inputs") is None else (
+        f", {y['full_inputs']} with " + (f"all {y['want']} wanted" if y["want"] else "all they want"))
     per = f", {y['tokens_per_useful']:.0f} tokens spent per useful sample" if y["tokens_per_useful"] else ""
     return (f"{y['kept']} samples kept, {y['useful']} useful; {y['covered_inputs']} of {y['inputs']} inputs "
             f"with one{full}{per}")

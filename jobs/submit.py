@@ -149,13 +149,13 @@ def method_problem(method: str) -> str | None:
     return problem(method, settings.target_model, settings.draft_model, settings.probes_dir, settings.cache_dir)
 
 
-def validate(path: str | Path, samples: int = 1) -> Validation:
+def validate(path: str | Path, samples: int = 1, want: int | None = None) -> Validation:
     """`validate_file` with the settings' limits and the target's context (semjobs.jobs.context)."""
     from semjobs.jobs.context import ContextCheck
 
     check = ContextCheck(settings.target_model, settings.cache_dir) if settings.check_prompt_lengths else None
     validation = validate_file(path, settings.max_line_bytes, samples, fits=check,
-                               max_items=settings.max_job_items, max_bytes=settings.max_job_bytes)
+                               max_items=settings.max_job_items, max_bytes=settings.max_job_bytes, want=want)
     validation.context_unchecked = check.unavailable if check is not None else None
     return validation
 
@@ -172,7 +172,9 @@ def manifest_for(path: Path, validation: Validation, queue: str, samples: int, w
         "samples_per_input": samples,
         # kept samples wanted per input (a line's own `want` wins); None: every sample is decoded
         "want_per_input": want,
-        # the job's samples go out in waves (semjobs.db.surplus.in_waves): some input wants
+        # lines with a `want` of their own (semjobs.db.surplus.wants_of)
+        "line_wants": validation.n_wanting,
+        # the job's samples go out in waves (semjobs.db.surplus.work_order): some input wants
         "in_waves": want is not None or validation.n_wanting > 0,
         # tokens the job may generate; once spent, samples not started end over_budget
         "budget_tokens": budget_tokens,
@@ -189,8 +191,8 @@ def manifest_for(path: Path, validation: Validation, queue: str, samples: int, w
 
 
 def _rows(path: Path, samples: int) -> Iterator[dict]:
-    """One row per sample of every input; an input's samples are adjacent (one chunk
-    usually holds them all, so their prompt is prefilled once)."""
+    """One row per sample of every input, an input's samples adjacent (a job that wants or
+    budgets decodes them in waves: semjobs.db.surplus.work_order)."""
     seq = 0
     for rec in iter_records(path, settings.max_line_bytes):
         if isinstance(rec, InputError):  # the file changed since validation
@@ -228,7 +230,7 @@ def store_job(
     if problem:
         raise ValueError(problem)
     if validation is None:
-        validation = validate(path, samples)
+        validation = validate(path, samples, want)
     if not validation.ok:
         raise InvalidInput(validation)
     job_id = uuid.uuid4().hex[:12]

@@ -304,14 +304,14 @@ class _Chunk:
             if retrying(s, lambda: repo.fail_item(s, claim.pk, reason, self.worker), "failing an item"):
                 self.report.failed += 1
             return False
-        if self.budget is not None and self._spent() >= self.budget:
-            self._settle_unneeded(claim.pk, seq, status="over_budget")
-            return False
         request = claim.request
         want = request.get("want") or self.want
         if want and claim.item_id in retrying(s, lambda: self._satisfied({claim.item_id: want}),
                                               "reading kept samples"):
             self._settle_unneeded(claim.pk, seq)
+            return False
+        if self.budget is not None and self._spent() >= self.budget:
+            self._settle_unneeded(claim.pk, seq, status="over_budget")
             return False
         fut = self.loop.submit(request.get("messages") or request["prompt"],
                                item_config(self.config, request, claim.sample))
@@ -321,8 +321,8 @@ class _Chunk:
         return True
 
     def _spent(self) -> int:
-        """The job's spent tokens, read at most once per CANCEL_CHECK_S (a sum over its items)
-        and after each result this chunk stores."""
+        """The job's spent tokens: read at most once per CANCEL_CHECK_S (a sum over its items),
+        with what this chunk's results spent since added."""
         at, spent = self.spent_checked
         if time.monotonic() - at > CANCEL_CHECK_S:
             spent = retrying(self.session, self._read_spent, "reading spent tokens")
@@ -380,7 +380,8 @@ class _Chunk:
                     "storing a result"):
             self.report.done += 1
             outcome = "done"
-            self.spent_checked = (-1.0, 0)  # the job spent more: the next claim reads it anew
+            at, spent = self.spent_checked  # what this chunk knows the job spent, until the next read
+            self.spent_checked = (at, spent + result.counters.generated_tokens + result.counters.cut_tokens)
         else:
             outcome = self._came_late(pk, seq, "result")
         if self.on_item:

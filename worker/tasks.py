@@ -98,8 +98,9 @@ def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
     if report.left:
         requeue(_queue_of(self), job_id, report.left)
     log.info(
-        "job %s chunk %s: done=%d failed=%d skipped=%d duplicates=%d late=%d%s",
-        job_id, seqs[:1], report.done, report.failed, report.skipped, report.duplicates, report.late,
+        "job %s chunk %s: done=%d failed=%d unneeded=%d over_budget=%d skipped=%d duplicates=%d late=%d%s",
+        job_id, seqs[:1], report.done, report.failed, report.unneeded, report.over_budget, report.skipped,
+        report.duplicates, report.late,
         f" cancelled ({report.aborted} aborted mid-decode)" if report.cancelled else "",
     )
     if report.hung:
@@ -107,7 +108,8 @@ def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
                   "handed back %d item(s); this worker stops, to be started again fresh",
                   job_id, seqs[:1], settings.progress_timeout_s, len(report.left))
         stop_worker(self)
-    return {"done": report.done, "failed": report.failed}
+    return {"done": report.done, "failed": report.failed, "unneeded": report.unneeded,
+            "over_budget": report.over_budget}
 
 
 def stop_worker(task) -> None:

@@ -430,7 +430,8 @@ class VLLMEngine:
         cut = None
         if cfg.stop_loops and finish != "eos":
             # vLLM ended a loop where the rule fires (or the cap came with the token it fires on)
-            cut = find_loop(ids, DEFAULT_RULE, line_breaks=line_break_ids(self.tokenizer))
+            # vLLM checked every shorter prefix as its tokens came: only the whole one is left
+            cut = find_loop(ids, DEFAULT_RULE, checked=len(ids) - 1, line_breaks=line_break_ids(self.tokenizer))
             if cut is not None or output.finish_reason == "repetition":
                 finish = "repetition"
             if cut is not None:

@@ -379,3 +379,10 @@ def test_a_lines_want_is_stored_with_its_request_and_counted(tmp_path):
     assert v.ok and v.n_samples == 12 and v.n_wanting == 1
     first, second = iter_records(p, 10_000)
     assert first.request()["want"] == 2 and "want" not in first.meta and "want" not in second.request()
+
+
+def test_the_jobs_want_is_checked_against_each_lines_own_n(tmp_path):
+    p = write(tmp_path, [{"id": "a", "prompt": "q"}, {"id": "b", "prompt": "r", "n": 2},
+                         {"id": "c", "prompt": "s", "n": 2, "want": 1}])
+    v = validate_file(p, 10_000, samples=4, want=3)
+    assert [(e.line, e.field) for e in v.errors] == [(2, "n")] and "wants 3 kept samples" in v.errors[0].message

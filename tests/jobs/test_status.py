@@ -92,3 +92,26 @@ def test_what_each_rule_spared_is_estimated_from_the_jobs_own_costs():
     spend = {"eos": (1, 100), "repetition": (2, 200), "unneeded": (2, 50)}
     counts = {"unneeded": 6, "over_budget": 2}
     assert saved_tokens(spend, counts, 512) == {"loops": 824, "unneeded": 550, "over_budget": 200}
+
+
+def test_useful_samples_count_at_most_what_each_input_wants(sqlite_db, tmp_path):
+    """A line wanting 1 of 3 with two right samples stored (by two workers at once, say)
+    counts one useful; a line without a want counts every kept sample; only the wanting
+    input can be full."""
+    import json
+
+    from semjobs.jobs.submit import job_config, store_job
+    from semspec.types import Counters, GenerationResult
+
+    p = tmp_path / "in.jsonl"
+    p.write_text(json.dumps({"id": "w", "prompt": "q", "answer": "7", "n": 3, "want": 1}) + "\n"
+                 + json.dumps({"id": "all", "prompt": "r", "answer": "7", "n": 2}) + "\n")
+    job_id, _ = store_job(p, job_config("ar", 8, temperature=0.6), queue="q", url=sqlite_db, status="queued")
+    right = GenerationResult(text="7", final_answer="7", steps=[], counters=Counters(generated_tokens=1),
+                             wall_seconds=0.1, finish_reason="eos")
+    with session_factory(sqlite_db)() as s:
+        for seq in (0, 1, 3, 4):  # w's samples 0 and 1, all's 0 and 1
+            claim = repo.claim_item(s, job_id, seq, "w@h:1")
+            assert repo.save_result(s, job_id, claim.pk, right, correct=True)
+    y = job_status(job_id, url=sqlite_db)["yield"]
+    assert (y["want"], y["kept"], y["useful"], y["full_inputs"], y["covered_inputs"]) == (None, 4, 3, 1, 2)

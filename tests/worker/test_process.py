@@ -413,3 +413,4 @@ def test_once_the_job_has_spent_its_token_budget_no_sample_starts(db_url, tmp_pa
     st = job_status(job_id, url=db_url)
     assert st["status"] == "completed" and st["counts"]["over_budget"] == 3
     assert st["yield"]["budget_tokens"] == 5 and st["yield"]["spent_tokens"] == st["generated_tokens"] > 5
+

@@ -54,5 +54,6 @@ def test_a_chunk_whose_engine_hung_requeues_the_rest_and_stops_the_worker(monkey
     monkeypatch.setattr(tasks, "run_items", lambda *_a, **_k: ChunkReport(done=1, failed=1, left=[6, 7], hung=True))
     monkeypatch.setattr(tasks, "requeue", lambda queue, job_id, seqs: sent.append((job_id, seqs)))
     monkeypatch.setattr(tasks, "stop_worker", stopped.append)
-    assert tasks.run_chunk.apply(args=("job-1", [4, 5, 6, 7])).get() == {"done": 1, "failed": 1}
+    assert tasks.run_chunk.apply(args=("job-1", [4, 5, 6, 7])).get() == {"done": 1, "failed": 1, "unneeded": 0,
+                                                                         "over_budget": 0}
     assert sent == [("job-1", [6, 7])] and len(stopped) == 1
