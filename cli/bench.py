@@ -252,6 +252,8 @@ def _yield(prompts, limit, offset, problems, methods, samples, want, temperature
     """`semjobs bench --yield` (semjobs.jobs.yield_bench)."""
     from semjobs.jobs import yield_bench, yield_problems
     from semjobs.settings import settings as service_settings
+    from semspec.benchmark.report import environment
+    from semspec.benchmark.runner import load_prompts
     from semspec.types import METHODS
 
     given = click.get_current_context().get_parameter_source("methods") != click.core.ParameterSource.DEFAULT
@@ -270,7 +272,7 @@ def _yield(prompts, limit, offset, problems, methods, samples, want, temperature
         raise click.BadParameter(f"expected mixed:COUNT, got {problems!r}", param_hint="--problems")
     try:
         chosen_problems = (yield_problems.mixed(int(count), DEFAULT_PROMPTS) if problems
-                           else yield_problems.from_prompts(prompts, limit, offset))
+                           else yield_problems.from_prompts(load_prompts(prompts, limit, offset)))
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     s = yield_bench.YieldSettings(n=samples, want=want, methods=chosen, temperature=temperature, top_p=top_p,
@@ -285,7 +287,7 @@ def _yield(prompts, limit, offset, problems, methods, samples, want, temperature
     command = "semjobs bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 \
         and sys.argv[1] == "bench" else None
     res = yield_bench.run_yield(s, chosen_problems, problems or f"{prompts} (offset {offset}, limit {limit})",
-                                Path(out_dir), say, command)
+                                Path(out_dir), say, command, environment())
     click.echo(yield_bench.table(res))
     click.echo(f"wrote {Path(out_dir) / 'results.json'}")
 

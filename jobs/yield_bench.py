@@ -198,11 +198,11 @@ def cpu_flags() -> list[str]:
 
 
 def run_yield(s: YieldSettings, problems: list[dict], problems_spec: str, out: Path,
-              say: Callable[[str], None], command: str | None = None) -> dict:
+              say: Callable[[str], None], command: str | None = None, environment: dict | None = None) -> dict:
     """Every arm of every method in turn (never side by side: they would share the cores);
-    writes ``out``/results.json and returns it."""
+    writes ``out``/results.json and returns it. ``environment``: the host and versions, as
+    the command reads them (``semspec.benchmark.report.environment``)."""
     from semjobs.jobs import yield_problems
-    from semspec.benchmark.report import environment
 
     out.mkdir(parents=True, exist_ok=True)
     path = yield_problems.write(problems, out / "problems.jsonl")
@@ -224,7 +224,7 @@ def run_yield(s: YieldSettings, problems: list[dict], problems_spec: str, out: P
                      "problems": problems_spec, "problems_file": str(path), "cpu_flags": cpu_flags(),
                      "wall_seconds": "generation only, engine start-up excluded"},
         "problems": yield_problems.kinds(problems),
-        "environment": environment(),
+        "environment": environment,
         "yield": by_method,
     }
     (out / "results.json").write_text(json.dumps(results, indent=1))

@@ -128,13 +128,12 @@ def mixed(count: int, gsm8k_path: str | Path, seed: int = 0) -> list[dict]:
     return problems
 
 
-def from_prompts(path: str | Path, limit: int | None, offset: int) -> list[dict]:
-    """The bench's own prompts (``--prompts``, ``--limit``, ``--offset``: GSM8K lines or
-    semjobs input lines) as problems."""
-    from semspec.benchmark.runner import load_prompts
-
+def from_prompts(prompts: list[dict]) -> list[dict]:
+    """The bench's own prompts (``--prompts``, ``--limit``, ``--offset``, as
+    ``semspec.benchmark.runner.load_prompts`` reads GSM8K lines or semjobs input lines) as
+    problems. (Read by the command: a module of the service imports nothing of the bench.)"""
     out = []
-    for p in load_prompts(path, limit, offset):
+    for p in prompts:
         text = {"messages": p["prompt"]} if isinstance(p["prompt"], list) else {"prompt": p["prompt"]}
         answer = {"answer": p["reference"]} if p["reference"] is not None else {}
         out.append({"id": p["id"], **text, **answer, "source": f"prompts:{p['line'] + 1}"})

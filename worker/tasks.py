@@ -98,9 +98,9 @@ def run_chunk(self, job_id: str, seqs: list[int]) -> dict:
     if report.left:
         requeue(_queue_of(self), job_id, report.left)
     log.info(
-        "job %s chunk %s: done=%d failed=%d unneeded=%d over_budget=%d skipped=%d duplicates=%d late=%d%s",
-        job_id, seqs[:1], report.done, report.failed, report.unneeded, report.over_budget, report.skipped,
-        report.duplicates, report.late,
+        "job %s chunk %s: done=%d failed=%d skipped=%d duplicates=%d late=%d unneeded=%d over_budget=%d%s",
+        job_id, seqs[:1], report.done, report.failed, report.skipped, report.duplicates, report.late,
+        report.unneeded, report.over_budget,
         f" cancelled ({report.aborted} aborted mid-decode)" if report.cancelled else "",
     )
     if report.hung:

@@ -231,8 +231,8 @@ def test_bench_yield_wiring(monkeypatch, tmp_path):
     monkeypatch.setattr(settings, "dtype", settings.dtype)
     seen = {}
 
-    def fake(s, problems, spec, out, say, command=None):
-        seen.update(s=s, problems=problems, spec=spec, out=out)
+    def fake(s, problems, spec, out, say, command=None, environment=None):
+        seen.update(s=s, problems=problems, spec=spec, out=out, environment=environment)
         return {"yield": {"ar": {arm: _arm(1) for arm in yb.ARMS}}}
 
     monkeypatch.setattr(yb, "run_yield", fake)
@@ -241,7 +241,7 @@ def test_bench_yield_wiring(monkeypatch, tmp_path):
     s = seen["s"]
     assert s.methods == ("ar", "semspec") and (s.n, s.want) == (3, 2)  # --methods' default is not --yield's
     assert s.batch_size == settings.batch_size and s.env == {"SEMJOBS_DTYPE": "float32"}
-    assert len(seen["problems"]) == 16 and seen["spec"] == "mixed:16"
+    assert len(seen["problems"]) == 16 and seen["spec"] == "mixed:16" and seen["environment"]["cpu_count"] >= 1
     assert "vllm_fixed_n" in result.output
 
     result = _bench(["--limit", "3", "--offset", "200", "--methods", "token_sd", "--batch-size", "4", "-q"])

@@ -87,10 +87,12 @@ def test_from_prompts_reads_the_bench_prompts(tmp_path):
     src.write_text(json.dumps({"id": "a", "prompt": "Say hi."}) + "\n"
                    + json.dumps({"question": "1 + 1?", "answer": "So #### 2"}) + "\n"
                    + json.dumps({"id": "c", "messages": [{"role": "user", "content": "x"}], "reference": "7"}) + "\n")
-    assert yp.from_prompts(src, 2, 1) == [
+    from semspec.benchmark.runner import load_prompts
+
+    assert yp.from_prompts(load_prompts(src, 2, 1)) == [
         {"id": "1", "prompt": "1 + 1?", "answer": "2", "source": "prompts:2"},
         {"id": "c", "messages": [{"role": "user", "content": "x"}], "answer": "7", "source": "prompts:3"}]
-    assert "answer" not in yp.from_prompts(src, 1, 0)[0]  # no reference: none given to semjobs either
+    assert "answer" not in yp.from_prompts(load_prompts(src, 1, 0))[0]  # no reference: none given to semjobs either
 
 
 def test_the_written_file_is_a_semjobs_input_with_those_references(tmp_path):

@@ -86,7 +86,8 @@ def test_submit_worker_status_export(service_env, workers, pg_db, tmp_path):
 
     st = json.loads(run_cli(["status", job_id, "--json"], service_env).stdout)
     assert st["status"] == "completed"
-    assert st["counts"] == {"pending": 0, "running": 0, "done": 9, "failed": 1, "cancelled": 0}
+    assert st["counts"] == {"pending": 0, "running": 0, "done": 9, "failed": 1, "cancelled": 0, "unneeded": 0,
+                            "over_budget": 0}
     assert st["generated_tokens"] > 0 and st["acceptance"]["steps_drafted"] == 18
     table = run_cli(["status"], service_env).stdout
     assert job_id in table and "completed" in table
@@ -377,7 +378,9 @@ def test_cancel_aborts_the_items_decoding(service_env, workers, pg_db, tmp_path,
         from semspec.testing import tiny_model_dir
 
         model = tiny_model_dir(tmp_path / "long-context", hidden_size=256, seed=3, max_positions=8192)
-        engine_env, options = {**engine_env, "SEMJOBS_TARGET_MODEL": str(model)}, ("--max-new-tokens", "8000")
+        # a random model soon repeats itself: with its loops kept it decodes all 8,000 tokens
+        engine_env, options = ({**engine_env, "SEMJOBS_TARGET_MODEL": str(model)},
+                               ("--max-new-tokens", "8000", "--keep-loops"))
     env = {**service_env, **engine_env}
     n = 8
     job_id = submit(env, write_input(tmp_path / "in.jsonl", n), *options)
