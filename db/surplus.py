@@ -106,12 +106,10 @@ def spend_by_finish(session: Session, job_id: str) -> dict[str, tuple[int, int]]
     return {k: (int(n), int(tokens)) for k, n, tokens in rows}
 
 
-def wants_of(session: Session, job: Job) -> dict[str, int]:
-    """The kept samples each input of ``job`` wants, for the inputs that want any: a line's
-    own `want` over the job's (lines are read only when some line has its own)."""
-    want = job.manifest.get("want_per_input")
+def line_wants(session: Session, job: Job) -> dict[str, int]:
+    """The kept samples wanted by the inputs of ``job`` whose line has a `want` of its own
+    (over the job's); read only when some line has one."""
     if not job.manifest.get("line_wants"):
-        return {} if want is None else {item_id: want for (item_id,) in session.execute(
-            select(Item.item_id).where(Item.job_id == job.id, Item.sample == 0))}
+        return {}
     rows = session.execute(select(Item.item_id, Item.request).where(Item.job_id == job.id, Item.sample == 0))
-    return {item_id: request.get("want") or want for item_id, request in rows if request.get("want") or want}
+    return {item_id: request["want"] for item_id, request in rows if request.get("want")}

@@ -79,22 +79,23 @@ def _kept(session, job, spent_tokens: int) -> dict[str, Any]:
     with at least one kept (covered) and with all they want (full: None when none wants),
     and the tokens spent for them (generated, cut from loops and spent on samples aborted
     as unneeded)."""
-    wants = surplus.wants_of(session, job)
-    per_input = surplus.kept_by_input(session, job.id)
-    kept = sum(k for _, _, k in per_input)
-    useful = sum(min(k, wants.get(item_id, k)) for item_id, _, k in per_input)
-    kept_of = {item_id: k for item_id, _, k in per_input}
+    want = job.manifest.get("want_per_input")
+    own = surplus.line_wants(session, job)
+    stored = surplus.kept_by_input(session, job.id)
+    kept = [(k, own.get(item_id, want)) for item_id, _, k in stored]  # (kept, wanted) per input
+    useful = sum(min(k, w) if w else k for k, w in kept)
     return {
-        "want": job.manifest.get("want_per_input"),
+        "want": want,
         "budget_tokens": job.manifest.get("budget_tokens"),
-        "kept": kept,
+        "kept": sum(k for k, _ in kept),
         "useful": useful,
         "inputs": job.manifest.get("input", {}).get("items"),
-        "covered_inputs": sum(k > 0 for _, _, k in per_input),
-        "full_inputs": sum(kept_of.get(item_id, 0) >= w for item_id, w in wants.items()) if wants else None,
+        "covered_inputs": sum(k > 0 for k, _ in kept),
+        # an input with nothing stored is not full, whatever it wants
+        "full_inputs": sum(bool(w) and k >= w for k, w in kept) if want is not None or own else None,
         "spent_tokens": spent_tokens,
         "tokens_per_useful": _ratio(spent_tokens, useful),
-        "pass_rates": pass_rate_histogram(per_input),
+        "pass_rates": pass_rate_histogram(stored),
     }
 
 

@@ -172,7 +172,7 @@ def manifest_for(path: Path, validation: Validation, queue: str, samples: int, w
         "samples_per_input": samples,
         # kept samples wanted per input (a line's own `want` wins); None: every sample is decoded
         "want_per_input": want,
-        # lines with a `want` of their own (semjobs.db.surplus.wants_of)
+        # lines with a `want` of their own (semjobs.db.surplus.line_wants)
         "line_wants": validation.n_wanting,
         # the job's samples go out in waves (semjobs.db.surplus.work_order): some input wants
         "in_waves": want is not None or validation.n_wanting > 0,

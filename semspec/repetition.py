@@ -62,6 +62,16 @@ class LoopRule:
 DEFAULT_RULE = LoopRule()
 
 
+def vllm_detection(stop_loops: bool, rule: LoopRule = DEFAULT_RULE) -> dict:
+    """``vllm.SamplingParams``' arguments that have vLLM end a request at the token ``rule``
+    fires on; none without ``stop_loops``."""
+    if not stop_loops:
+        return {}
+    from vllm.sampling_params import RepetitionDetectionParams
+
+    return {"repetition_detection": RepetitionDetectionParams(**rule.vllm_params())}
+
+
 def loop_unit(ids: Sequence[int], end: int, rule: LoopRule = DEFAULT_RULE) -> int | None:
     """The shortest unit (in ``rule``'s range) whose ``rule.repeats`` copies end ``ids[:end]``,
     else None. Only units ``q`` with ``ids[end-1] == ids[end-1-q]`` are looked at."""

@@ -317,6 +317,7 @@ class StepProgram:
         if len(self.ids) > self.step_start:
             self.close_step("target", **(self.tail or {"decision": "target_only"}))
         self.tail = None
+        # over a cap or an end the same reply reached: the loop came before them
         self.finish_reason, self.phase = "repetition", "done"
         return True
 

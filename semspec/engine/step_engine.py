@@ -36,7 +36,7 @@ from semspec.models.specs import DEFAULT_TARGET, model_directory, model_source
 from semspec.adaptive import JobExperience, LiveCosts, Meter
 from semspec.probes import ProbePair, pool, resolve_probes
 from semspec.prompts import MethodUnavailable, judge_prompt, prompt_ids
-from semspec.repetition import DEFAULT_RULE
+from semspec.repetition import vllm_detection
 from semspec.stepwise import TARGET, WRITE_PHASE, Call, ModelFacts, Reply, SemSpecProgram, StepJudgeProgram, StepProgram
 from semspec.steps import detect_think_end
 from semspec.types import (DEFAULT_MAX_STEP_TOKENS, DEFAULT_STEP_DELIMITER, DRAFTING_FIELDS, METHODS,
@@ -556,12 +556,6 @@ class VLLMStepEngine:
         stop = [cfg.step_delimiter] + ([item.program.think_end] if item.program.think_end else [])
         extra = {"kv_transfer_params": {STATES_FROM: call.states_from}} if call.states_from is not None else None
         sampled = cfg.temperature > 0 and not call.scored  # a judge reads its scores greedily
-        if call.stop_loops:  # a write-ahead ends where its own tokens loop (stepwise.StepProgram.stop_loop)
-            from vllm.sampling_params import RepetitionDetectionParams
-
-            extra_params = {"repetition_detection": RepetitionDetectionParams(**DEFAULT_RULE.vllm_params())}
-        else:
-            extra_params = {}
         # a sequence's first request takes the job's seed, as ar's and token_sd's single request
         # does: one that drafts nothing writes their sample (the writer verifies by the
         # target's own draws), so a benchmark compares the methods on the same text; each
@@ -575,7 +569,9 @@ class VLLMStepEngine:
             detokenize=call.stop_at_step_end, output_kind=RequestOutputKind.FINAL_ONLY, extra_args=extra,
             # (logprob_token_ids would say it directly, but vLLM 0.32 returns nothing for it
             # on an engine that extracts states)
-            allowed_token_ids=list(call.scored) or None, logprobs=len(call.scored) or None, **extra_params,
+            allowed_token_ids=list(call.scored) or None, logprobs=len(call.scored) or None,
+            # a write-ahead ends where its own tokens loop (stepwise.StepProgram.stop_loop finds it)
+            **vllm_detection(call.stop_loops),
         )
         request_id = self.request_id()
         item.call, item.served, item.call_t0, item.call_step = call, served, time.perf_counter(), served.steps

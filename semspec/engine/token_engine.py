@@ -45,7 +45,7 @@ from semspec.models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cac
 from semspec.models.loaded import eos_token_ids
 from semspec.models.specs import model_source
 from semspec.prompts import prompt_ids
-from semspec.repetition import DEFAULT_RULE, find_loop, line_break_ids
+from semspec.repetition import DEFAULT_RULE, find_loop, line_break_ids, vllm_detection
 from semspec.steps import StepDetector, detect_think_end, step_spans
 from semspec.engine.speculation import MODEL_FREE_METHODS, speculative_config
 # one check that vLLM is here, for the engines and for the engine arguments (which load no torch)
@@ -389,16 +389,12 @@ class VLLMEngine:
             raise ValueError(f"draft_tokens={config.draft_tokens}, but vLLM drafts the same number for every "
                              f"request of an engine: this one drafts {self.speculation.tokens}")
         ids = prompt_ids(self.tokenizer, prompt, config.chat_template_kwargs, self.max_context)
-        loops = {}
-        if config.stop_loops:
-            from vllm.sampling_params import RepetitionDetectionParams
-
-            loops = {"repetition_detection": RepetitionDetectionParams(**DEFAULT_RULE.vllm_params())}
         params = SamplingParams(
             temperature=config.temperature, top_p=config.top_p if config.temperature > 0 else 1.0,
             seed=config.seed if config.temperature > 0 and config.reproducible else None,
             max_tokens=min(config.max_new_tokens, self.max_context - len(ids)),
-            stop_token_ids=sorted(self.eos), detokenize=False, output_kind=RequestOutputKind.DELTA, **loops,
+            stop_token_ids=sorted(self.eos), detokenize=False, output_kind=RequestOutputKind.DELTA,
+            **vllm_detection(config.stop_loops),
         )
         request_id = str(self._next_id)
         self._next_id += 1
