@@ -31,7 +31,8 @@ def vllm_double(monkeypatch):
 def decoding(request):
     """What the workers decode with: (environment, submit options). The instant test double,
     or vLLM on a tiny random model (64-wide heads, as its CPU attention needs), whose 300
-    tokens an item take long enough to be killed mid-item."""
+    tokens an item take long enough to be killed mid-item (its loops kept: a random model soon
+    repeats itself, and a cut loop would end its items early)."""
     if request.param == "fake":
         return {}, ()
     from tests.conftest import require_vllm
@@ -40,4 +41,4 @@ def decoding(request):
     model = request.getfixturevalue("tiny_vllm_dir")
     return ({"SEMJOBS_ENGINE_FACTORY": "", "SEMJOBS_TARGET_MODEL": str(model),
              "SEMJOBS_DRAFT_MODEL": "none", "SEMJOBS_KV_CACHE_GB": "0.25", "SEMJOBS_VLLM_COMPILE": "0"},
-            ("--max-new-tokens", "300"))
+            ("--max-new-tokens", "300", "--keep-loops"))
