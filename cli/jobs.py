@@ -539,7 +539,8 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
         t0 = time.perf_counter()
         try:
             with click.progressbar(length=len(seqs), label="generating", file=sys.stderr) as bar:
-                engines.run(job_id, seqs, url, on_item=lambda _seq: bar.update(1), interleaved=in_waves)
+                # in waves an input's samples are far apart: one at a time
+                engines.run(job_id, seqs, url, on_item=lambda _seq: bar.update(1), block=1 if in_waves else samples)
         except KeyboardInterrupt:
             click.echo(f"\ninterrupted: finished items of job {job_id} are kept in {_shown(url)}; "
                        f"export them with `semjobs export {job_id} --db {_shown(url)} -o OUT`", err=True)

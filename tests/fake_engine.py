@@ -9,6 +9,7 @@ root must be importable, e.g. PYTHONPATH=.). Knobs, read from the environment at
   until the moment it chooses);
 - a prompt containing "FAIL" raises, to exercise failed items;
 - a prompt containing "KILL" SIGKILLs the process decoding it (a poison item);
+- a prompt containing "SLOW" takes SLOW_FACTOR times FAKE_ENGINE_DELAY_S (a long answer);
 - a nonzero seed changes the text and adds seed % 3 to the answer (samples differ).
 """
 
@@ -22,6 +23,9 @@ import time
 from semspec.answers import split_reasoning
 from semspec.intake import Intake
 from semspec.types import Abort, Cancelled, Counters, Finished, GenerationConfig, GenerationResult, StepRecord
+
+
+SLOW_FACTOR = 15
 
 
 class InstantEngine:
@@ -54,7 +58,8 @@ class InstantEngine:
                         active.remove(a)
                         yield Finished(req.key, None, Cancelled(f"request {req.key!r} aborted"))
                 else:
-                    active.append((time.monotonic() + self.delay_s, req))
+                    slow = SLOW_FACTOR if "SLOW" in str(req.prompt) else 1
+                    active.append((time.monotonic() + self.delay_s * slow, req))
             if not active:
                 if intake.exhausted:
                     return

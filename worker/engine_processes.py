@@ -8,7 +8,9 @@ two processes on two cores each keep 0.75-0.9 of a lone process's one-thread spe
 hands every process a contiguous share of the items, shows one progress bar and exports;
 each child loads its own engine and runs the same per-item code as a worker
 (`semjobs.worker.process.run_items`: claim, decode, commit), so a child that dies loses only its
-items in flight, which the next run of the same command resumes.
+items in flight, which the next run of the same command resumes. The parent hands the items out
+a block at a time, in the job's order, as each child has started the ones it holds: static
+shares finished up to a fifth apart (one share held the long answers), the faster process idle.
 
 Children are spawned, not forked: the parent may have imported torch, and a forked copy of
 torch's thread pool hangs. They load their engines before the parent stores anything, so a
@@ -105,7 +107,12 @@ def _child(index: int, overrides: dict, request: tuple, inbox, outbox) -> None:
         if work is None:
             return
         job_id, seqs, url = work
-        run_items(job_id, seqs, url=url, on_item=lambda _key, seq: outbox.put(("item", index, seq)))
+
+        def refill() -> list[int]:
+            outbox.put(("more", index, None))
+            return inbox.get()
+
+        run_items(job_id, seqs, url=url, on_item=lambda _key, seq: outbox.put(("item", index, seq)), refill=refill)
         outbox.put(("done", index, None))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent reports it
         pass
@@ -131,7 +138,7 @@ class InProcessEngine:
         return engines.method_problems(engines.get_engine(*self.request))
 
     def run(self, job_id: str, seqs: list[int], url: str, on_item: Callable[[int], None],
-            interleaved: bool = False) -> None:  # noqa: ARG002 -- one process takes them in the order given
+            block: int = 1) -> None:  # noqa: ARG002 -- one process takes them all, in the order given
         from semjobs.worker.process import run_items
 
         run_items(job_id, seqs, url=url, on_item=lambda _key, seq: on_item(seq))
@@ -203,25 +210,27 @@ class EngineProcesses:
             waiting.discard(index)
         return problems
 
-    def run(self, job_id: str, seqs: list[int], url: str, on_item: Callable[[int], None],
-            interleaved: bool = False) -> None:
-        """Run ``seqs`` of the job, child i taking the i-th of n contiguous shares (an input's
-        samples are adjacent seqs, and a process prefills their shared prompt once), or, when
-        ``interleaved`` (seqs in waves: semjobs.db.surplus.work_order), every n-th seq from the
-        i-th, so every child works through the waves in order; ``on_item`` is called with each
-        finished item's seq. A child that dies does not stop the others: once they are done,
+    def run(self, job_id: str, seqs: list[int], url: str, on_item: Callable[[int], None], block: int = 1) -> None:
+        """Run ``seqs`` of the job in their order, ``block`` seqs at a time to whichever child
+        has started all it holds (``block``: an input's samples, adjacent seqs, so that one
+        process prefills their shared prompt once); ``on_item`` is called with each finished
+        item's seq. A child that dies does not stop the others: once they are done,
         EngineProcessLost names it (its unfinished items stay unfinished in the database, for
         the next run to resume)."""
-        n = len(self._children)
+        blocks = [seqs[i:i + max(1, block)] for i in range(0, len(seqs), max(1, block))]
+        blocks.reverse()  # popped from the end: in the job's order
         waiting, lost = set(), []
         for i, inbox in enumerate(self._inboxes):
-            share = seqs[i::n] if interleaved else seqs[i * len(seqs) // n:(i + 1) * len(seqs) // n]
-            inbox.put((job_id, share, url) if share else None)
-            if share:
+            if blocks:
+                inbox.put((job_id, blocks.pop(), url))
                 waiting.add(i)
+            else:
+                inbox.put(None)  # nothing for it: it exits
         while waiting:
             kind, index, detail = self._next(waiting)
-            if kind == "item":
+            if kind == "more":
+                self._inboxes[index].put(blocks.pop() if blocks else [])
+            elif kind == "item":
                 on_item(detail)
             elif kind in ("done", "lost"):
                 waiting.discard(index)

@@ -79,14 +79,18 @@ def run_items(
     deadline: float | None = None,
     on_item: Callable[[str, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    refill: Callable[[], list[int]] | None = None,
 ) -> ChunkReport:
     """Process the items `seqs` of job `job_id` through this process's batch loop (up to
     `settings.batch_size` items decode at once, shared with the other chunks this process
     holds). Each item is claimed when a slot is free and committed when it finishes.
     `deadline` (time.monotonic) stops starting items after it, and so does `should_stop()`
     returning true (a worker shutting down); what did not start is returned in
-    `report.left`. Returns once every started item is settled, or at once when the engine
-    hangs (`report.hung`; what it held, but the item it hung on, is in `report.left`)."""
+    `report.left`. `refill()`, called once every seq given has started, gives more seqs of
+    the job to run the same way ([]: there are no more), so processes that share a job's
+    items take them as they go (`semjobs run`'s engine processes). Returns once every
+    started item is settled, or at once when the engine hangs (`report.hung`; what it held,
+    but the item it hung on, is in `report.left`)."""
     report = ChunkReport()
     worker = worker or worker_name()
     with session_factory(url, role="worker")() as session:
@@ -102,19 +106,20 @@ def run_items(
             repo.mark_job_running(session, job_id, None if job_id in _identities_written
                                   else engines.identities(engine))
             holdings.hold(job_id, seqs)  # before the database says so: see semjobs.worker.holdings
+            chunk = None
             try:
                 repo.hold_items(session, job_id, seqs, worker)
                 session.commit()
                 _identities_written.add(job_id)
-                chunk = _Chunk(session, job_id, seqs, worker, config, loop, report, on_item,
-                               *_job_rules.get(job_id, (None, None)))
+                chunk = _Chunk(session, job_id, list(seqs), worker, config, loop, report, on_item,
+                               *_job_rules.get(job_id, (None, None)), refill=refill)
                 try:
                     chunk.run(deadline, should_stop)
                 except BaseException:  # the chunk ends unsettled: what it decodes is no longer
                     chunk.abandon()    # worked on once the decode ends (the heartbeat hands it back)
                     raise
             finally:
-                holdings.drop(job_id, seqs)
+                holdings.drop(job_id, chunk.seqs if chunk is not None else seqs)
         retrying(session, lambda: repo.finalize_job(session, job_id), "finishing the job")
     return report
 
@@ -147,8 +152,10 @@ class _Chunk:
     """One chunk's items through the shared batch loop: claim as slots free, commit as
     items finish."""
 
-    def __init__(self, session, job_id, seqs, worker, config, loop, report, on_item, want=None, budget=None):
+    def __init__(self, session, job_id, seqs, worker, config, loop, report, on_item, want=None, budget=None,
+                 refill=None):
         self.session, self.job_id, self.seqs, self.worker = session, job_id, seqs, worker
+        self.refill = refill  # more seqs once these have started (run_items)
         self.config, self.loop, self.report, self.on_item = config, loop, report, on_item
         self.want = want  # the job's kept samples wanted per input (a line's own `want` wins)
         self.budget = budget  # tokens the job may generate
@@ -167,11 +174,14 @@ class _Chunk:
         while True:
             seen = self.loop.version  # before looking: a slot freed after this wakes the wait
             self.settle_finished()
+            if i >= len(self.seqs) and self.refill is not None:
+                self.take_more()
             if i < len(self.seqs) and i > 0 and ((deadline is not None and time.monotonic() > deadline)
                                                  or (should_stop is not None and should_stop())):
                 self.report.left = list(self.seqs[i:])
                 retrying(self.session, self._release_left, "handing items back")  # the caller requeues them
                 i = len(self.seqs)
+                self.refill = None  # stopping: take no more
             if i < len(self.seqs) and self.loop.try_reserve():
                 if not self.start(self.seqs[i]):
                     self.loop.unreserve()
@@ -191,6 +201,20 @@ class _Chunk:
             self.abort_if_cancelled()
             self.abort_surplus()
             self.loop.wait(seen, timeout=CANCEL_CHECK_S)
+
+    def take_more(self) -> None:
+        """Append the next seqs ``refill`` gives, held as the first ones were; none left: stop asking."""
+        more = [] if self.report.cancelled else self.refill()
+        if not more:
+            self.refill = None
+            return
+        holdings.hold(self.job_id, more)
+        retrying(self.session, lambda: self._hold(more), "holding items")
+        self.seqs.extend(more)
+
+    def _hold(self, seqs: list[int]) -> None:
+        repo.hold_items(self.session, self.job_id, seqs, self.worker)
+        self.session.commit()
 
     def abort_if_cancelled(self) -> None:
         """Abort the items in flight once their job is cancelled (each then ends Cancelled and
