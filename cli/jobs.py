@@ -32,6 +32,10 @@ def _storable_name(ctx, param, value: str | None) -> str | None:
 
 
 def generation_options(f):
+    f = click.option("--stop-doomed/--keep-doomed", "stop_doomed", default=None,
+                     help="Stop a sample the workers' doom rule says will not end right (finish reason `doomed`, "
+                     "never kept; `semjobs doom calibrate` makes the rule, SEMJOBS_DOOM_RULE gives it; ar and "
+                     "token_sd). Default: on where a rule is given (SEMJOBS_STOP_DOOMED).")(f)
     f = click.option("--stop-loops/--keep-loops", "stop_loops", default=None,
                      help="End a sample that starts repeating itself, its text cut where the loop began "
                      "(finish reason `repetition`; an answer written before it is kept and checked). "
@@ -127,13 +131,13 @@ def db_option(f):
 
 
 def _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible, stop_loops=None,
-            want=None) -> dict:
+            want=None, stop_doomed=None) -> dict:
     from semjobs.jobs.submit import job_config, want_problem
 
     if seed is not None and not reproducible:
         raise click.BadParameter("a seed means nothing to a job sampled without seeds", param_hint="--seed")
     try:
-        config = job_config(method, max_new_tokens, temperature, seed, top_p, tau, stop_loops)
+        config = job_config(method, max_new_tokens, temperature, seed, top_p, tau, stop_loops, stop_doomed)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--method") from None
     if tau is not None and config["method"] != "semspec":
@@ -214,7 +218,7 @@ def _shown(url: str) -> str:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @generation_options
 def submit(file, method, max_new_tokens, temperature, top_p, seed, tau, reproducible, name, samples, want,
-           budget_tokens, stop_loops) -> None:
+           budget_tokens, stop_loops, stop_doomed) -> None:
     """Validate FILE, store the job and its items, enqueue them; prints the job id last.
 
     Example: semjobs submit prompts.jsonl --method semspec --n 4 --temperature 0.6 --top-p 0.95"""
@@ -223,7 +227,8 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, tau, reproduc
     from semjobs.settings import settings
     from semjobs.worker.queues import queue_name
 
-    config = _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible, stop_loops, want)
+    config = _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible, stop_loops, want,
+                     stop_doomed)
     queue = queue_name(kind=config["method"])  # the workers that serve the method take it
     t0 = time.perf_counter()
     validation = _storable(file, samples, method=config["method"], want=want)
@@ -466,7 +471,7 @@ def retry(job, include_pending, db_url) -> None:
               "least 8 items each, one on a GPU).")
 @engine_arg_options
 def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, tau, reproducible, name, samples, want,
-        budget_tokens, stop_loops, db_url, steps, force, resume, batch_size, processes, engine_args, draft_engine_args) -> None:
+        budget_tokens, stop_loops, stop_doomed, db_url, steps, force, resume, batch_size, processes, engine_args, draft_engine_args) -> None:
     """Embedded mode: no servers; process FILE on this machine into a SQLite file, then
     export. Same tables, same per-item code as the workers; on a CPU one engine process per
     core.
@@ -494,7 +499,8 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     if processes is not None:
         settings.processes = processes
     use_engine_args(engine_args, draft_engine_args)
-    config = _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible, stop_loops, want)
+    config = _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible, stop_loops, want,
+                     stop_doomed)
     try:  # before any work: an output that would be refused is refused now, not after the run
         check_targets(output, errors, force=force, input_path=file)
     except ValueError as e:

@@ -79,7 +79,7 @@ def _choice(item: Item, out: Output) -> dict:
     return {
         "index": item.sample,
         "message": {"role": "assistant", "content": out.text},
-        # a loop cut (repetition) did not end by itself: not "stop"; semjobs.finish_reason says which
+        # a loop cut (repetition) or a doomed sample did not end by itself: not "stop"; semjobs.finish_reason says which
         "finish_reason": "stop" if out.finish_reason == "eos" else "length",
         # semjobs extension: this sample's parsed answer and its check
         "semjobs": {"final_answer": out.final_answer, "correct": out.correct, "kept": out.kept,

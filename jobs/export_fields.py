@@ -19,8 +19,9 @@ EXPORT_FIELDS = {
     "correct": ("bool", "final_answer checked against reference (math-verify); false when no answer "
                         "was found, null without a reference"),
     "kept": ("bool", "a sample its dataset keeps: correct with a reference; without one, ended by itself "
-                     "with an answer found (not cut at the cap, not a loop)"),
-    "finish_reason": ("string", "eos, length, or repetition (a loop, cut where it began: --stop-loops)"),
+                     "with an answer found (not cut at the cap, not a loop); never a doomed one"),
+    "finish_reason": ("string", "eos, length, repetition (a loop, cut where it began: --stop-loops) or doomed "
+                                "(stopped early by the doom rule: --stop-doomed)"),
     "usage": ("string", "prompt, completion and total tokens"),
     "method": ("string", "the decoding method"),
     "stats": ("string", "the engine's counters, wall time, phase times and tokens/s of this sample"),

@@ -131,8 +131,11 @@ def job_status(job_id: str, *, url: str | None = None) -> dict[str, Any] | None:
         last = repo.last_finished_at(session, job_id)
         answers = _answers(session, job_id)
         kept = _kept(session, job, int(sums["generated_tokens"] + sums["cut_tokens"]))
-        kept["saved_tokens_estimate"] = saved_tokens(surplus.spend_by_finish(session, job_id), counts,
-                                                     job.config.get("max_new_tokens", 0))
+        spend = surplus.spend_by_finish(session, job_id)
+        kept["saved_tokens_estimate"] = saved_tokens(spend, counts, job.config.get("max_new_tokens", 0))
+        # samples a rule ended before their end: a loop (--stop-loops), the doom rule (--stop-doomed)
+        kept["stopped_early"] = {rule: spend.get(reason, (0, 0))[0]
+                                 for rule, reason in (("loops", "repetition"), ("doomed", "doomed"))}
         failures = repo.failure_reasons(session, job_id) if counts["failed"] else []
         live = repo.live_workers(session, settings.worker_dead_after_s) if job.status in JOB_ACTIVE else 0
     started = repo.as_utc(job.started_at)
@@ -265,6 +268,8 @@ def kept_line(y: dict[str, Any]) -> str:
     full = "" if y.get("full_inputs") is None else (
         f", {y['full_inputs']} with " + (f"all {y['want']} wanted" if y["want"] else "all they want"))
     per = f", {y['tokens_per_useful']:.0f} tokens spent per useful sample" if y["tokens_per_useful"] else ""
+    stopped = {rule: n for rule, n in (y.get("stopped_early") or {}).items() if n}
+    per += "; stopped early: " + ", ".join(f"{n} {rule}" for rule, n in stopped.items()) if stopped else ""
     return (f"{y['kept']} samples kept, {y['useful']} useful; {y['covered_inputs']} of {y['inputs']} inputs "
             f"with one{full}{per}")
 

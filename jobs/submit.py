@@ -45,6 +45,7 @@ def job_config(
     top_p: float | None = None,
     tau: float | None = None,
     stop_loops: bool | None = None,
+    stop_doomed: bool | None = None,
 ) -> dict:
     """The job's GenerationConfig as a dict: command-line values over settings defaults."""
     method = method or settings.method
@@ -57,6 +58,7 @@ def job_config(
         seed=seed if seed is not None else settings.seed,
         draft_max_batch=settings.draft_max_batch,
         stop_loops=stop_loops if stop_loops is not None else settings.stop_loops,
+        stop_doomed=stop_doomed if stop_doomed is not None else settings.stop_doomed,
     )
     if top_p is not None:
         cfg.top_p = top_p

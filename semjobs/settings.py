@@ -88,6 +88,12 @@ class Settings(BaseSettings):
     # A sample that starts repeating itself ends there (finish reason "repetition", its text cut
     # at the loop's onset; GenerationConfig.stop_loops): a looping tail is thrown away anyway.
     stop_loops: bool = True
+    # A sampled sample the doom rule says will not end right ends there (finish reason "doomed";
+    # GenerationConfig.stop_doomed): on wherever a rule is given, as doom_rule, a JSON file
+    # `semjobs doom calibrate` wrote for the worker's target (semspec.doom). None: no rule, no
+    # sample is stopped so. ar and token_sd only.
+    stop_doomed: bool = True
+    doom_rule: Path | None = None
 
     # Embedded mode (`semjobs run`): no servers, one SQLite file.
     embedded_database_url: str = "sqlite:///semjobs.sqlite"

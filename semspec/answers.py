@@ -281,7 +281,10 @@ def is_kept(correct: bool | None, final_answer: str | None, finish_reason: str) 
     """Whether a finished sample is one a dataset keeps: with a reference, a right answer
     (``correct``, from :func:`is_correct`; a loop cut after a right answer still counts);
     without one, a sample that ended by itself (EOS) with an answer found, so neither cut
-    off at the token cap nor degenerate (finish reason "repetition")."""
+    off at the token cap nor degenerate (finish reason "repetition"). A sample the doom rule
+    stopped (finish reason "doomed") is never kept: its text breaks off where it was stopped."""
+    if finish_reason == "doomed":
+        return False
     if correct is not None:
         return correct
     return finish_reason == "eos" and final_answer is not None

@@ -157,6 +157,7 @@ class StepProgram:
         self.governor: Governor | None = None
         self.tail: dict | None = None  # the open step's record (decision and fields), when a write-ahead began it
         self.loop_checked = 0  # generated tokens the loop rule has looked at (stop_loops)
+        self.doom_cap: int | None = None  # tokens at which the doom rule stops it (stop_doomed)
         self.t0 = time.perf_counter()
         self._step_t0 = self.t0
 
@@ -289,9 +290,7 @@ class StepProgram:
     def stop_loop(self) -> bool:
         """With ``stop_loops``: when the generated ids have fallen into a loop since the last
         look, cut them after its first copy (``semspec.repetition.find_loop``) and finish
-        ("repetition"): steps wholly before the cut stay, the one it falls in is cut short
-        (its text and tokens), later ones go; the open step's kept part closes as it was
-        begun. The tokens cut count as ``cut_tokens``."""
+        ("repetition")."""
         if not self.cfg.stop_loops:
             return False
         generated = self.ids[self.prompt_len:]
@@ -299,6 +298,24 @@ class StepProgram:
         self.loop_checked = len(generated)
         if cut is None:
             return False
+        self.cut_and_finish(cut, "repetition")
+        return True
+
+    def stop_doomed(self) -> bool:
+        """With a ``doom_cap`` (a doom rule of the length kind, ``semspec.doom``: the engine sets it
+        for a sampled job that asks, ``GenerationConfig.stop_doomed``): once the sequence has
+        more than that many tokens, cut it there and finish ("doomed"), as the token engine
+        stops it at that token (an end of sequence later in the same step came after it)."""
+        if self.doom_cap is None or len(self.ids) - self.prompt_len < self.doom_cap:
+            return False
+        self.cut_and_finish(self.doom_cap, "doomed")
+        return True
+
+    def cut_and_finish(self, cut: int, reason: str) -> None:
+        """Keep the first ``cut`` generated tokens and finish with ``reason``: steps wholly
+        before the cut stay, the one it falls in is cut short (its text and tokens), later ones
+        go; the open step's kept part closes as it was begun. The tokens cut count as
+        ``cut_tokens``."""
         end = self.prompt_len + cut
         self.counters.cut_tokens += len(self.ids) - end
         del self.ids[end:]
@@ -317,9 +334,8 @@ class StepProgram:
         if len(self.ids) > self.step_start:
             self.close_step("target", **(self.tail or {"decision": "target_only"}))
         self.tail = None
-        # over a cap or an end the same reply reached: the loop came before them
-        self.finish_reason, self.phase = "repetition", "done"
-        return True
+        # over a cap or an end the same reply reached: the cut came before them
+        self.finish_reason, self.phase = reason, "done"
 
     def program(self) -> Program:
         while not self.done:
@@ -327,7 +343,8 @@ class StepProgram:
                 self.finish("length")
                 break
             yield from self.advance()
-            self.stop_loop()
+            if not self.stop_loop():
+                self.stop_doomed()
         if len(self.ids) > self.step_start:
             self.close_step("target", "target_only")
 

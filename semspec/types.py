@@ -110,6 +110,11 @@ class GenerationConfig:
     # Off here: the engine writes what the model writes; the service turns it on for its jobs
     # (SEMJOBS_STOP_LOOPS), as a looping tail is tokens no dataset keeps.
     stop_loops: bool = False
+    # Stop a sampled sequence the engine's doom rule (semspec.doom, calibrated on the target's
+    # own traces) says will not end right, finish reason "doomed". Off here, as stop_loops; the
+    # service turns it on (SEMJOBS_STOP_DOOMED), and it acts only where an engine has a rule
+    # (SEMJOBS_DOOM_RULE) and runs the job's method on vLLM's token engine (ar, token_sd).
+    stop_doomed: bool = False
 
 
 # The fields of a GenerationConfig that change how a drafting job's drafted steps fare (how
@@ -190,7 +195,9 @@ class GenerationResult:
     steps: list[StepRecord]
     counters: Counters
     wall_seconds: float
-    finish_reason: str  # "eos", "length", "repetition" (a loop cut: GenerationConfig.stop_loops)
+    # "eos", "length", "repetition" (a loop cut: GenerationConfig.stop_loops), "doomed" (stopped
+    # by the doom rule: GenerationConfig.stop_doomed)
+    finish_reason: str
     models: dict[str, str] = field(default_factory=dict)  # role -> identity (path + hash)
 
 

@@ -96,6 +96,8 @@ def factory_for(method: str | None = None, draft_tokens: int | None = None,
 
     method = method or settings.method
     extra = {"kv_cache_gb": settings.kv_cache_gb, "compile": bool(settings.vllm_compile)}
+    if settings.doom_rule is not None:  # semspec.doom: the jobs that ask for it (stop_doomed)
+        extra["doom_rule"] = str(settings.doom_rule)
     shares = gpu_memory.engine_shares() if _worker_process else {}
     if method in VLLM_STEP_METHODS:
         if layers is not None:

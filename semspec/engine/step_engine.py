@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from semspec.components import EMBEDDED_DRAFT, resolve_components, same_tokenizer, step_draft_problem
+from semspec.doom import DoomRule
 from semspec.intake import Intake
 from semspec.models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cache
 from semspec.models.specs import DEFAULT_TARGET, model_directory, model_source
@@ -49,6 +52,7 @@ from semspec.engine.token_engine import (configure_process, engine_arguments, kv
 from semspec.engine.speculation import draft_problem, speculative_config
 from semspec.engine.states import STATES, STATES_FROM, final_norm
 
+log = logging.getLogger(__name__)
 STEP_METHODS = {"ar": StepProgram, "semspec": SemSpecProgram, "step_judge": StepJudgeProgram}
 # A drafted token's cost in target tokens on vLLM, the adaptive rule's draft_cost, measured at
 # batch 1 for the embedded layer draft: 0.20 since its LM head runs over its 8,192 tokens only
@@ -235,10 +239,11 @@ def step_engine_models(target: str | None, draft: str | None, probes: str | None
 
 class VLLMStepEngine:
     def __init__(self, target: Served, draft: Served | None, probes: ProbePair | None, dtype: str, version: str,
-                 threads: int, draft_cost: float | None, writer: Served | None = None):
+                 threads: int, draft_cost: float | None, writer: Served | None = None, doom: DoomRule | None = None):
         """``writer``: the target again, speculating tokens, for the drafting methods' own
-        writing (``token_speculation``)."""
+        writing (``token_speculation``); ``doom``: a doom rule of the length kind (``load``)."""
         self.target = target
+        self.doom = doom
         self.draft = draft
         self.writer = writer
         self.probes = probes
@@ -258,7 +263,7 @@ class VLLMStepEngine:
              batch_size: int = 32, kv_cache_gb: float | None = None, compile: bool = False,
              seed: int = 0, layers: dict[str, int] | tuple | None = None, token_draft: str | None = None,
              draft_tokens: int = GenerationConfig.draft_tokens, engine_args: dict | None = None,
-             draft_engine_args: dict | None = None) -> "VLLMStepEngine":
+             draft_engine_args: dict | None = None, doom_rule: str | os.PathLike | None = None) -> "VLLMStepEngine":
         """The target and its draft in two vLLM engines, each storing the layer its probe
         reads (defaults: the embedded target, its layer draft and their probes,
         ``semspec.components.resolve_components``). ``kv_cache_gb``: the target's KV budget
@@ -272,7 +277,10 @@ class VLLMStepEngine:
         or ngram, as for token_sd (``semspec.engine.speculation``; default: the embedded
         target's head; "none": the target writes alone). ``engine_args``: vLLM's own arguments for
         the target and the writer, ``draft_engine_args`` for the draft (``semspec.engine.engine_args``);
-        on a GPU the engines share its memory by their sizes (``gpu_shares``) unless they say."""
+        on a GPU the engines share its memory by their sizes (``gpu_shares``) unless they say.
+        ``doom_rule``: a ``semspec.doom.DoomRule`` file calibrated on this target; the step methods
+        read no per-token log-probabilities, so they apply a rule of the length kind only (an
+        infinite threshold: every sample stopped at its ``min_tokens``) and no other."""
         configure_process()
         import vllm
 
@@ -280,6 +288,13 @@ class VLLMStepEngine:
         cache = models_cache(cache_dir) or DEFAULT_CACHE_DIR
         calibrating = layers is not None  # probe calibration reads states: no probes, no writer
         t, d, pair = read_step_models(target, draft, probes, cache, with_probes=not calibrating)
+        doom = DoomRule.load(doom_rule) if doom_rule else None
+        if doom is not None:
+            doom.check_target(str(t.shape.identity))  # before the minutes vLLM takes to start
+            if not math.isinf(doom.threshold):
+                log.warning("the doom rule %s reads log-probabilities, which the step methods do not have: "
+                            "their samples are not stopped by it", doom_rule)
+                doom = None
         draft = d.spec if d is not None else None
         if pair is not None:
             layers = {"target": pair.target.layer, "draft": pair.draft.layer}
@@ -306,7 +321,7 @@ class VLLMStepEngine:
             cost = (d.config.num_hidden_layers * d.config.hidden_size ** 2) / (
                 t.config.num_hidden_layers * t.config.hidden_size ** 2)
         engine = cls(served_t, served_d, pair, str(served_t.llm.model_config.dtype).removeprefix("torch."),
-                     vllm.__version__, threads, cost, writer)
+                     vllm.__version__, threads, cost, writer, doom)
         # a few tokens through every kind of call now: a model vLLM loads but cannot run fails
         # the load, not every item, and the first item does not pay the first passes' set-up
         method = "semspec" if pair else "step_judge" if d else "ar"
@@ -330,6 +345,8 @@ class VLLMStepEngine:
         if self.writer is not None:
             ids["token_draft"] = str(self.writer.token_draft)
         ids.update(dtype=self.dtype, engine=f"vllm {self.version}")
+        if self.doom is not None:
+            ids["doom_rule"] = self.doom.identity
         return ids
 
     def method_problem(self, method: str) -> str | None:
@@ -374,12 +391,16 @@ class VLLMStepEngine:
         if not self._speculates(cfg):  # the writer takes no part in this job's text
             identities.pop("token_draft", None)
         if cfg.method == "ar":
-            return StepProgram(ids, cfg, t, think_end, identities, in_flight)
-        if cfg.method == "step_judge":
-            return StepJudgeProgram(ids, cfg, t, think_end, identities, in_flight, draft=self.draft.facts,
-                                    suffix=self.judge[0], digits=self.judge[1], live_costs=live)
-        return SemSpecProgram(ids, cfg, t, think_end, identities, in_flight, draft=self.draft.facts,
-                              probes=self.probes, pool_states=self._features, live_costs=live)
+            program = StepProgram(ids, cfg, t, think_end, identities, in_flight)
+        elif cfg.method == "step_judge":
+            program = StepJudgeProgram(ids, cfg, t, think_end, identities, in_flight, draft=self.draft.facts,
+                                       suffix=self.judge[0], digits=self.judge[1], live_costs=live)
+        else:
+            program = SemSpecProgram(ids, cfg, t, think_end, identities, in_flight, draft=self.draft.facts,
+                                     probes=self.probes, pool_states=self._features, live_costs=live)
+        if self.doom is not None and cfg.stop_doomed and cfg.temperature > 0:
+            program.doom_cap = self.doom.min_tokens
+        return program
 
     def reset_meters(self) -> None:
         for s in (self.target, self.writer, self.draft):

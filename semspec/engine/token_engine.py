@@ -45,6 +45,7 @@ from semspec.models.identity import DEFAULT_CACHE_DIR, ModelIdentity, models_cac
 from semspec.models.loaded import eos_token_ids
 from semspec.models.specs import model_source
 from semspec.prompts import prompt_ids
+from semspec.doom import DoomRule, DoomWatch, token_signal
 from semspec.repetition import DEFAULT_RULE, find_loop, line_break_ids, vllm_detection
 from semspec.steps import StepDetector, detect_think_end, step_spans
 from semspec.engine.speculation import MODEL_FREE_METHODS, speculative_config
@@ -241,6 +242,7 @@ class _Running:
     # (generated tokens so far, perf_counter) each time tokens came back, one per engine step
     # the request ran in: times the steps, and counts the target's passes
     arrivals: list[tuple[int, float]] = field(default_factory=list)
+    doom: DoomWatch | None = None  # the doom rule's running check (GenerationConfig.stop_doomed)
 
 
 @dataclass(frozen=True)
@@ -255,7 +257,8 @@ class Speculation:
 
 class VLLMEngine:
     def __init__(self, llm: Any, tokenizer: Any, identity: ModelIdentity, dtype: str, max_context: int,
-                 eos: set[int], version: str, model_dir: Path, threads: int, speculation: Speculation | None = None):
+                 eos: set[int], version: str, model_dir: Path, threads: int, speculation: Speculation | None = None,
+                 doom: DoomRule | None = None):
         """``model_dir``: what vLLM loaded; ``threads``: torch's threads in the thread that
         loaded it (see generate_many); ``speculation``: what it drafts with, when it serves
         token_sd (an engine serves either ar or token_sd: vLLM's speculation is the engine's, for
@@ -272,13 +275,15 @@ class VLLMEngine:
         self.model_dir = model_dir
         self.threads = threads
         self.speculation = speculation
+        self.doom = doom
 
     @classmethod
     def load(cls, target: str | None = None, draft: str | None = None, probes: str | None = None,
              device: str = "auto", cache_dir: str | os.PathLike | None = None, dtype: str = "auto",
              batch_size: int = 32, kv_cache_gb: float | None = None, compile: bool = False,
              seed: int = 0, speculative_tokens: int | None = None,
-             engine_args: dict | None = None, draft_max_batch: int | None = None) -> "VLLMEngine":
+             engine_args: dict | None = None, draft_max_batch: int | None = None,
+             doom_rule: str | os.PathLike | None = None) -> "VLLMEngine":
         """Start vLLM on the target spec (``semspec.models``: embedded name, GGUF, directory).
         ``speculative_tokens``: an engine for token_sd, drafting that many tokens per
         verification with ``draft`` (``semspec.engine.speculation``); without, one for ar.
@@ -286,7 +291,9 @@ class VLLMEngine:
         once. ``kv_cache_gb``: the KV cache's whole budget (None: ``kv_budget_gb``'s default).
         ``compile``: vLLM's compiled graphs (slower start) instead of eager mode. ``engine_args``:
         vLLM's own arguments, over these (``engine_arguments``' ``user``). ``draft_max_batch``: token_sd
-        drafts only while at most this many requests run (``engine_arguments``')."""
+        drafts only while at most this many requests run (``engine_arguments``'). ``doom_rule``: a
+        ``semspec.doom.DoomRule`` file, calibrated on this target, that stops the requests asking
+        for it (``GenerationConfig.stop_doomed``) once they look doomed."""
         configure_process()
         import vllm
         from vllm import EngineArgs
@@ -294,6 +301,9 @@ class VLLMEngine:
         threads = torch.get_num_threads()
         model_dir, identity = model_source(target, models_cache(cache_dir))
         tokenizer, _, eos = model_files(model_dir)
+        doom = DoomRule.load(doom_rule) if doom_rule else None
+        if doom is not None:
+            doom.check_target(str(identity))  # before the minutes vLLM takes to start
         speculation, spec_config = None, None
         if speculative_tokens:
             spec_config, draft_identity = speculative_config(draft, target, speculative_tokens, model_dir,
@@ -306,7 +316,7 @@ class VLLMEngine:
         llm = start_engine(args)
         engine = cls(llm, tokenizer, identity, dt, int(llm.model_config.max_model_len),
                      eos, vllm.__version__, model_dir, threads,
-                     speculation)
+                     speculation, doom)
         # one token now: a model vLLM loads but cannot run (an attention shape its kernels
         # lack) fails the load, before any job is stored, instead of every item
         engine.generate("Hi", GenerationConfig(method="token_sd" if speculation else "ar", max_new_tokens=1,
@@ -318,7 +328,8 @@ class VLLMEngine:
     def identities(self) -> dict[str, str]:
         """What made an output: the target's (and the draft's) identity, the number type and the engine."""
         drafted = {"draft": str(self.speculation.draft)} if self.speculation else {}
-        return {"target": str(self.identity), **drafted, "dtype": self.dtype, "engine": f"vllm {self.version}"}
+        doom = {"doom_rule": self.doom.identity} if self.doom else {}
+        return {"target": str(self.identity), **drafted, "dtype": self.dtype, "engine": f"vllm {self.version}", **doom}
 
     def method_problem(self, method: str) -> str | None:
         if method not in METHODS:
@@ -372,6 +383,10 @@ class VLLMEngine:
                     if out.finished:
                         del running[out.request_id]
                         yield self._finished(run, out.outputs[0])
+                    elif run.doom is not None and run.doom.doomed:
+                        self.llm.abort_request([out.request_id])
+                        del running[out.request_id]
+                        yield self._finished(run, out.outputs[0], doomed=True)
         finally:  # the caller stopped early (or failed): free vLLM of what is left
             if running:
                 self.llm.abort_request(list(running))
@@ -394,32 +409,46 @@ class VLLMEngine:
             seed=config.seed if config.temperature > 0 and config.reproducible else None,
             max_tokens=min(config.max_new_tokens, self.max_context - len(ids)),
             stop_token_ids=sorted(self.eos), detokenize=False, output_kind=RequestOutputKind.DELTA,
-            **vllm_detection(config.stop_loops),
+            **vllm_detection(config.stop_loops), **self._doom_logprobs(config),
         )
         request_id = str(self._next_id)
         self._next_id += 1
         t0 = time.perf_counter()
         self.llm.add_request(request_id, self.llm.renderer.render_cmpl([{"prompt_token_ids": ids}])[0], params)
         # only once vLLM holds it: a request it refused would be waited for for ever
-        running[request_id] = _Running(key, config, len(ids), t0)
+        running[request_id] = _Running(key, config, len(ids), t0,
+                                       doom=DoomWatch(self.doom) if self._doom_logprobs(config) else None)
+
+    def _doom_logprobs(self, config: GenerationConfig) -> dict:
+        """The log-probabilities a request needs for the doom rule: none unless it asks for the
+        rule (and this engine has one) and samples (a greedy job's one answer is not resampled)."""
+        if self.doom is None or not config.stop_doomed or config.temperature <= 0:
+            return {}
+        return {"logprobs": self.doom.logprobs}
 
     @staticmethod
     def _take(run: _Running, out: Any) -> None:
-        new = out.outputs[0].token_ids
+        completion = out.outputs[0]
+        new = completion.token_ids
         if new:
             run.ids.extend(new)
             run.arrivals.append((len(run.ids), time.perf_counter()))
+            if run.doom is not None:
+                signal = run.doom.rule.signal
+                for token, logprobs in zip(new, completion.logprobs[-len(new):]):
+                    run.doom.add(token_signal(signal, logprobs[token].logprob, (p.logprob for p in logprobs.values())))
 
-    def _finished(self, run: _Running, output: Any) -> Finished:
+    def _finished(self, run: _Running, output: Any, doomed: bool = False) -> Finished:
         try:
-            return Finished(run.key, self._result(run, output))
+            return Finished(run.key, self._result(run, output, doomed))
         except Exception as e:  # noqa: BLE001 -- a result that cannot be made fails its item alone
             return Finished(run.key, None, e)
 
-    def _result(self, run: _Running, output: Any) -> GenerationResult:
-        """The result of a finished request (``output``: its last ``CompletionOutput``)."""
+    def _result(self, run: _Running, output: Any, doomed: bool = False) -> GenerationResult:
+        """The result of a finished request (``output``: its last ``CompletionOutput``), or of
+        one stopped by the doom rule (``doomed``: its text as far as it got)."""
         ids = run.ids
-        finish = "eos" if output.finish_reason == "stop" else "length"
+        finish = "doomed" if doomed else "eos" if output.finish_reason == "stop" else "length"
         if ids and ids[-1] in self.eos:
             ids = ids[:-1]  # the end-of-sequence token is not part of the text (semspec.types' counting)
         cfg = run.config

@@ -415,3 +415,16 @@ run()
             assert teardown.exists() is (loaded == "none"), (loaded, args)
             handler.unlink()
             teardown.unlink(missing_ok=True)
+
+
+# --- doomed samples stopped early (issue 61) ------------------------------------------------------
+
+def test_a_job_stops_doomed_samples_unless_told_to_keep_them(tmp_path, sqlite_db, fake_engine):
+    """--stop-doomed is a job's setting, on by default (the rule acts only where a worker has
+    one: SEMJOBS_DOOM_RULE); --keep-doomed stores it off."""
+    src = ROOT / "examples" / "prompts.jsonl"
+    for flag, stored in (((), True), (("--keep-doomed",), False)):
+        res = invoke("run", src, "-o", tmp_path / f"{stored}.jsonl", "--db", sqlite_db, "--temperature", 0.6, *flag)
+        assert res.exit_code == 0, res.output
+        st = json.loads(invoke("status", res.output.strip().splitlines()[-1], "--json", "--db", sqlite_db).output)
+        assert st["config"]["stop_doomed"] is stored

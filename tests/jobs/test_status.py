@@ -115,3 +115,26 @@ def test_useful_samples_count_at_most_what_each_input_wants(sqlite_db, tmp_path)
             assert repo.save_result(s, job_id, claim.pk, right, correct=True)
     y = job_status(job_id, url=sqlite_db)["yield"]
     assert (y["want"], y["kept"], y["useful"], y["full_inputs"], y["covered_inputs"]) == (None, 4, 3, 1, 2)
+
+
+def test_samples_a_rule_stopped_early_are_counted_and_never_kept(sqlite_db, tmp_path):
+    """A sample stored as a loop and two the doom rule stopped (a right answer in one's text,
+    broken off): the status counts each rule's, and keeps neither doomed one."""
+    import json
+
+    from semjobs.jobs.status import kept_line
+    from semjobs.jobs.submit import job_config, store_job
+    from semspec.types import Counters, GenerationResult
+
+    p = tmp_path / "in.jsonl"
+    p.write_text(json.dumps({"id": "a", "prompt": "q", "answer": "7", "n": 4}) + "\n")
+    job_id, _ = store_job(p, job_config("ar", 8, temperature=0.6), queue="q", url=sqlite_db, status="queued")
+    with session_factory(sqlite_db)() as s:
+        for seq, finish in enumerate(("eos", "repetition", "doomed", "doomed")):
+            result = GenerationResult(text="7", final_answer="7", steps=[], counters=Counters(generated_tokens=3),
+                                      wall_seconds=0.1, finish_reason=finish)
+            claim = repo.claim_item(s, job_id, seq, "w@h:1")
+            assert repo.save_result(s, job_id, claim.pk, result, correct=True)
+    y = job_status(job_id, url=sqlite_db)["yield"]
+    assert y["stopped_early"] == {"loops": 1, "doomed": 2} and y["kept"] == 2
+    assert kept_line(y).endswith("; stopped early: 1 loops, 2 doomed")

@@ -305,3 +305,13 @@ def test_threads_waiting_behind_a_timeout_get_their_verdicts(sleepy_checker):
     for t in threads:
         t.join(timeout=30)
     assert verdicts == [True, True, True, True]  # 1/2 = 0.5 as numbers, "yes" by the restarted helper
+
+
+def test_what_a_dataset_keeps():
+    """Right by the reference (a loop cut after a right answer too); without one, ended by
+    itself with an answer; never a sample the doom rule stopped, its text broken off."""
+    from semspec.answers import is_kept
+
+    assert is_kept(True, "4", "repetition") and not is_kept(False, "4", "eos")
+    assert is_kept(None, "4", "eos") and not is_kept(None, "4", "length") and not is_kept(None, None, "eos")
+    assert not is_kept(True, "4", "doomed") and not is_kept(None, "4", "doomed")

@@ -38,14 +38,16 @@ class _Chars:
         return [self.decode(s) for s in seqs]
 
 
-def _write(text: str, **config):
+def _write(text: str, doom_cap: int | None = None, **config):
     """Run ``ar``'s step program against a target that writes ``text`` (its characters as
-    tokens), stopping each request at a line break as an engine's stop string would; the result."""
+    tokens), stopping each request at a line break as an engine's stop string would; the result.
+    ``doom_cap``: the program's, as an engine with a doom rule of the length kind sets it."""
     from semspec.stepwise import ModelFacts, StepProgram
     from semspec.types import GenerationConfig
 
     cfg = GenerationConfig(method="ar", max_new_tokens=len(text), **config)
     program = StepProgram([ord(">")], cfg, ModelFacts(_Chars(), frozenset({0}), 4096), None, {})
+    program.doom_cap = doom_cap
     gen, written = program.program(), 0
     try:
         call = next(gen)
@@ -87,3 +89,16 @@ def test_the_step_a_cut_falls_in_is_cut_short_and_later_ones_go():
     (step,) = result.steps
     assert (step.text, step.target_tokens, step.index) == (kept, len(kept), 0)
     assert (result.counters.generated_tokens, result.counters.cut_tokens) == (len(kept), 80 - len(kept))
+
+
+def test_a_doom_cap_cuts_the_sequence_at_that_token_within_its_step():
+    """A doom rule of the length kind: after the step that passes the cap the text is cut at
+    the cap (the step it falls in cut short) and the sequence ends "doomed", as the token
+    engine stops it at that token; a sequence that ends before the cap is untouched."""
+    text = "First line here.\nSecond line, longer than the first.\nThird.\n"
+    result, written = _write(text, doom_cap=30, step_delimiter="\n", max_step_tokens=64)
+    assert (result.text, result.finish_reason) == (text[:30], "doomed")
+    assert [s.text for s in result.steps] == ["First line here.\n", text[17:30]]
+    assert (result.counters.generated_tokens, result.counters.cut_tokens) == (30, written - 30)
+    short, _ = _write(text, doom_cap=len(text) + 1, step_delimiter="\n", max_step_tokens=64)
+    assert (short.text, short.finish_reason) == (text, "length")

@@ -31,6 +31,19 @@ def test_each_engine_gets_its_roles_arguments(vllm_double, monkeypatch):
     assert engines.factory_for("ar")[1] == {"engine_args": TARGET, "draft_engine_args": DRAFT}
 
 
+def test_every_vllm_engine_gets_the_doom_rule_when_one_is_given(vllm_double, monkeypatch, tmp_path):
+    """SEMJOBS_DOOM_RULE reaches the token engine and the step engines alike (each applies
+    what it can: semspec.doom); an engine with another rule is another engine."""
+    for method in ("ar", "token_sd", "semspec"):
+        assert "doom_rule" not in engines.factory_for(method)[1]
+    monkeypatch.setattr(settings, "doom_rule", tmp_path / "rule.json")
+    for method in ("ar", "token_sd", "semspec"):
+        factory, extra = engines.factory_for(method)
+        assert extra["doom_rule"] == str(tmp_path / "rule.json")
+        other = {**extra, "doom_rule": str(tmp_path / "other.json")}
+        assert engines.engine_key(factory, extra) != engines.engine_key(factory, other)
+
+
 def test_an_engine_loads_again_for_other_engine_arguments(vllm_double, monkeypatch):
     plain = engines.get_engine("ar")
     monkeypatch.setattr(settings, "target_engine_args", TARGET)

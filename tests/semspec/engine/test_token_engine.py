@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 from concurrent.futures import wait
 
 import pytest
 
 from semspec.answers import final_answer, split_reasoning
+from semspec.doom import DoomRule, DoomRuleError, DoomWatch, stop_at
 from semspec.repetition import find_loop, line_break_ids, loop_end
 from semspec.testing import aborting_source
 from semspec.types import Cancelled, GenerationConfig, Request
@@ -78,8 +80,8 @@ def record_ids(engine, monkeypatch) -> list:
     record the repetition detection each request was sent with (the list returned)."""
     real_result, real_add, sent = engine._result, engine.llm.add_request, []
 
-    def result(run, output):
-        res = real_result(run, output)
+    def result(run, output, doomed=False):
+        res = real_result(run, output, doomed)
         res.ids = list(run.ids)
         return res
 
@@ -123,6 +125,70 @@ def test_a_loop_ends_its_request_cut_after_its_first_copy(engine, monkeypatch):
         assert (cut_short.reasoning, cut_short.content) == split_reasoning(cut_short.text, engine.think_end_marker)
         assert cut_short.final_answer == final_answer(cut_short.text, engine.think_end_marker)
     assert looped >= 2
+
+
+def _doom_runs(engine, monkeypatch, rule, config):
+    """``config``'s results on PROMPTS with ``rule`` on the engine, and the per-token signals
+    the rule read, by request key (none for a request the rule did not watch)."""
+    read: dict[int, list[float]] = {}
+    real_add, real_watch = VLLMEngine._add, DoomWatch.add
+
+    def add(self, key, prompt, cfg, running):
+        real_add(self, key, prompt, cfg, running)
+        watch = next(r.doom for r in running.values() if r.key == key)
+        if watch is not None:
+            watch.read = read[key] = []
+
+    def watching(watch, value):
+        watch.read.append(value)
+        return real_watch(watch, value)
+
+    monkeypatch.setattr(engine, "doom", rule)
+    monkeypatch.setattr(VLLMEngine, "_add", add)
+    monkeypatch.setattr(DoomWatch, "add", watching)
+    results = _results(engine, [Request(p, dataclasses.replace(config, seed=config.seed + i))
+                                for i, p in enumerate(PROMPTS)], None)
+    monkeypatch.undo()
+    return results, read
+
+
+def test_the_doom_rule_stops_a_sampled_request_at_the_token_it_fires_on(engine, monkeypatch):
+    """stop_doomed with a rule on the engine: a sampled request asks vLLM for the
+    log-probabilities the rule reads (which changes no token: a rule that never fires leaves
+    every sample as it was) and ends at the token where the rule, on those signals, fires:
+    finish reason "doomed", its text what came before. Greedy requests and requests without
+    stop_doomed are not looked at."""
+    config = dataclasses.replace(SAMPLED, max_new_tokens=60, stop_doomed=True)
+    plain = _results(engine, [Request(p, dataclasses.replace(config, seed=config.seed + i, stop_doomed=False))
+                              for i, p in enumerate(PROMPTS)], None)
+    never = DoomRule("confidence", window=4, min_tokens=8, threshold=-math.inf, recall=0.95, target="t")
+    unchanged, signals = _doom_runs(engine, monkeypatch, never, config)
+    assert [unchanged[k].result.text for k in plain] == [plain[k].result.text for k in plain]
+    assert sorted(signals) == sorted(plain) and all(len(s) >= 8 for s in signals.values())
+    # a threshold that fires on some of these samples and not on others
+    means = sorted(min(sum(s[i - 4:i]) / 4 for i in range(8, len(s) + 1)) for s in signals.values())
+    rule = DoomRule("confidence", window=4, min_tokens=8, threshold=means[len(means) // 2], recall=0.95, target="t")
+    expected = {key: stop_at(rule, s) for key, s in signals.items()}
+    assert None in expected.values() and set(expected.values()) != {None}
+    stopped, _ = _doom_runs(engine, monkeypatch, rule, config)
+    for key in plain:
+        full, got = plain[key].result, stopped[key].result
+        if expected[key] is None:
+            assert (got.text, got.finish_reason) == (full.text, full.finish_reason)
+            continue
+        assert got.finish_reason == "doomed" and got.counters.generated_tokens == expected[key]
+        assert full.text.startswith(got.text) and len(got.text) < len(full.text)
+    _, read = _doom_runs(engine, monkeypatch, rule, dataclasses.replace(config, temperature=0.0))
+    assert read == {}
+    _, read = _doom_runs(engine, monkeypatch, rule, dataclasses.replace(config, stop_doomed=False))
+    assert read == {}
+
+
+def test_an_engine_refuses_a_doom_rule_of_another_target_before_vllm_starts(tiny_vllm_dir, tiny_cache, tmp_path):
+    require_vllm()
+    path = DoomRule("logprob", 8, 32, -1.0, 0.95, "other@sha256:" + "0" * 64).save(tmp_path / "rule.json")
+    with pytest.raises(DoomRuleError, match="calibrated on other@sha256"):
+        VLLMEngine.load(str(tiny_vllm_dir), device="cpu", cache_dir=tiny_cache, dtype="float32", doom_rule=path)
 
 
 def test_results_have_the_service_shape(engine):
