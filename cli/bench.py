@@ -147,12 +147,15 @@ def _unescape(value: str | None) -> str | None:
 @click.option("--problems", default=None, metavar="mixed:COUNT",
               help="With --yield: COUNT problems of mixed difficulty (generated arithmetic word problems, graded, "
                    "and GSM8K test questions from line 301 on; semjobs.jobs.yield_problems) instead of --prompts.")
+@click.option("--doom-rule", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="With --yield: the doom rule (`semjobs doom calibrate`) the want_k arm stops doomed samples with; "
+                   "results.json's want_k `doomed` says what it stopped and the right samples it cost.")
 @engine_arg_options
 def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_tokens, seed, taus, attempts,
           candidates, ratio_floors, adaptive, token_speculation, target, draft, compare_drafts, compare_probes, probes,
           step_delimiter, max_step_tokens, draft_tokens,
           judge_threshold, threads, device, cache_dir, no_warmup, no_loglik, quiet, batch_sizes,
-          draft_max_batch, dtype, kv_cache_gb, yield_bench, samples, want, problems, engine_args,
+          draft_max_batch, dtype, kv_cache_gb, yield_bench, samples, want, problems, doom_rule, engine_args,
           draft_engine_args) -> None:
     """Run the decoding methods on the same prompts, interleaved, and report speed beside quality.
 
@@ -181,7 +184,7 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
         env = apply_overrides(target=target, draft=draft, probes=probes, device=device, dtype=dtype,
                               kv_cache_gb=kv_cache_gb, cache_dir=cache_dir)
         return _yield(prompts, limit, offset, problems, methods, samples, want, temperature, top_p, max_new_tokens,
-                      seed, batch_sizes, engine_args, draft_engine_args, env, out_dir, quiet)
+                      seed, batch_sizes, engine_args, draft_engine_args, env, out_dir, quiet, doom_rule)
     settings = BenchSettings(
         prompts=prompts, limit=limit, offset=offset,
         methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
@@ -248,7 +251,7 @@ def bench(prompts, limit, offset, methods, out_dir, temperature, top_p, max_new_
 
 
 def _yield(prompts, limit, offset, problems, methods, samples, want, temperature, top_p, max_new_tokens, seed,
-           batch_sizes, engine_args, draft_engine_args, env, out_dir, quiet) -> None:
+           batch_sizes, engine_args, draft_engine_args, env, out_dir, quiet, doom_rule=None) -> None:
     """`semjobs bench --yield` (semjobs.jobs.yield_bench)."""
     from semjobs.jobs import yield_bench, yield_problems
     from semjobs.settings import settings as service_settings
@@ -277,7 +280,8 @@ def _yield(prompts, limit, offset, problems, methods, samples, want, temperature
         raise click.UsageError(str(e)) from e
     s = yield_bench.YieldSettings(n=samples, want=want, methods=chosen, temperature=temperature, top_p=top_p,
                                   max_new_tokens=max_new_tokens, batch_size=sizes[0], seed=seed,
-                                  engine_args=engine_args, draft_engine_args=draft_engine_args, env=env)
+                                  engine_args=engine_args, draft_engine_args=draft_engine_args, env=env,
+                                  doom_rule=doom_rule)
     t0 = time.perf_counter()
 
     def say(msg: str) -> None:

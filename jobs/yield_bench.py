@@ -5,7 +5,8 @@ not per token. On the same problems, seeds and sampling, three arms per method:
 - ``vllm_fixed_n``: plain vLLM's ``generate`` with ``n=N`` (``semjobs.jobs.yield_vllm``; the
   method's own engine plays no part, so it runs once and stands under every method), filtered;
 - ``want_k``: `semjobs run --n N --want K` (an input's other samples not decoded once K are
-  kept; loops stopped).
+  kept; loops stopped; with ``--doom-rule``, doomed samples stopped early: its ``doomed``
+  figures say how many right samples the rule cost, by the same sample of ``fixed_n``).
 
 Every arm's samples are filtered by one rule, ``semspec.answers.is_kept``; a sample is
 useful when kept, at most K per input. Figures: useful samples per hour of generation and
@@ -50,6 +51,7 @@ class YieldSettings:
     draft_engine_args: dict = field(default_factory=dict)
     # SEMJOBS_* variables for the semjobs runs, already set in this process's settings (the vLLM arm's)
     env: dict[str, str] = field(default_factory=dict)
+    doom_rule: str | None = None  # the want_k arm's (semspec.doom), a file `semjobs doom calibrate` wrote
 
 
 @dataclass(frozen=True)
@@ -112,15 +114,31 @@ def loops(arm: str, rows: list[dict]) -> dict:
     if arm != "fixed_n":
         return {"repetition_samples": sum(r["finish_reason"] == "repetition" for r in rows)}
     from semjobs.jobs.loop_audit import audit
-    from semjobs.jobs.yield_vllm import target_dir
+    from semjobs.jobs.yield_vllm import target_source
     from semspec.engine.token_engine import model_files
 
-    return audit(((r["output"], r["finish_reason"]) for r in rows), model_files(target_dir())[0])
+    return audit(((r["output"], r["finish_reason"]) for r in rows), model_files(target_source()[0])[0])
+
+
+def doomed(want_rows: list[dict], fixed_rows: list[dict]) -> dict:
+    """What the doom rule stopped in ``want_k`` and what it cost: a sample's seed is a function of
+    the job's seed, its input and its index, so the same sample of ``fixed_n`` (decoded to its
+    end) says whether a stopped one would have ended right. ``recall``: of the right samples of
+    ``fixed_n`` that ``want_k`` decoded, the share not stopped (batches differ between the runs,
+    so a sample's tokens can part from its twin's: an estimate)."""
+    right = {(str(r["id"]), r["sample"]) for r in fixed_rows if r["correct"]}
+    stopped = [(str(r["id"]), r["sample"]) for r in want_rows if r["finish_reason"] == "doomed"]
+    decoded_right = [(str(r["id"]), r["sample"]) in right for r in want_rows]
+    lost = sum(key in right for key in stopped)
+    return {"samples": len(stopped),
+            "tokens": sum(r["usage"]["completion_tokens"] for r in want_rows if r["finish_reason"] == "doomed"),
+            "right_stopped": lost, "right_decoded": sum(decoded_right),
+            "recall": _share(sum(decoded_right) - lost, sum(decoded_right))}
 
 
 def semjobs_command(arm: str, method: str, s: YieldSettings, problems: Path, output: Path, db_url: str) -> list[str]:
     """`semjobs run` as a user would type it for ``arm``."""
-    choice = ["--want", str(s.want)] if arm == "want_k" else ["--keep-loops"]
+    choice = ["--want", str(s.want)] if arm == "want_k" else ["--keep-loops", "--keep-doomed"]
     passed = [a for opt, args in (("--engine-arg", s.engine_args), ("--draft-engine-arg", s.draft_engine_args))
               for k, v in args.items() for a in (opt, f"{k}={json.dumps(v)}")]
     return [sys.executable, "-m", "semjobs.cli", "run", str(problems), "-o", str(output), "--db", db_url,
@@ -139,8 +157,12 @@ def semjobs_arm(arm: str, method: str, s: YieldSettings, problems: Path, input_i
         stale.unlink(missing_ok=True)  # one job per file: nothing of an earlier bench in it
     url = f"sqlite:///{db.resolve()}"
     cmd = semjobs_command(arm, method, s, problems, output, url)
+    env = {**os.environ, **s.env}
+    env.pop("SEMJOBS_DOOM_RULE", None)
+    if arm == "want_k" and s.doom_rule:
+        env["SEMJOBS_DOOM_RULE"] = str(Path(s.doom_rule).resolve())
     with open(log, "w") as err:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, **s.env})
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     if proc.returncode not in (0, 3) or not proc.stdout.strip():  # 3: some samples failed; the rest count
         raise RuntimeError(f"`{' '.join(cmd[2:])}` exited {proc.returncode}; see {log}")
     job_id = proc.stdout.strip().splitlines()[-1]
@@ -217,6 +239,9 @@ def run_yield(s: YieldSettings, problems: list[dict], problems_spec: str, out: P
             say(f"{method} {arm}: semjobs run")
             arms[arm] = semjobs_arm(arm, method, s, path, ids, out)
             say(f"{method} {arm}: {arms[arm]['useful']} useful in {arms[arm]['wall_seconds']}s")
+        if s.doom_rule:  # the exports semjobs_arm left
+            arms["want_k"]["doomed"] = doomed(export_rows(out / f"{method}_want_k.jsonl"),
+                                              export_rows(out / f"{method}_fixed_n.jsonl"))
         by_method[method] = {arm: arms[arm] for arm in ARMS}
     results = {
         "command": command,

@@ -22,6 +22,14 @@ from semspec.answers import reference_from
 NAMES = ("Anna", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jamal", "Kate", "Liam")
 THINGS = ("apples", "pencils", "marbles", "stickers", "books", "cookies", "stamps", "shells")
 GSM8K_FIRST_LINE = 301  # 1-based: lines 1-100 are the shipped bench's and calibration's prompts
+# The doom rule's calibration problems (`semjobs doom calibrate --problems mixed:COUNT`): other
+# generated ones (another seed, none twice and none with the text of one of `--problems
+# mixed:BENCHMARK_COUNT`'s) and GSM8K lines before the yield benchmark's, so the benchmark
+# measures the rule on problems it never saw. The easiest levels have few distinct questions
+# (add_tiny 16, mul_bare 64): they give the calibration what the benchmark leaves.
+CALIBRATION_SEED = 1
+CALIBRATION_GSM8K_LINE = 101
+BENCHMARK_COUNT = 64
 
 
 # Plain questions asked for a bare number: SmolLM2-135M answers them far more often than the
@@ -118,13 +126,35 @@ def shares(count: int, mix: dict[str, int] = MIX) -> dict[str, int]:
     return out
 
 
-def mixed(count: int, gsm8k_path: str | Path, seed: int = 0) -> list[dict]:
+def mixed(count: int, gsm8k_path: str | Path, seed: int = 0, gsm8k_first_line: int = GSM8K_FIRST_LINE) -> list[dict]:
     """``count`` problems in ``MIX``'s shares, shuffled (so that each engine process's
     contiguous share of a job holds every level)."""
     problems: list[dict] = []
     for part, k in shares(count).items():
-        problems += gsm8k(gsm8k_path, k) if part == "gsm8k" else generated(part, k, seed)
+        problems += gsm8k(gsm8k_path, k, gsm8k_first_line) if part == "gsm8k" else generated(part, k, seed)
     random.Random(f"mixed:{seed}").shuffle(problems)
+    return problems
+
+
+def calibration_mixed(count: int, gsm8k_path: str | Path) -> list[dict]:
+    """At most ``count`` of ``mixed``'s problems for the doom rule's calibration
+    (``CALIBRATION_SEED``, GSM8K from ``CALIBRATION_GSM8K_LINE``): none of the yield
+    benchmark's, none twice; fewer where a level has no more."""
+    wanted = shares(count)
+    last = CALIBRATION_GSM8K_LINE + wanted["gsm8k"] - 1
+    if last >= GSM8K_FIRST_LINE:
+        raise ValueError(f"mixed:{count} would calibrate on GSM8K line {last}, one of the yield benchmark's "
+                         f"(from {GSM8K_FIRST_LINE}); take fewer")
+    seen = {p["prompt"] for p in mixed(BENCHMARK_COUNT, gsm8k_path)}
+    problems = gsm8k(gsm8k_path, wanted.pop("gsm8k"), CALIBRATION_GSM8K_LINE)
+    for level, k in wanted.items():
+        fresh = []
+        for p in generated(level, 50 * k, CALIBRATION_SEED):
+            if len(fresh) < k and p["prompt"] not in seen:
+                seen.add(p["prompt"])
+                fresh.append(p)
+        problems += fresh
+    random.Random(f"mixed:{CALIBRATION_SEED}").shuffle(problems)
     return problems
 
 

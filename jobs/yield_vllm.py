@@ -31,15 +31,17 @@ class VllmSample:
     final_answer: str | None  # semspec.answers.final_answer of its text, as semjobs finds it
     finish_reason: str  # "eos" or "length", as semjobs stores it
     tokens: int  # generated, the end-of-sequence token not counted (semjobs' counting)
+    # with run(signals=True): semspec.doom's signals, one value per generated token (EOS not counted)
+    signals: dict[str, list[float]] | None = None
 
 
-def target_dir():
-    """The directory of the target the current settings name, as `semjobs run` loads it."""
+def target_source():
+    """(directory, identity) of the target the current settings name, as `semjobs run` loads it."""
     from semjobs.settings import settings
     from semspec.models.identity import models_cache
     from semspec.models.specs import model_source
 
-    return model_source(settings.target_model, models_cache(settings.cache_dir))[0]
+    return model_source(settings.target_model, models_cache(settings.cache_dir))
 
 
 def engine_args(batch_size: int) -> dict:
@@ -48,19 +50,25 @@ def engine_args(batch_size: int) -> dict:
     from semjobs.settings import settings
     from semspec.engine.token_engine import engine_arguments
 
-    return engine_arguments(target_dir(), settings.device, settings.dtype, batch_size, settings.kv_cache_gb,
+    return engine_arguments(target_source()[0], settings.device, settings.dtype, batch_size, settings.kv_cache_gb,
                             compile=bool(settings.vllm_compile), user=settings.target_engine_args)
 
 
 def run(problems: list[dict], n: int, temperature: float, top_p: float, max_new_tokens: int, seed: int,
-        batch_size: int) -> tuple[list[VllmSample], float, dict]:
-    """Every problem's ``n`` samples: (samples, generation seconds, the engine arguments)."""
+        batch_size: int, signals: bool = False) -> tuple[list[VllmSample], float, dict]:
+    """Every problem's ``n`` samples: (samples, generation seconds, the engine arguments);
+    ``signals``: with each sample's per-token doom signals (``semspec.doom``; it asks vLLM for
+    the top log-probabilities of every token)."""
     from semjobs.worker import engine_processes
 
     args = engine_args(batch_size)
     processes, threads = engine_processes.plan(len(problems) * n)
     processes = min(processes, len(problems))
     sampling = dict(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0, max_tokens=max_new_tokens)
+    if signals:
+        from semspec.doom import TOP_LOGPROBS
+
+        sampling["logprobs"] = TOP_LOGPROBS
     seeds = [seed + j * n if temperature > 0 else None for j in range(len(problems))]
     size = -(-len(problems) // processes)
     shares = [(problems[i:i + size], seeds[i:i + size]) for i in range(0, len(problems), size)]
@@ -142,5 +150,14 @@ def _generate(args, threads, problems, seeds, sampling, ready) -> tuple[list[Vll
                 new = new[:-1]
             text = tokenizer.decode(new, skip_special_tokens=True)
             samples.append(VllmSample(str(problem["id"]), c.index, final_answer(text, think_end),
-                                      "eos" if c.finish_reason == "stop" else "length", len(new)))
+                                      "eos" if c.finish_reason == "stop" else "length", len(new),
+                                      _signals(new, c.logprobs) if c.logprobs is not None else None))
     return samples, start, end
+
+
+def _signals(ids: list[int], logprobs: list[dict]) -> dict[str, list[float]]:
+    """Every doom signal of a sample's tokens (``logprobs``: vLLM's, one dict per token)."""
+    from semspec.doom import SIGNALS, token_signal
+
+    return {signal: [token_signal(signal, lp[token].logprob, (p.logprob for p in lp.values()))
+                     for token, lp in zip(ids, logprobs)] for signal in SIGNALS}

@@ -266,3 +266,31 @@ def test_the_plain_vllm_arm_with_real_smollm2(monkeypatch):
     assert wall > 0 and args["max_num_seqs"] == 4
     again, _, _ = yield_vllm.run(problems, 3, 0.6, 0.95, 8, 0, 4)
     assert again == samples  # seeded: a rerun draws the same samples
+
+
+def _row(input_id: str, sample: int, correct: bool, finish: str = "eos", tokens: int = 10) -> dict:
+    return {"id": input_id, "sample": sample, "correct": correct, "final_answer": None, "finish_reason": finish,
+            "usage": {"completion_tokens": tokens}}
+
+
+def test_the_doomed_figures_say_which_right_samples_the_rule_cost():
+    """A stopped sample whose twin in fixed_n (same input, same index: the same seed) ended
+    right is a right sample lost; recall is over the right twins want_k decoded."""
+    fixed = [_row("a", 0, True), _row("a", 1, False), _row("b", 0, True), _row("b", 1, True), _row("c", 0, False)]
+    want = [_row("a", 0, False, "doomed", 96), _row("a", 1, False, "doomed", 120), _row("b", 0, True),
+            _row("c", 0, False, "length", 512)]  # b's sample 1: never decoded (b had what it wanted)
+    got = yb.doomed(want, fixed)
+    assert got == {"samples": 2, "tokens": 216, "right_stopped": 1, "right_decoded": 2, "recall": 0.5}
+    assert yb.doomed([], fixed)["recall"] is None
+
+
+def test_only_the_want_k_arm_gets_the_doom_rule(monkeypatch, tmp_path):
+    calls = _fake_run(monkeypatch, _status(), ROWS)
+    monkeypatch.setattr(yb, "loops", lambda arm, rows: {})
+    monkeypatch.setenv("SEMJOBS_DOOM_RULE", "/elsewhere/rule.json")
+    s = _settings(doom_rule="rule.json")
+    for arm in ("fixed_n", "want_k"):
+        yb.semjobs_arm(arm, "ar", s, tmp_path / "p.jsonl", ["a", "b"], tmp_path)
+    (fixed_cmd, fixed_env), (_, want_env) = calls
+    assert "SEMJOBS_DOOM_RULE" not in fixed_env and "--keep-doomed" in fixed_cmd
+    assert want_env["SEMJOBS_DOOM_RULE"] == str(Path("rule.json").resolve())

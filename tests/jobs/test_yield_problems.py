@@ -102,3 +102,19 @@ def test_the_written_file_is_a_semjobs_input_with_those_references(tmp_path):
     assert [str(r.id) for r in records] == [p["id"] for p in problems]
     assert [r.reference for r in records] == [reference_from(p["answer"]) for p in problems]
     assert all(r.meta["source"] == p["source"] for r, p in zip(records, problems))
+
+
+def test_the_doom_calibration_problems_are_none_of_the_benchmarks():
+    bench = yp.mixed(yp.BENCHMARK_COUNT, GSM8K_TEST)
+    calibration = yp.calibration_mixed(128, GSM8K_TEST)
+    assert calibration == yp.calibration_mixed(128, GSM8K_TEST)
+    prompts = [p["prompt"] for p in calibration]
+    assert len(set(prompts)) == len(prompts) and not {p["prompt"] for p in bench} & set(prompts)
+    # the levels with room give their whole share; the easiest, what the benchmark leaves
+    kinds, shares = yp.kinds(calibration), yp.kinds(yp.mixed(128, GSM8K_TEST))
+    assert kinds["generated:add_story"] == shares["generated:add_story"] and kinds["gsm8k-test"] == 16
+    assert 0 < kinds["generated:add_tiny"] < shares["generated:add_tiny"]
+    lines = [int(p["source"].split(":")[1]) for p in calibration if p["source"].startswith("gsm8k-test:")]
+    assert min(lines) == 101 and max(lines) < 301
+    with pytest.raises(ValueError, match="one of the yield benchmark's"):
+        yp.calibration_mixed(2000, GSM8K_TEST)
