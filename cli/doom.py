@@ -71,6 +71,8 @@ def calibrate(prompts, offset, limit, problems, samples, recall, temperature, to
                f"tokens, stops {100 - c['recall'] * 100:.1f}% of the right ones (promised at most "
                f"{100 - rule.recall * 100:.1f}% on unseen problems)")
     for kind, f in c["candidates"].items():
-        click.echo(f"  best {kind} rule: spares {f['spared_share'] * 100:.1f}%, stops "
-                   f"{100 - f['recall'] * 100:.1f}% of the right ones (window {f['window']}, from token {f['min_tokens']})")
+        how = f"at token {f['min_tokens']}" if kind == "length" else \
+            f"window {f['window']}, from token {f['min_tokens']}, below {f['threshold']}"
+        click.echo(f"  best {kind} rule ({how}): spares {f['spared_share'] * 100:.1f}%, stops "
+                   f"{100 - f['recall'] * 100:.1f}% of the right ones")
     click.echo(f"wrote {Path(path)}; give it to workers and `semjobs run` as SEMJOBS_DOOM_RULE={Path(path).resolve()}")

@@ -26,7 +26,7 @@ import json
 import math
 import os
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -124,13 +124,15 @@ def token_signal(signal: str, sampled_logprob: float, top_logprobs: Iterable[flo
 
 class DoomWatch:
     """One sample's running check: ``add`` each generated token's signal; ``doomed`` turns
-    true at the token the rule stops it on, and stays."""
+    true at the token the rule stops it on, and stays. ``lowest``: the lowest windowed mean
+    seen from ``min_tokens`` on (what calibration reads, in the same arithmetic)."""
 
     def __init__(self, rule: DoomRule):
         self.rule = rule
         self.values: deque[float] = deque(maxlen=rule.window)
         self.total = 0.0
         self.tokens = 0
+        self.lowest = math.inf
         self.doomed = False
 
     def add(self, value: float) -> bool:
@@ -141,8 +143,10 @@ class DoomWatch:
         self.values.append(value)
         self.total += value
         self.tokens += 1
-        if self.tokens >= self.rule.min_tokens and self.total / len(self.values) < self.rule.threshold:
-            self.doomed = True
+        if self.tokens >= self.rule.min_tokens:
+            mean = self.total / len(self.values)
+            self.lowest = min(self.lowest, mean)
+            self.doomed = mean < self.rule.threshold
         return self.doomed
 
 
@@ -167,17 +171,13 @@ class Trace:
         return len(next(iter(self.signals.values()), []))
 
 
-def _lowest_window_means(values: Sequence[float], window: int, min_tokens: int) -> float:
-    """The lowest mean over ``window`` tokens ending at token ``min_tokens`` or later (inf when
+def _lowest_window_mean(values: Sequence[float], rule: DoomRule) -> float:
+    """The lowest mean over the rule's window ending at its ``min_tokens`` or later (inf when
     the trace is shorter): the highest threshold that never stops it."""
-    lowest, total = math.inf, 0.0
-    for i, value in enumerate(values):
-        total += value
-        if i >= window:
-            total -= values[i - window]
-        if i + 1 >= min_tokens:
-            lowest = min(lowest, total / window)
-    return lowest
+    watch = DoomWatch(replace(rule, threshold=-math.inf))
+    for value in values:
+        watch.add(value)
+    return watch.lowest
 
 
 def calibration_recall(recall: float, right: int) -> float:
@@ -207,7 +207,8 @@ def calibrate(traces: Sequence[Trace], recall: float, target: str, settings: dic
     for signal in traces[0].signals:
         for window in windows:
             for least in (m for m in min_tokens if m >= window):
-                lows = sorted(_lowest_window_means(t.signals[signal], window, least) for t in right)
+                probe = DoomRule(signal, window, least, -math.inf, recall, target)
+                lows = sorted(_lowest_window_mean(t.signals[signal], probe) for t in right)
                 # stop only below the lowest mean of the right traces it must spare
                 threshold = lows[allowed]
                 rule = DoomRule(signal, window, least, threshold, recall, target)
