@@ -62,7 +62,7 @@ def calibrate(prompts, offset, limit, problems, samples, recall, temperature, to
         raise click.UsageError(str(e)) from e
     path = rule.save(out_path)
     c = rule.calibration
-    if rule.threshold == float("inf"):  # right samples of this domain are short: a cap is what spares most
+    if rule.caps_length:  # right samples of this domain are short: a cap is what spares most
         click.echo(f"rule: stop every sample still running at token {rule.min_tokens}")
     else:
         click.echo(f"rule: stop a sample from token {rule.min_tokens} on once its mean {rule.signal} over "

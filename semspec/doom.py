@@ -61,8 +61,16 @@ class DoomRule:
             raise DoomRuleError(f"window {self.window}, min_tokens {self.min_tokens}: need 1 <= window <= min_tokens")
 
     @property
-    def logprobs(self) -> int:
-        """The top log-probabilities a request must return for the signal (0: the sampled token's)."""
+    def caps_length(self) -> bool:
+        """A length rule: every sample still running at ``min_tokens`` is stopped there."""
+        return self.threshold == math.inf
+
+    @property
+    def logprobs(self) -> int | None:
+        """The top log-probabilities a request must return for the signal (0: the sampled
+        token's; None: none, a length rule reads no signal, and vLLM then computes none)."""
+        if self.caps_length:
+            return None
         return TOP_LOGPROBS if self.signal == "confidence" else 0
 
     @property
@@ -74,7 +82,7 @@ class DoomRule:
 
     def to_json(self) -> dict:
         out = asdict(self)
-        out["threshold"] = None if math.isinf(self.threshold) else self.threshold  # JSON has no inf
+        out["threshold"] = None if self.caps_length else self.threshold  # JSON has no inf
         return out
 
     @classmethod
@@ -217,14 +225,14 @@ def calibrate(traces: Sequence[Trace], recall: float, target: str, settings: dic
                 kept = sum(s is None for t, s in zip(traces, stops) if t.right)
                 figures = {"spared_share": round(spared / total, 4) if total else 0.0,
                            "recall": round(kept / len(right), 4)}
-                kind = "length" if math.isinf(threshold) else signal
+                kind = "length" if rule.caps_length else signal
                 if kind not in candidates or figures["spared_share"] > candidates[kind]["spared_share"]:
                     candidates[kind] = {"window": window, "min_tokens": least,
-                                        "threshold": None if math.isinf(threshold) else round(threshold, 4), **figures}
+                                        "threshold": None if rule.caps_length else round(threshold, 4), **figures}
                 if best is None or spared > best[0]:
                     best = (spared, DoomRule(signal, window, least, threshold, recall, target, calibration={
                         "samples": len(traces), "right": len(right), "tokens": total, "spared_tokens": spared,
                         **figures, "recall_needed": round(needed, 4), **(settings or {})}))
     assert best is not None
-    best[1].calibration["candidates"] = candidates
-    return best[1]
+    chosen = best[1]
+    return replace(chosen, calibration={**chosen.calibration, "candidates": candidates})

@@ -22,7 +22,6 @@ import dataclasses
 import functools
 import json
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -291,7 +290,7 @@ class VLLMStepEngine:
         doom = DoomRule.load(doom_rule) if doom_rule else None
         if doom is not None:
             doom.check_target(str(t.shape.identity))  # before the minutes vLLM takes to start
-            if not math.isinf(doom.threshold):
+            if not doom.caps_length:
                 log.warning("the doom rule %s reads log-probabilities, which the step methods do not have: "
                             "their samples are not stopped by it", doom_rule)
                 doom = None

@@ -409,7 +409,8 @@ class VLLMEngine:
             seed=config.seed if config.temperature > 0 and config.reproducible else None,
             max_tokens=min(config.max_new_tokens, self.max_context - len(ids)),
             stop_token_ids=sorted(self.eos), detokenize=False, output_kind=RequestOutputKind.DELTA,
-            **vllm_detection(config.stop_loops), **self._doom_logprobs(config),
+            **vllm_detection(config.stop_loops),
+            **({"logprobs": self.doom.logprobs} if self._dooms(config) and self.doom.logprobs is not None else {}),
         )
         request_id = str(self._next_id)
         self._next_id += 1
@@ -417,14 +418,12 @@ class VLLMEngine:
         self.llm.add_request(request_id, self.llm.renderer.render_cmpl([{"prompt_token_ids": ids}])[0], params)
         # only once vLLM holds it: a request it refused would be waited for for ever
         running[request_id] = _Running(key, config, len(ids), t0,
-                                       doom=DoomWatch(self.doom) if self._doom_logprobs(config) else None)
+                                       doom=DoomWatch(self.doom) if self._dooms(config) else None)
 
-    def _doom_logprobs(self, config: GenerationConfig) -> dict:
-        """The log-probabilities a request needs for the doom rule: none unless it asks for the
-        rule (and this engine has one) and samples (a greedy job's one answer is not resampled)."""
-        if self.doom is None or not config.stop_doomed or config.temperature <= 0:
-            return {}
-        return {"logprobs": self.doom.logprobs}
+    def _dooms(self, config: GenerationConfig) -> bool:
+        """Whether the doom rule watches a request: it asks (stop_doomed), this engine has one,
+        and it samples (a greedy job's one answer is not resampled)."""
+        return self.doom is not None and config.stop_doomed and config.temperature > 0
 
     @staticmethod
     def _take(run: _Running, out: Any) -> None:
@@ -433,7 +432,10 @@ class VLLMEngine:
         if new:
             run.ids.extend(new)
             run.arrivals.append((len(run.ids), time.perf_counter()))
-            if run.doom is not None:
+            if run.doom is not None and completion.logprobs is None:  # a length rule: it counts tokens
+                for _ in new:
+                    run.doom.add(0.0)
+            elif run.doom is not None:
                 signal = run.doom.rule.signal
                 for token, logprobs in zip(new, completion.logprobs[-len(new):]):
                     run.doom.add(token_signal(signal, logprobs[token].logprob, (p.logprob for p in logprobs.values())))

@@ -127,3 +127,8 @@ def test_too_few_right_samples_are_refused():
     traces = [Trace({"logprob": [-0.1] * 20}, i < 5) for i in range(50)]
     with pytest.raises(DoomRuleError, match="5 right samples"):
         calibrate(traces, 0.95, TARGET)
+
+
+def test_a_length_rule_asks_for_no_log_probabilities():
+    assert rule(threshold=math.inf).logprobs is None
+    assert rule().logprobs == 0 and rule(signal="confidence").logprobs == 5

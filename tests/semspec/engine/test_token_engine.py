@@ -178,6 +178,16 @@ def test_the_doom_rule_stops_a_sampled_request_at_the_token_it_fires_on(engine, 
             continue
         assert got.finish_reason == "doomed" and got.counters.generated_tokens == expected[key]
         assert full.text.startswith(got.text) and len(got.text) < len(full.text)
+    # a length rule (an infinite threshold) asks vLLM for no log-probabilities: it counts tokens
+    cap = DoomRule("logprob", window=4, min_tokens=8, threshold=math.inf, recall=0.95, target="t")
+    capped, read = _doom_runs(engine, monkeypatch, cap, config)
+    assert set(read) == set(plain) and all(set(v) == {0.0} for v in read.values())
+    for key in plain:
+        full, got = plain[key].result, capped[key].result
+        if full.counters.generated_tokens < 8:
+            assert got.text == full.text
+        else:
+            assert got.finish_reason == "doomed" and got.counters.generated_tokens == 8
     _, read = _doom_runs(engine, monkeypatch, rule, dataclasses.replace(config, temperature=0.0))
     assert read == {}
     _, read = _doom_runs(engine, monkeypatch, rule, dataclasses.replace(config, stop_doomed=False))
