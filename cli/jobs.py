@@ -34,8 +34,8 @@ def _storable_name(ctx, param, value: str | None) -> str | None:
 def generation_options(f):
     f = click.option("--stop-doomed/--keep-doomed", "stop_doomed", default=None,
                      help="Stop a sample the workers' doom rule says will not end right (finish reason `doomed`, "
-                     "never kept; `semjobs doom calibrate` makes the rule, SEMJOBS_DOOM_RULE gives it; ar and "
-                     "token_sd). Default: on where a rule is given (SEMJOBS_STOP_DOOMED).")(f)
+                     "never kept; `semjobs doom calibrate` makes the rule, SEMJOBS_DOOM_RULE gives it; the step "
+                     "methods apply a length rule only). Default: on where a rule is given (SEMJOBS_STOP_DOOMED).")(f)
     f = click.option("--stop-loops/--keep-loops", "stop_loops", default=None,
                      help="End a sample that starts repeating itself, its text cut where the loop began "
                      "(finish reason `repetition`; an answer written before it is kept and checked). "

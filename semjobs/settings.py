@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     # A sampled sample the doom rule says will not end right ends there (finish reason "doomed";
     # GenerationConfig.stop_doomed): on wherever a rule is given, as doom_rule, a JSON file
     # `semjobs doom calibrate` wrote for the worker's target (semspec.doom). None: no rule, no
-    # sample is stopped so. ar and token_sd only.
+    # sample is stopped so. The step methods apply a rule of the length kind only.
     stop_doomed: bool = True
     doom_rule: Path | None = None
 

@@ -113,7 +113,8 @@ class GenerationConfig:
     # Stop a sampled sequence the engine's doom rule (semspec.doom, calibrated on the target's
     # own traces) says will not end right, finish reason "doomed". Off here, as stop_loops; the
     # service turns it on (SEMJOBS_STOP_DOOMED), and it acts only where an engine has a rule
-    # (SEMJOBS_DOOM_RULE) and runs the job's method on vLLM's token engine (ar, token_sd).
+    # (SEMJOBS_DOOM_RULE): any on the token engine (ar, token_sd), one of the length kind on the
+    # step engines (they read no per-token log-probabilities).
     stop_doomed: bool = False
 
 
