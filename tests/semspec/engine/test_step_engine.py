@@ -344,6 +344,33 @@ def test_a_sequence_that_loops_ends_cut_after_its_first_copy(engine, monkeypatch
     assert looped >= 2
 
 
+@pytest.mark.parametrize("method", ["ar", "semspec"])
+def test_a_doom_rule_of_the_length_kind_stops_sampled_sequences_at_its_token(engine, monkeypatch, method):
+    """A doom rule that stops every sample at min_tokens (the kind calibration picks where right
+    answers are short): a sampled job that asks ends each longer sequence there ("doomed", the
+    text its first min_tokens tokens); a greedy job, or one with stop_doomed off, is untouched."""
+    import math
+
+    from semspec.doom import DoomRule
+
+    monkeypatch.setattr(engine, "doom", DoomRule("logprob", 8, 12, math.inf, 0.95, "t"))
+    sampled = config(method, max_new_tokens=40, temperature=0.8, top_p=0.95, seed=3)
+    free = run_all(engine, sampled)
+    cut = run_all(engine, dataclasses.replace(sampled, stop_doomed=True))
+    stopped = 0
+    for full, short in zip(free, cut):
+        if full.counters.generated_tokens <= 12:
+            assert (short.text, short.finish_reason) == (full.text, full.finish_reason)
+            continue
+        stopped += 1
+        assert short.finish_reason == "doomed" and short.counters.generated_tokens == 12
+        assert sum(s.target_tokens for s in short.steps) == 12
+    assert stopped >= 2
+    greedy = run_all(engine, config(method, max_new_tokens=40, stop_doomed=True))
+    assert all(r.finish_reason != "doomed" for r in greedy)
+    assert "doom_rule" in engine.identities
+
+
 def test_methods_it_does_not_serve_are_refused_by_name(engine):
     assert "token_sd" in engine.method_problem("token_sd")
     (done,) = engine.generate_many(["hi"], GenerationConfig(method="token_sd"), batch_size=1)
@@ -375,30 +402,3 @@ def test_a_plain_engine_decodes_beside_the_step_engines(engine, tiny_vllm_dir, t
     finally:
         del plain
         gc.collect()
-
-
-@pytest.mark.parametrize("method", ["ar", "semspec"])
-def test_a_doom_rule_of_the_length_kind_stops_sampled_sequences_at_its_token(engine, monkeypatch, method):
-    """A doom rule that stops every sample at min_tokens (the kind calibration picks where right
-    answers are short): a sampled job that asks ends each longer sequence there ("doomed", the
-    text its first min_tokens tokens); a greedy job, or one with stop_doomed off, is untouched."""
-    import math
-
-    from semspec.doom import DoomRule
-
-    monkeypatch.setattr(engine, "doom", DoomRule("logprob", 8, 12, math.inf, 0.95, "t"))
-    sampled = config(method, max_new_tokens=40, temperature=0.8, top_p=0.95, seed=3)
-    free = run_all(engine, sampled)
-    cut = run_all(engine, dataclasses.replace(sampled, stop_doomed=True))
-    stopped = 0
-    for full, short in zip(free, cut):
-        if full.counters.generated_tokens <= 12:
-            assert (short.text, short.finish_reason) == (full.text, full.finish_reason)
-            continue
-        stopped += 1
-        assert short.finish_reason == "doomed" and short.counters.generated_tokens == 12
-        assert sum(s.target_tokens for s in short.steps) == 12
-    assert stopped >= 2
-    greedy = run_all(engine, config(method, max_new_tokens=40, stop_doomed=True))
-    assert all(r.finish_reason != "doomed" for r in greedy)
-    assert "doom_rule" in engine.identities
