@@ -16,6 +16,23 @@ from semspec.types import SAMPLING_TEMPERATURE, SAMPLING_TOP_P
 DEFAULT_PROMPTS = str(GSM8K_TEST)  # the GSM8K test split shipped with the engine
 
 
+class MixedProblems(click.ParamType):
+    """``mixed:COUNT`` (problems of mixed difficulty, semjobs.jobs.yield_problems): the COUNT."""
+
+    name = "mixed:COUNT"
+
+    def convert(self, value, param, ctx) -> int:
+        if isinstance(value, int):
+            return value
+        kind, _, count = str(value).partition(":")
+        if kind != "mixed" or not count.isdigit() or int(count) < 1:
+            self.fail(f"expected mixed:COUNT, got {value!r}", param, ctx)
+        return int(count)
+
+
+MIXED_PROBLEMS = MixedProblems()
+
+
 def _numbers(value: str | None, kind=float) -> tuple | None:
     if value is None or not value.strip():
         return None
@@ -144,7 +161,7 @@ def _unescape(value: str | None) -> str | None:
               help="With --yield: samples per input at most.")
 @click.option("--want", type=click.IntRange(min=1), default=1, show_default=True,
               help="With --yield: kept samples wanted per input.")
-@click.option("--problems", default=None, metavar="mixed:COUNT",
+@click.option("--problems", type=MIXED_PROBLEMS, default=None,
               help="With --yield: COUNT problems of mixed difficulty (generated arithmetic word problems, graded, "
                    "and GSM8K test questions from line 301 on; semjobs.jobs.yield_problems) instead of --prompts.")
 @click.option("--doom-rule", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -270,11 +287,8 @@ def _yield(prompts, limit, offset, problems, methods, samples, want, temperature
         raise click.BadParameter("--yield runs one batch size", param_hint="--batch-size")
     if want > samples:
         raise click.BadParameter(f"{want} kept samples of at most {samples}", param_hint="--want")
-    kind, _, count = (problems or "").partition(":")
-    if problems is not None and (kind != "mixed" or not count.isdigit() or int(count) < 1):
-        raise click.BadParameter(f"expected mixed:COUNT, got {problems!r}", param_hint="--problems")
     try:
-        chosen_problems = (yield_problems.mixed(int(count), DEFAULT_PROMPTS) if problems
+        chosen_problems = (yield_problems.mixed(problems, DEFAULT_PROMPTS) if problems
                            else yield_problems.from_prompts(load_prompts(prompts, limit, offset)))
     except ValueError as e:
         raise click.UsageError(str(e)) from e
@@ -290,7 +304,7 @@ def _yield(prompts, limit, offset, problems, methods, samples, want, temperature
 
     command = "semjobs bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 \
         and sys.argv[1] == "bench" else None
-    res = yield_bench.run_yield(s, chosen_problems, problems or f"{prompts} (offset {offset}, limit {limit})",
+    res = yield_bench.run_yield(s, chosen_problems, f"mixed:{problems}" if problems else f"{prompts} (offset {offset}, limit {limit})",
                                 Path(out_dir), say, command, environment())
     click.echo(yield_bench.table(res))
     click.echo(f"wrote {Path(out_dir) / 'results.json'}")

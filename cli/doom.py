@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from semjobs.cli.bench import DEFAULT_PROMPTS
+from semjobs.cli.bench import DEFAULT_PROMPTS, MIXED_PROBLEMS
 from semspec.types import SAMPLING_TEMPERATURE, SAMPLING_TOP_P
 
 
@@ -25,7 +25,7 @@ def doom() -> None:
 @click.option("--offset", default=100, show_default=True,
               help="Skip this many lines of --prompts (the shipped split's first 100 are the benchmarks').")
 @click.option("--limit", default=128, show_default=True, help="Problems from --prompts.")
-@click.option("--problems", default=None, metavar="mixed:COUNT",
+@click.option("--problems", type=MIXED_PROBLEMS, default=None,
               help="COUNT problems of mixed difficulty instead of --prompts: those of `semjobs bench --yield "
                    "--problems` with another seed and GSM8K lines 101-300, so none of the benchmark's.")
 @click.option("--n", "samples", default=8, show_default=True, help="Samples per problem.")
@@ -51,11 +51,8 @@ def calibrate(prompts, offset, limit, problems, samples, recall, temperature, to
     from semjobs.jobs.doom_calibration import calibrate_rule
     from semspec.benchmark.runner import load_prompts
 
-    kind, _, count = (problems or "").partition(":")
-    if problems is not None and (kind != "mixed" or not count.isdigit() or int(count) < 1):
-        raise click.BadParameter(f"expected mixed:COUNT, got {problems!r}", param_hint="--problems")
     try:
-        chosen = (yield_problems.calibration_mixed(int(count), DEFAULT_PROMPTS) if problems
+        chosen = (yield_problems.calibration_mixed(problems, DEFAULT_PROMPTS) if problems
                   else yield_problems.from_prompts(load_prompts(prompts, limit, offset)))
         rule = calibrate_rule(chosen, samples, recall, temperature, top_p, max_new_tokens, seed, batch_size)
     except ValueError as e:

@@ -33,7 +33,9 @@ from typing import Iterable, Sequence
 SIGNALS = ("logprob", "confidence")
 TOP_LOGPROBS = 5  # the log-probabilities DeepConf's confidence averages
 WINDOWS = (8, 16, 32)
-MIN_TOKENS = (32, 48, 64, 96, 128, 192, 256)
+# The first token a rule may stop at; the longer ones let a domain whose right traces run long
+# (GSM8K's, a few hundred tokens on SmolLM2) still cap the wrong ones that run on.
+MIN_TOKENS = (32, 48, 64, 96, 128, 192, 256, 320, 384, 448)
 # One-sided normal quantile of the margin on recall: the promise holds on unseen problems
 # with about 95% confidence when the calibration's right traces are a fair sample of them.
 RECALL_MARGIN_Z = 1.645

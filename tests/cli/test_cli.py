@@ -428,3 +428,9 @@ def test_a_job_stops_doomed_samples_unless_told_to_keep_them(tmp_path, sqlite_db
         assert res.exit_code == 0, res.output
         st = json.loads(invoke("status", res.output.strip().splitlines()[-1], "--json", "--db", sqlite_db).output)
         assert st["config"]["stop_doomed"] is stored
+
+
+@pytest.mark.parametrize("problems", ["mixed", "easy:4", "mixed:0"])
+def test_doom_calibrate_names_a_wrong_problem_set(tmp_path, problems):
+    res = invoke("doom", "calibrate", "--problems", problems, "--out", tmp_path / "rule.json")
+    assert res.exit_code == 2 and "expected mixed:COUNT" in res.output and not (tmp_path / "rule.json").exists()
