@@ -372,6 +372,8 @@ def _parse_batch(obj: dict, line: int) -> Record:
                                                           "body.chat_template_kwargs")
     rec.reference = _reference(("metadata.", obj.get("metadata")), ("body.metadata.", body.get("metadata")))
     if body.get("model") is not None:
+        if not isinstance(body["model"], str):
+            raise _Bad("body.model", f"must be a string, got {type(body['model']).__name__}")
         rec.meta["model"] = body["model"]
     if isinstance(obj.get("metadata"), dict):
         rec.meta["metadata"] = obj["metadata"]
@@ -452,7 +454,8 @@ def _file_problem(path: Path, max_bytes: int | None) -> str | None:
 
 def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
                   fits: Callable[[Any, dict | None], tuple[str, str] | None] | None = None, *,
-                  max_items: int | None = None, max_bytes: int | None = None, want: int | None = None) -> Validation:
+                  max_items: int | None = None, max_bytes: int | None = None, want: int | None = None,
+                  models: frozenset[str] | None = None) -> Validation:
     """Check the whole file without storing anything: every problem, with line and field.
     ``samples``: the job's samples per input, for lines that do not say; ``want``: the job's
     kept samples wanted per input, likewise (no line may want more than it samples). ``fits(prompt,
@@ -460,7 +463,9 @@ def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
     problem when the target's chat template cannot render it or it overflows the context,
     else None (semjobs.jobs.context). ``max_items``: items (inputs x samples) a job may hold;
     ``max_bytes``: the bytes a job may store, each line once per sample (a file larger than
-    that is refused before a line is read)."""
+    that is refused before a line is read). ``models``: the names a Batch body's `model` may
+    give (the job's target's; None: any), so that a file meant for another model is refused
+    rather than answered by this one."""
     path = Path(path)
     problem = _file_problem(path, max_bytes)
     if problem:
@@ -496,6 +501,11 @@ def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
             err(InputError(rec.line, name, f"duplicate id {key!r} (first on line {seen[key]})"))
             continue
         seen[key] = rec.line
+        model = rec.meta.get("model") if rec.format == OPENAI_BATCH else None
+        if models is not None and model is not None and model not in models:
+            err(InputError(rec.line, "body.model", f"{model!r} is not this job's target ({', '.join(sorted(models))}); "
+                           "name it so, or set SEMJOBS_SERVED_MODEL_NAME to serve the target under that name"))
+            continue
         problem = fits(rec.prompt if rec.prompt is not None else rec.messages,
                        rec.chat_template_kwargs) if fits else None
         if problem:

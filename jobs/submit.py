@@ -151,13 +151,23 @@ def method_problem(method: str) -> str | None:
     return problem(method, settings.target_model, settings.draft_model, settings.probes_dir, settings.cache_dir)
 
 
+def target_names() -> frozenset[str]:
+    """The names a Batch body's `model` may give the settings' target by (``spec_names``, and
+    ``settings.served_model_name``)."""
+    from semspec.models.specs import spec_names
+
+    names = spec_names(settings.target_model)
+    return names | {settings.served_model_name} if settings.served_model_name else names
+
+
 def validate(path: str | Path, samples: int = 1, want: int | None = None) -> Validation:
     """`validate_file` with the settings' limits and the target's context (semjobs.jobs.context)."""
     from semjobs.jobs.context import ContextCheck
 
     check = ContextCheck(settings.target_model, settings.cache_dir) if settings.check_prompt_lengths else None
     validation = validate_file(path, settings.max_line_bytes, samples, fits=check,
-                               max_items=settings.max_job_items, max_bytes=settings.max_job_bytes, want=want)
+                               max_items=settings.max_job_items, max_bytes=settings.max_job_bytes, want=want,
+                               models=target_names())
     validation.context_unchecked = check.unavailable if check is not None else None
     return validation
 

@@ -34,6 +34,10 @@ class Settings(BaseSettings):
 
     # Models: None means the embedded defaults shipped in wheels / in the repo.
     target_model: str | None = None
+    # Another name a Batch line's body.model may call the target by, as vLLM's
+    # --served-model-name: a file written for a server that serves it so runs unchanged.
+    # Otherwise a body.model must name the target as target_model does (or its hub name).
+    served_model_name: str | None = None
     draft_model: str | None = None
     probes_dir: str | None = None
     device: str = "auto"  # "auto" picks CUDA when present, else the CPU

@@ -39,6 +39,7 @@ class EmbeddedModel:
     # cache_dir -> its identity, for a model built from others (its located directory is
     # written by libraries); None: the hash of the located files
     sha256: Callable[[Path], str] | None = None
+    hub_name: str | None = None  # the hub repository it was published as, where it has one
 
 
 def _locate_draft(cache_dir: Path | None) -> Path:
@@ -51,7 +52,7 @@ def _draft_sha256(cache_dir: Path) -> str:
 
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
-    "smollm2-135m": EmbeddedModel(smollm2_gguf),
+    "smollm2-135m": EmbeddedModel(smollm2_gguf, hub_name="HuggingFaceTB/SmolLM2-135M-Instruct"),
     embedded_draft.NAME: EmbeddedModel(_locate_draft, _draft_sha256),
 }
 
@@ -65,6 +66,21 @@ def register_embedded(name: str, locator: Callable[..., str | os.PathLike]) -> N
     except (TypeError, ValueError):
         takes_arg = True
     EMBEDDED_MODELS[name] = EmbeddedModel((lambda c: Path(locator(c))) if takes_arg else (lambda c: Path(locator())))
+
+
+def spec_names(spec: str | os.PathLike | None) -> frozenset[str]:
+    """The names a request may call the model of ``spec`` by: the spec as given (the default
+    target's when None), a hub name without its ``@revision`` too, an embedded model's hub
+    repository. Read from the spec alone: nothing is resolved or fetched."""
+    spec = str(spec) if spec is not None else DEFAULT_TARGET
+    names = {spec}
+    if spec.startswith(EMBEDDED_PREFIX):
+        entry = EMBEDDED_MODELS.get(spec[len(EMBEDDED_PREFIX):])
+        if entry is not None and entry.hub_name:
+            names.add(entry.hub_name)
+    elif "@" in spec and parse_hub_name(spec) is not None:
+        names.add(spec.partition("@")[0])
+    return frozenset(names)
 
 
 def resolve_spec(spec: str | os.PathLike | None, cache_dir: str | os.PathLike | None = None,

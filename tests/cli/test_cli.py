@@ -129,6 +129,21 @@ def test_batch_input_run_and_errors_file(tmp_path, sqlite_db, fake_engine):
     assert "fake engine asked to fail" in errs[0]["error"]["message"]
 
 
+def test_a_batch_file_for_another_model_is_refused_unless_served_under_its_name(tmp_path, sqlite_db, fake_engine,
+                                                                                monkeypatch):
+    src = tmp_path / "b.jsonl"
+    line = json.loads(open(ROOT / "examples" / "openai_batch.jsonl").readline())
+    src.write_text(json.dumps({**line, "body": {**line["body"], "model": "NonExistModel"}}) + "\n")
+    res = invoke("run", src, "-o", tmp_path / "o.jsonl", "--db", sqlite_db)
+    assert res.exit_code == 2 and "line 1, field 'body.model': 'NonExistModel' is not this job's target" in res.output
+    assert not (tmp_path / "o.jsonl").exists()
+    from semjobs.settings import settings
+
+    monkeypatch.setattr(settings, "served_model_name", "NonExistModel")
+    res = invoke("run", src, "-o", tmp_path / "o.jsonl", "--db", sqlite_db)
+    assert res.exit_code == 0, res.output
+
+
 def test_unknown_job_and_bad_method(sqlite_db, tmp_path):
     res = invoke("status", "nope", "--db", sqlite_db)
     assert res.exit_code != 0 and "no job 'nope'" in res.output

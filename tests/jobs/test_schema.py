@@ -386,3 +386,20 @@ def test_the_jobs_want_is_checked_against_each_lines_own_n(tmp_path):
                          {"id": "c", "prompt": "s", "n": 2, "want": 1}])
     v = validate_file(p, 10_000, samples=4, want=3)
     assert [(e.line, e.field) for e in v.errors] == [(2, "n")] and "wants 3 kept samples" in v.errors[0].message
+
+
+def test_a_batch_body_naming_another_model_is_refused_by_line_and_field(tmp_path):
+    """vLLM's run-batch writes an error for a line naming a model it does not serve; a job
+    must not answer it with its own target and export that as the line's answer."""
+    p = write(tmp_path, [batch_line("a", model="HuggingFaceTB/SmolLM2-135M-Instruct"), batch_line("b"),
+                         batch_line("c", model="NonExistModel")])
+    v = validate_file(p, 10_000, models=frozenset({"HuggingFaceTB/SmolLM2-135M-Instruct"}))
+    assert not v.ok and [(e.line, e.field) for e in v.errors] == [(3, "body.model")]
+    assert "'NonExistModel' is not this job's target" in v.errors[0].message
+    assert "SEMJOBS_SERVED_MODEL_NAME" in v.errors[0].message
+    assert validate_file(p, 10_000).ok  # no names given: any model
+
+
+def test_a_batch_body_model_must_be_a_string(tmp_path):
+    v = validate_file(write(tmp_path, [batch_line("a", model={"name": "x"})]), 10_000, models=frozenset({"x"}))
+    assert [(e.field, e.message) for e in v.errors] == [("body.model", "must be a string, got dict")]

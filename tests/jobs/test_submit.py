@@ -10,6 +10,7 @@ from semjobs.cli.main import main
 from semjobs.db.models import Item, Job
 from semjobs.db.session import session_factory
 from semjobs.jobs.submit import job_config, missing_model_files, store_job
+from semjobs.settings import settings
 
 
 def rows(url):
@@ -460,3 +461,14 @@ def test_submit_over_a_limit_stores_nothing(setting, value, words, pg_db, tmp_pa
     res = CliRunner().invoke(main, ["submit", str(p), "--n", "2", "--temperature", "0.6"])
     assert res.exit_code == 2 and words in res.output and "nothing was stored" in res.output, res.output
     assert rows(pg_db) == (0, 0)
+
+
+def test_a_batch_body_may_name_the_target_as_given_by_its_hub_name_or_served_name(monkeypatch):
+    from semjobs.jobs.submit import target_names
+
+    monkeypatch.setattr(settings, "target_model", None)
+    monkeypatch.setattr(settings, "served_model_name", None)
+    assert target_names() == {"embedded:smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct"}
+    monkeypatch.setattr(settings, "target_model", "Qwen/Qwen3-0.6B@main")
+    monkeypatch.setattr(settings, "served_model_name", "teacher")
+    assert target_names() == {"Qwen/Qwen3-0.6B@main", "Qwen/Qwen3-0.6B", "teacher"}

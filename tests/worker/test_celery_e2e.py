@@ -159,7 +159,7 @@ def test_batch_input_exports_batch_output_shape(service_env, workers, pg_db, tmp
                 "body": {"model": "any", "messages": [{"role": "user", "content": f"Q{i} sum?"}],
                          "max_tokens": 8, "temperature": 0},
             }) + "\n")
-    job_id = submit(service_env, path)
+    job_id = submit({**service_env, "SEMJOBS_SERVED_MODEL_NAME": "any"}, path)  # body.model names it so
     workers.start("w1")
     wait_completed(pg_db, job_id, workers)
     out = tmp_path / "out.jsonl"
