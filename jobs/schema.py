@@ -17,6 +17,7 @@ import functools
 import hashlib
 import json
 import math
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -442,9 +443,14 @@ def iter_records(path: Path, max_line_bytes: int, hasher=None) -> Iterator[Recor
 
 
 def _file_problem(path: Path, max_bytes: int | None) -> str | None:
-    """Why the file cannot be a job before a line is read: over ``max_bytes``, or a path the
-    job's manifest cannot store (a file name of bytes that are no UTF-8)."""
-    size = path.stat().st_size
+    """Why the file cannot be a job before a line is read: no regular file (a device such as
+    /dev/zero never ends, a FIFO cannot be read a second time to store what was validated),
+    over ``max_bytes``, or a path the job's manifest cannot store (a file name of bytes that
+    are no UTF-8)."""
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a device, pipe, socket or directory): give a file on disk"
+    size = st.st_size
     if max_bytes is not None and size > max_bytes:
         return (f"the file is {size} bytes, more than the limit of {max_bytes} bytes per job "
                 "(SEMJOBS_MAX_JOB_BYTES raises it)")

@@ -403,3 +403,14 @@ def test_a_batch_body_naming_another_model_is_refused_by_line_and_field(tmp_path
 def test_a_batch_body_model_must_be_a_string(tmp_path):
     v = validate_file(write(tmp_path, [batch_line("a", model={"name": "x"})]), 10_000, models=frozenset({"x"}))
     assert [(e.field, e.message) for e in v.errors] == [("body.model", "must be a string, got dict")]
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory"])
+def test_a_path_that_is_no_regular_file_is_refused_before_a_line_is_read(tmp_path, kind):
+    """/dev/zero read as lines never ends; a FIFO read to validate is empty when read to store."""
+    import os
+
+    path = {"device": lambda: "/dev/zero", "directory": lambda: tmp_path,
+            "fifo": lambda: (os.mkfifo(tmp_path / "p"), tmp_path / "p")[1]}[kind]()
+    v = validate_file(path, 10_000)
+    assert not v.ok and v.n_items == 0 and "not a regular file" in v.errors[0].message
