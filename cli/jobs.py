@@ -502,7 +502,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
     config = _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible, stop_loops, want,
                      stop_doomed)
     try:  # before any work: an output that would be refused is refused now, not after the run
-        check_targets(output, errors, force=force, input_path=file)
+        check_targets(output, errors, force=force, input_path=file, url=url)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     validation = validate(file, samples, want)

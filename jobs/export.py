@@ -272,6 +272,12 @@ def default_errors_path(out: Path) -> Path:
     return _sibling(out, ".errors.jsonl")
 
 
+def manifest_path(out: Path) -> Path:
+    """OUT's manifest: named after OUT's whole name, so that two formats of one job
+    (out.jsonl, out.parquet) keep one manifest each."""
+    return out.with_name(out.name + MANIFEST_SUFFIX)
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -296,9 +302,12 @@ class Staged:
     a failed export leaves no truncated file that looks complete. The rename replaces a
     symlink at the final path itself, so nothing is ever written where a link points."""
 
-    def __init__(self) -> None:
+    def __init__(self, replace: bool = True) -> None:
         self._moves: list[tuple[Path, Path]] = []  # (temporary, final)
         self._stale: list[Path] = []
+        # False: a final path that appeared since the caller checked it is not replaced (the
+        # commit fails, and what it had moved is taken back)
+        self._replace = replace
 
     @staticmethod
     def _temporary(final: Path) -> Path:
@@ -340,10 +349,27 @@ class Staged:
     def _commit(self) -> None:
         for tmp, _ in self._moves:
             _fsync_staged(tmp)
+        placed: list[Path] = []
         for tmp, final in self._moves:
-            if tmp.is_dir() and (final.is_symlink() or final.is_file()):
-                final.unlink()  # a directory is renamed only onto nothing or an empty directory
-            os.replace(tmp, final)
+            if self._replace:
+                if tmp.is_dir() and (final.is_symlink() or final.is_file()):
+                    final.unlink()  # a directory is renamed only onto nothing or an empty directory
+                os.replace(tmp, final)
+                continue
+            try:  # a link, and a rename of a directory, fail where something is there now
+                if tmp.is_dir():
+                    os.rename(tmp, final)
+                else:
+                    os.link(tmp, final)
+                    tmp.unlink()
+            except OSError as e:
+                for done in placed:  # ours alone: nothing else was replaced
+                    if done.is_dir():
+                        shutil.rmtree(done)
+                    else:
+                        done.unlink()
+                raise ValueError(f"{final} appeared during the export: give --force to replace it") from e
+            placed.append(final)
         for stale in self._stale:
             stale.unlink(missing_ok=True)
         for parent in {final.parent for _, final in self._moves}:
@@ -363,25 +389,43 @@ def _same_file(path: Path, other: Path) -> bool:
 
 def check_targets(out: str | Path, errors: str | Path | None = None, *, force: bool = False,
                   manifest: bool = True, directory: bool = False,
-                  input_path: str | Path | None = None) -> None:
+                  input_path: str | Path | None = None, url: str | None = None) -> None:
     """Refuse, before anything is written, an export to OUT (a directory when ``directory``)
-    that would replace an existing file without ``force``, or the job's input file at all:
+    that would replace an existing file without ``force``, the job's input file or its
+    SQLite database (``url``; the settings' when None) at all, or that names one file twice:
     OUT, its errors file (an earlier one is removed when this export has no errors) and its
     manifest."""
     out = Path(out)
     files = [Path(errors) if errors else default_errors_path(out)]
     if manifest:
-        files.append(_sibling(out, MANIFEST_SUFFIX))
+        files.append(manifest_path(out))
     if directory:
         _check_directory_target(out, force)
     else:
         files.insert(0, out)
+    named = [os.path.abspath(path) for path in files]
+    if len(set(named)) < len(named):
+        twice = next(path for path in files if named.count(os.path.abspath(path)) > 1)
+        raise ValueError(f"{twice} is named for two of the export's files (output, errors, manifest): "
+                         "give each its own path")
+    protected = {"the job's input file": input_path, "the job database": _sqlite_file(url)}
     for path in files:
-        if input_path is not None and _same_file(path, Path(input_path)):
-            raise ValueError(f"{path} is the job's input file: an export never replaces it, "
-                             "not even with --force; choose another path")
+        for what, mine in protected.items():
+            if mine is not None and _same_file(path, Path(mine)):
+                raise ValueError(f"{path} is {what}: an export never replaces it, not even with --force; "
+                                 "choose another path")
         if os.path.lexists(path) and not force:
             raise ValueError(f"{path} exists: give --force to replace it")
+
+
+def _sqlite_file(url: str | None) -> str | None:
+    """The file of a SQLite database URL (the settings' when None), else None."""
+    from sqlalchemy.engine import make_url
+
+    from semjobs.settings import settings
+
+    parsed = make_url(url or settings.database_url)
+    return parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:") else None
 
 
 def _check_directory_target(out: Path, force: bool) -> None:
@@ -475,7 +519,7 @@ def export_job(job_id: str, out: str | Path, errors: str | Path | None = None, *
                force: bool = False) -> ExportReport:
     """Write the job's finished samples to `out` in `fmt` (default: from `out` and the job),
     failed/cancelled ones to `errors` (default: beside `out`, created only when there are
-    any), and OUT's name + .manifest.json. `only` ("correct" | "incorrect") and `majority`
+    any), and OUT's name + .manifest.json (``manifest_path``). `only` ("correct" | "incorrect") and `majority`
     filter the samples; asking for them on a job without references is an error. Existing
     files are replaced only with `force` (check_targets), each whole once all are written."""
     out = Path(out)
@@ -491,14 +535,14 @@ def export_job(job_id: str, out: str | Path, errors: str | Path | None = None, *
         raise ValueError("no output of this job was checked against a reference (its inputs carry "
                          "no `answer`), so none is correct or incorrect")
     check_targets(out, errors, force=force, manifest=manifest, directory=fmt == "hf",
-                  input_path=meta.get("input", {}).get("path"))
+                  input_path=meta.get("input", {}).get("path"), url=url)
     report = ExportReport(out=out, errors_path=Path(errors) if errors else None)
     errors_target = report.errors_path or default_errors_path(out)
     for path in (out, report.errors_path):
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
     # the ExitStack closes the files before Staged moves them into place
-    with Staged() as staged, contextlib.ExitStack() as stack:
+    with Staged(replace=force) as staged, contextlib.ExitStack() as stack:
         if fmt == "hf":
             rows_path = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "rows.parquet"
             sink = _ParquetSink(rows_path)
@@ -529,6 +573,6 @@ def export_job(job_id: str, out: str | Path, errors: str | Path | None = None, *
         if fmt == "hf":
             _write_hf(rows_path, report.results, out, dataset_card(meta, report.results, only, majority), staged)
         if manifest:
-            report.manifest_path = _sibling(out, MANIFEST_SUFFIX)
+            report.manifest_path = manifest_path(out)
             staged.file(report.manifest_path).write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return report

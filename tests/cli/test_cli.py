@@ -37,7 +37,7 @@ def test_run_exports_every_id_and_status_reports(ran, tmp_path):
     assert "[" + "#" * 30 + "] 3/3" in watch
     table = invoke("jobs", "--db", db).output
     assert job_id in table and "completed" in table and "TOK/S" in table
-    manifest = json.loads((tmp_path / "out.manifest.json").read_text())
+    manifest = json.loads((tmp_path / "out.jsonl.manifest.json").read_text())
     assert manifest["job"]["id"] == job_id and manifest["counts"]["done"] == 3
     assert manifest["identities"]["target"].startswith("fake-instant")
     assert len(manifest["input"]["sha256"]) == 64 and manifest["config"]["max_new_tokens"] == 8

@@ -65,7 +65,7 @@ def test_the_manifest_names_the_engine_arguments_the_command_line_over_the_setti
     res = invoke("run", PROMPTS, "-o", out, "--db", sqlite_db, "--engine-arg", "max_model_len=4096",
                  "--engine-arg", "quantization=fp8", "--draft-engine-arg", "enforce_eager=true")
     assert res.exit_code == 0, res.output
-    manifest = json.loads((tmp_path / "o.manifest.json").read_text())
+    manifest = json.loads((tmp_path / "o.jsonl.manifest.json").read_text())
     assert manifest["identities"]["engine_args"] == {
         "target": {"max_num_batched_tokens": 512, "max_model_len": 4096, "quantization": "fp8"},
         "draft": {"enforce_eager": True}}
@@ -84,7 +84,7 @@ def test_where_vllm_is_missing_run_says_the_arguments_were_not_checked(tmp_path,
 def test_a_job_without_engine_arguments_records_none(tmp_path, sqlite_db, fake_engine, engine_settings):
     res = invoke("run", PROMPTS, "-o", tmp_path / "o.jsonl", "--db", sqlite_db)
     assert res.exit_code == 0, res.output
-    assert "engine_args" not in json.loads((tmp_path / "o.manifest.json").read_text())["identities"]
+    assert "engine_args" not in json.loads((tmp_path / "o.jsonl.manifest.json").read_text())["identities"]
 
 
 def test_worker_and_bench_refuse_a_bad_engine_argument_before_starting(tmp_path, engine_settings):

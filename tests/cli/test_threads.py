@@ -19,7 +19,7 @@ def test_run_sets_torch_threads_before_the_engine_loads(tmp_path):
     out = tmp_path / "out.jsonl"
     run_cli(["run", str(ROOT / "examples" / "prompts.jsonl"), "-o", str(out),
              "--db", f"sqlite:///{tmp_path / 'db.sqlite'}", "--max-new-tokens", "8"], env)
-    manifest = json.loads((tmp_path / "out.manifest.json").read_text())
+    manifest = json.loads((tmp_path / "out.jsonl.manifest.json").read_text())
     assert manifest["identities"]["torch_threads"] == str(n)
 
 

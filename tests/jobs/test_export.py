@@ -3,6 +3,7 @@ formats: `semjobs run --n` on SQLite with the instant test-double engine, then `
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -176,7 +177,7 @@ def test_an_existing_output_is_refused_without_force_and_replaced_with_it(finish
     out.write_text("the user's own file\n")
     res = invoke("export", job_id, "--db", db, "-o", out)
     assert res.exit_code == 1 and f"{out} exists" in res.output and "--force" in res.output
-    assert out.read_text() == "the user's own file\n" and not (tmp_path / "mine.manifest.json").exists()
+    assert out.read_text() == "the user's own file\n" and not (tmp_path / "mine.jsonl.manifest.json").exists()
     res = invoke("export", job_id, "--db", db, "-o", out, "--force")
     assert res.exit_code == 0, res.output
     assert [json.loads(x)["id"] for x in open(out)] == ["q0", "q1"]
@@ -190,13 +191,13 @@ def test_a_symlink_at_an_output_path_is_replaced_never_written_through(finished,
     other.write_text("keep me too\n")
     out = tmp_path / "link.jsonl"
     out.symlink_to(precious)
-    (tmp_path / "link.manifest.json").symlink_to(other)
+    (tmp_path / "link.jsonl.manifest.json").symlink_to(other)
     res = invoke("export", job_id, "--db", db, "-o", out)
     assert res.exit_code == 1 and "--force" in res.output
     res = invoke("export", job_id, "--db", db, "-o", out, "--force")
     assert res.exit_code == 0, res.output
     assert not out.is_symlink() and [json.loads(x)["id"] for x in open(out)] == ["q0", "q1"]
-    assert not (tmp_path / "link.manifest.json").is_symlink()
+    assert not (tmp_path / "link.jsonl.manifest.json").is_symlink()
     assert precious.read_text() == "keep me\n" and other.read_text() == "keep me too\n"
     dangling = tmp_path / "dangling.jsonl"
     dangling.symlink_to(tmp_path / "nowhere" / "x")
@@ -221,7 +222,7 @@ def test_a_failure_mid_write_leaves_no_file_that_looks_complete(finished, tmp_pa
     out = tmp_path / f"o.{fmt}"
     with pytest.raises(RuntimeError, match="disk gone"):
         export.export_job(job_id, out, url=db, fmt=fmt)
-    assert not out.exists() and not (tmp_path / "o.manifest.json").exists() and not _leftovers(tmp_path)
+    assert not out.exists() and not (tmp_path / f"o.{fmt}.manifest.json").exists() and not _leftovers(tmp_path)
     # with --force, the earlier file stays whole until the new one is
     out.write_text("an earlier export\n")
     calls.clear()
@@ -270,4 +271,42 @@ def test_an_hf_export_replaces_a_file_only_with_force_and_never_a_full_directory
     assert res.exit_code == 0 and (out / "dataset_info.json").exists(), res.output
     res = invoke("export", job_id, "--db", db, "-o", out, "--format", "hf", "--force")
     assert res.exit_code == 1 and "not an empty directory" in res.output and (out / "README.md").exists()
+    assert not _leftovers(tmp_path)
+
+
+def test_two_formats_of_one_job_keep_a_manifest_each(finished, tmp_path):
+    job_id, db, _ = finished
+    for fmt in ("jsonl", "parquet"):
+        res = invoke("export", job_id, "--db", db, "-o", tmp_path / f"out.{fmt}")
+        assert res.exit_code == 0, res.output
+        assert json.loads((tmp_path / f"out.{fmt}.manifest.json").read_text())["job"]["id"] == job_id
+
+
+def test_an_export_naming_one_file_twice_or_the_database_is_refused_even_with_force(finished, tmp_path):
+    job_id, db, _ = finished
+    out = tmp_path / "x.jsonl"
+    res = invoke("export", job_id, "--db", db, "-o", out, "--errors", out, "--force")
+    assert res.exit_code == 1 and "named for two of the export's files" in res.output and not out.exists()
+    database = Path(db.removeprefix("sqlite:///"))
+    before = database.read_bytes()
+    res = invoke("export", job_id, "--db", db, "-o", database, "--force")
+    assert res.exit_code == 1 and "is the job database" in res.output and database.read_bytes() == before
+
+
+def test_a_file_that_appears_while_the_export_writes_is_not_replaced_without_force(finished, tmp_path, monkeypatch):
+    from semjobs.jobs import export
+
+    job_id, db, _ = finished
+    out = tmp_path / "o.jsonl"
+    real = export.result_line
+
+    def another_writer_meanwhile(job, kept):  # after the check, before the commit
+        if not out.exists():
+            out.write_text("someone else's\n")
+        return real(job, kept)
+
+    monkeypatch.setattr(export, "result_line", another_writer_meanwhile)
+    with pytest.raises(ValueError, match="appeared during the export"):
+        export.export_job(job_id, out, url=db)
+    assert out.read_text() == "someone else's\n" and not (tmp_path / "o.jsonl.manifest.json").exists()
     assert not _leftovers(tmp_path)

@@ -83,7 +83,7 @@ def test_engine_processes_take_the_items_as_they_go(tmp_path):
     assert {status for _, status, _, _ in items} == {"done"}
     slow = next(worker for seq, _, _, worker in items if seq == 0)
     assert sum(worker != slow for _, _, _, worker in items) >= 9
-    manifest = json.loads((tmp_path / "out.manifest.json").read_text())
+    manifest = json.loads((tmp_path / "out.jsonl.manifest.json").read_text())
     assert manifest["identities"]["torch_threads"] == "1"
 
 

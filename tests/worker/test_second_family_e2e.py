@@ -123,7 +123,7 @@ def exported(env, workers, tmp_path, job_id, name) -> tuple[list[dict], dict]:
     assert not errors.exists(), errors.read_text()
     rows = read_jsonl(out)
     assert [r["id"] for r in rows] == [f"q{i}" for i in range(len(QUESTIONS))], rows
-    return rows, json.loads((tmp_path / f"{name}.manifest.json").read_text())
+    return rows, json.loads((tmp_path / f"{name}.jsonl.manifest.json").read_text())
 
 
 def decode(env, workers, tmp_path, method, *options) -> tuple[list[dict], dict]:
