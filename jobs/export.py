@@ -26,7 +26,9 @@ from semjobs.db.models import Item, ItemStats, Job, Output
 from semjobs.db.session import session_factory
 from semjobs.jobs import accuracy
 from semjobs.jobs.export_fields import EXPORT_FIELDS, FORMATS, ONLY, OPTIONAL_FIELDS
+from semjobs.jobs.locate import sqlite_file
 from semjobs.jobs.schema import OPENAI_BATCH
+from semjobs.settings import settings
 
 MANIFEST_SUFFIX = ".manifest.json"
 
@@ -408,7 +410,7 @@ def check_targets(out: str | Path, errors: str | Path | None = None, *, force: b
         twice = next(path for path in files if named.count(os.path.abspath(path)) > 1)
         raise ValueError(f"{twice} is named for two of the export's files (output, errors, manifest): "
                          "give each its own path")
-    protected = {"the job's input file": input_path, "the job database": _sqlite_file(url)}
+    protected = {"the job's input file": input_path, "the job database": sqlite_file(url or settings.database_url)}
     for path in files:
         for what, mine in protected.items():
             if mine is not None and _same_file(path, Path(mine)):
@@ -416,16 +418,6 @@ def check_targets(out: str | Path, errors: str | Path | None = None, *, force: b
                                  "choose another path")
         if os.path.lexists(path) and not force:
             raise ValueError(f"{path} exists: give --force to replace it")
-
-
-def _sqlite_file(url: str | None) -> str | None:
-    """The file of a SQLite database URL (the settings' when None), else None."""
-    from sqlalchemy.engine import make_url
-
-    from semjobs.settings import settings
-
-    parsed = make_url(url or settings.database_url)
-    return parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:") else None
 
 
 def _check_directory_target(out: Path, force: bool) -> None:

@@ -27,7 +27,7 @@ def _last_run_path() -> Path:
     return Path(settings.last_run_file or Path(settings.cache_dir) / LAST_RUN_FILE)
 
 
-def _sqlite_file(url: str) -> Path | None:
+def sqlite_file(url: str) -> Path | None:
     """The file a SQLite URL names; None for other databases and in-memory SQLite."""
     u = make_url(url)
     if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
@@ -44,7 +44,7 @@ def remember(job_id: str, url: str) -> None:
     absolute, so the record holds from any directory), without its password: only whether
     it had one, so a later command asks for it instead of failing to log in."""
     u = make_url(url)
-    file = _sqlite_file(url)
+    file = sqlite_file(url)
     if file is not None:
         u = u.set(database=str(file.resolve()))
     # URL.set() leaves a field given None as it was: the URL is built again without it
@@ -88,7 +88,7 @@ def database_url(explicit: str | None = None) -> str:
 
 def missing_sqlite_file(url: str) -> Path | None:
     """The file of a SQLite URL when it does not exist (opening it would create it empty)."""
-    file = _sqlite_file(url)
+    file = sqlite_file(url)
     return file if file is not None and not file.exists() else None
 
 
