@@ -31,13 +31,12 @@ def downgrade(url: str | None, revision: str, yes: bool) -> None:
     Asks first, unless --yes.
 
     Example: semjobs db downgrade --revision 0003_worker_heartbeats"""
-    from sqlalchemy.engine import make_url
-
     from semjobs.db import migrate
+    from semjobs.jobs.locate import shown_url
     from semjobs.settings import settings
 
     if not yes:
-        shown = make_url(url or settings.database_url).render_as_string(hide_password=True)
+        shown = shown_url(url or settings.database_url)
         what = "drop every table and all data" if revision == "base" else \
             "drop the tables and columns added after it, with their data"
         click.confirm(f"Roll the schema of {shown} back from {migrate.current(url)} to {revision}? "

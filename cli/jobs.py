@@ -209,9 +209,9 @@ def _locate(job: str | None, db_url: str | None) -> tuple[dict, str]:
 
 
 def _shown(url: str) -> str:
-    from sqlalchemy.engine import make_url
+    from semjobs.jobs.locate import shown_url
 
-    return make_url(url).render_as_string(hide_password=True)
+    return shown_url(url)
 
 
 @click.command()

@@ -21,6 +21,8 @@ from semjobs.db.session import session_factory
 from semjobs.settings import settings
 
 LAST_RUN_FILE = "last_run.json"
+# libpq reads a password from the URL's query too (postgresql://u@h/db?password=...)
+SECRET_QUERY_KEYS = ("password", "sslpassword")
 
 
 def _last_run_path() -> Path:
@@ -35,6 +37,29 @@ def sqlite_file(url: str) -> Path | None:
     return None
 
 
+def has_secret(url: str | URL) -> bool:
+    """Whether a database URL carries a password, its own or a query parameter's."""
+    u = make_url(url)
+    return u.password is not None or any(key.lower() in SECRET_QUERY_KEYS for key in u.query)
+
+
+def without_secrets(url: str | URL) -> URL:
+    """A database URL without its password, nor one given as a query parameter."""
+    u = make_url(url)
+    query = {key: value for key, value in u.query.items() if key.lower() not in SECRET_QUERY_KEYS}
+    # URL.set() leaves a field given None as it was: the URL is built again without it
+    return URL.create(u.drivername, u.username, None, u.host, u.port, u.database, query)
+
+
+def shown_url(url: str | URL) -> str:
+    """A database URL as a screen or a log may show it: any password as ***."""
+    u = make_url(url)
+    shown = without_secrets(u)
+    if has_secret(u):  # rendered hidden: as *** where a password goes
+        shown = shown.set(password="hidden")
+    return shown.render_as_string(hide_password=True)
+
+
 class PasswordNotStored(ValueError):
     """The last run's database needs a password, which its record does not keep."""
 
@@ -47,10 +72,8 @@ def remember(job_id: str, url: str) -> None:
     file = sqlite_file(url)
     if file is not None:
         u = u.set(database=str(file.resolve()))
-    # URL.set() leaves a field given None as it was: the URL is built again without it
-    without = URL.create(u.drivername, u.username, None, u.host, u.port, u.database, u.query)
-    record = {"job": job_id, "database": without.render_as_string(hide_password=False)}
-    if u.password is not None:
+    record = {"job": job_id, "database": without_secrets(u).render_as_string(hide_password=False)}
+    if has_secret(u):
         record["password"] = "not stored"
     path = _last_run_path()
     try:  # a convenience: a cache that cannot be written must not fail the job

@@ -51,6 +51,10 @@ OWNED = {
     "per_request_spec_decode_metrics": "each result's drafted and accepted tokens are read from it",
     "logprobs_mode": "step_judge reads the judge's processed log-probabilities",
     "load_format": "weights load from safetensors only: a pickled checkpoint runs code as it loads",
+    "trust_remote_code": "a model repository's own Python code would run in every worker; semjobs runs the "
+                         "architectures vLLM ships",
+    "hf_token": "a secret, and engine arguments are stored in job manifests and exports: set HF_TOKEN in the "
+                "environment of the processes that fetch models",
 }
 
 

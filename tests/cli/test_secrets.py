@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 from sqlalchemy.engine import make_url
 
@@ -15,8 +16,11 @@ from tests.conftest import ROOT
 SECRET = "s3cret-pw"
 
 
-def test_no_command_shows_the_database_password(pg_db, tmp_path, fake_engine, last_run_file):
-    url = make_url(pg_db).set(password=SECRET).render_as_string(hide_password=False)
+@pytest.mark.parametrize("given_as", ["userinfo", "query"])
+def test_no_command_shows_the_database_password(pg_db, tmp_path, fake_engine, last_run_file, given_as):
+    """Whether the password is the URL's own or libpq's ?password= parameter."""
+    url = (make_url(pg_db).set(password=SECRET) if given_as == "userinfo"
+           else make_url(pg_db).update_query_dict({"password": SECRET})).render_as_string(hide_password=False)
     runner = CliRunner()
 
     def invoke(*args):
