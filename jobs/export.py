@@ -31,6 +31,7 @@ from semjobs.jobs.schema import OPENAI_BATCH
 from semjobs.settings import settings
 
 MANIFEST_SUFFIX = ".manifest.json"
+ERRORS_SUFFIX = ".errors.jsonl"
 
 
 @dataclass
@@ -265,18 +266,13 @@ class _JsonlSink:
         self.f.close()
 
 
-def _sibling(out: Path, suffix: str) -> Path:
-    stem = out.name[: -len(out.suffix)] if out.suffix else out.name
-    return out.with_name(f"{stem}{suffix}")
-
-
+# OUT's companion files are named after OUT's whole name, so that two formats of one job
+# (out.jsonl, out.parquet) keep theirs side by side
 def default_errors_path(out: Path) -> Path:
-    return _sibling(out, ".errors.jsonl")
+    return out.with_name(out.name + ERRORS_SUFFIX)
 
 
 def manifest_path(out: Path) -> Path:
-    """OUT's manifest: named after OUT's whole name, so that two formats of one job
-    (out.jsonl, out.parquet) keep one manifest each."""
     return out.with_name(out.name + MANIFEST_SUFFIX)
 
 

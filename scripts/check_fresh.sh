@@ -91,8 +91,8 @@ all_results() {
     want=$(grep -c . examples/prompts.jsonl)
     got=0
     [ -f "$out" ] && got=$(grep -c . "$out")
-    if [ -f "$1.errors.jsonl" ]; then
-        echo "check_fresh: items failed ($1.errors.jsonl):"; head -c 3000 "$1.errors.jsonl"
+    if [ -f "$1.jsonl.errors.jsonl" ]; then
+        echo "check_fresh: items failed ($1.jsonl.errors.jsonl):"; head -c 3000 "$1.jsonl.errors.jsonl"
         return 1
     fi
     [ "$got" = "$want" ] || { echo "check_fresh: $got of $want results in $out"; return 1; }

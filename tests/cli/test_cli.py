@@ -124,7 +124,7 @@ def test_batch_input_run_and_errors_file(tmp_path, sqlite_db, fake_engine):
     got = [json.loads(x) for x in open(out)]
     assert [g["custom_id"] for g in got] == ["req-0", "req-1"]
     assert got[0]["response"]["body"]["choices"][0]["message"]["content"]
-    errs = [json.loads(x) for x in open(tmp_path / "o.errors.jsonl")]
+    errs = [json.loads(x) for x in open(tmp_path / "o.jsonl.errors.jsonl")]
     assert errs[0]["custom_id"] == "req-fail" and errs[0]["response"] is None
     assert "fake engine asked to fail" in errs[0]["error"]["message"]
 

@@ -50,7 +50,7 @@ def test_semjobs_run_with_real_smollm2(tmp_path):
         assert line["stats"]["target_forward_passes"] > 0
         assert line["models"]["target"] and line["models"]["engine"].startswith("vllm ")
         assert line["meta"]["answer"]  # extra input fields travel to the export
-    assert not (tmp_path / "out.errors.jsonl").exists()
+    assert not (tmp_path / "out.jsonl.errors.jsonl").exists()
 
     engine = create_engine(f"sqlite:///{db}", poolclass=pool.NullPool)
     with engine.connect() as conn:

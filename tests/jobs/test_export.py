@@ -237,7 +237,7 @@ def test_an_earlier_exports_errors_file_is_removed_when_this_one_has_none(finish
     src.write_text(json.dumps({"id": "a", "prompt": "one"}) + "\n" + json.dumps({"id": "b", "prompt": "FAIL"}) + "\n")
     res = invoke("run", src, "-o", tmp_path / "o.jsonl", "--db", db)
     assert res.exit_code == 3, res.output
-    errors = tmp_path / "o.errors.jsonl"
+    errors = tmp_path / "o.jsonl.errors.jsonl"
     assert [json.loads(x)["id"] for x in open(errors)] == ["b"]
     res = invoke("export", job_id, "--db", db, "-o", tmp_path / "o.jsonl")  # the errors file counts too
     assert res.exit_code == 1 and "o.jsonl exists" in res.output and errors.exists()
@@ -274,7 +274,7 @@ def test_an_hf_export_replaces_a_file_only_with_force_and_never_a_full_directory
     assert not _leftovers(tmp_path)
 
 
-def test_two_formats_of_one_job_keep_a_manifest_each(finished, tmp_path):
+def test_two_formats_of_one_job_keep_their_own_companion_files(finished, tmp_path):
     job_id, db, _ = finished
     for fmt in ("jsonl", "parquet"):
         res = invoke("export", job_id, "--db", db, "-o", tmp_path / f"out.{fmt}")

@@ -119,7 +119,7 @@ def exported(env, workers, tmp_path, job_id, name) -> tuple[list[dict], dict]:
     wait_completed(env["SEMJOBS_DATABASE_URL"], job_id, workers, timeout=180)
     out = tmp_path / f"{name}.jsonl"
     run_cli(["export", job_id, "-o", str(out)], env)
-    errors = tmp_path / f"{name}.errors.jsonl"
+    errors = tmp_path / f"{name}.jsonl.errors.jsonl"
     assert not errors.exists(), errors.read_text()
     rows = read_jsonl(out)
     assert [r["id"] for r in rows] == [f"q{i}" for i in range(len(QUESTIONS))], rows
