@@ -381,6 +381,22 @@ def _parse_batch(obj: dict, line: int) -> Record:
     return rec
 
 
+class _KeyTwice(Exception):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _keys_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; _KeyTwice when a key comes twice."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _KeyTwice(key)
+        obj[key] = value
+    return obj
+
+
 def parse_line(raw: bytes, line: int) -> Record:
     """Parse one raw line; raises _Bad with the field at fault."""
     try:
@@ -388,7 +404,9 @@ def parse_line(raw: bytes, line: int) -> Record:
     except UnicodeDecodeError as e:
         raise _Bad(None, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, object_pairs_hook=_keys_once)
+    except _KeyTwice as e:
+        raise _Bad(e.key, "given twice in one object (JSON would keep the last silently): give it once") from None
     except json.JSONDecodeError as e:
         raise _Bad(None, f"malformed JSON: {e.msg} (column {e.colno})") from None
     except RecursionError:

@@ -414,3 +414,13 @@ def test_a_path_that_is_no_regular_file_is_refused_before_a_line_is_read(tmp_pat
             "fifo": lambda: (os.mkfifo(tmp_path / "p"), tmp_path / "p")[1]}[kind]()
     v = validate_file(path, 10_000)
     assert not v.ok and v.n_items == 0 and "not a regular file" in v.errors[0].message
+
+
+@pytest.mark.parametrize("raw, key", [
+    ('{"id": 1, "prompt": "a", "prompt": "b"}', "prompt"),
+    ('{"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", '
+     '"body": {"messages": [{"role": "user", "content": "x"}], "temperature": 0, "temperature": 1}}', "temperature"),
+])
+def test_a_key_given_twice_is_refused_by_line_and_key(tmp_path, raw, key):
+    v = validate_file(write(tmp_path, ['{"id": 0, "prompt": "fine"}', raw]), 10_000)
+    assert [(e.line, e.field) for e in v.errors] == [(2, key)] and "given twice" in v.errors[0].message
