@@ -132,28 +132,21 @@ def db_option(f):
 
 def _config(method, max_new_tokens, temperature, top_p, seed, tau, samples, reproducible, stop_loops=None,
             want=None, stop_doomed=None) -> dict:
-    from semjobs.jobs.submit import job_config, want_problem
+    from semjobs.jobs.submit import JobRuleError, check_job_rules, job_config
 
-    if seed is not None and not reproducible:
-        raise click.BadParameter("a seed means nothing to a job sampled without seeds", param_hint="--seed")
     try:
         config = job_config(method, max_new_tokens, temperature, seed, top_p, tau, stop_loops, stop_doomed)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--method") from None
-    if tau is not None and config["method"] != "semspec":
-        raise click.BadParameter(f"tau is semspec's floor on its target probe; method {config['method']!r} has no "
-                                 "probes", param_hint="--tau")
     config["reproducible"] = reproducible
-    if samples > 1 and config["temperature"] == 0:
-        raise click.BadParameter(f"{samples} samples of greedy decoding would be {samples} copies; "
-                                 "give --temperature above 0 (e.g. 0.6)", param_hint="--n")
-    problem = want_problem(want, samples)
-    if problem:
-        raise click.BadParameter(problem, param_hint="--want")
+    try:
+        check_job_rules(config, samples, want, seed_given=seed is not None)
+    except JobRuleError as e:
+        raise click.BadParameter(str(e), param_hint=f"--{e.option}") from None
     return config
 
 
-def _storable(file, samples, validation=None, method=None, want=None):
+def _storable(file, samples, validation=None, method=None, want=None, temperature=None):
     """FILE's validation; exits 2, saying why nothing was stored, when the job cannot be stored:
     a model path this machine lacks, models that cannot run ``method`` (when given: `run`
     asks its loaded engine instead), or any bad line."""
@@ -167,7 +160,7 @@ def _storable(file, samples, validation=None, method=None, want=None):
                    "this check where only the workers have the files)", err=True)
         sys.exit(EXIT_INVALID_INPUT)
     if validation is None:
-        validation = validate(file, samples, want)
+        validation = validate(file, samples, want, temperature)
     if validation.context_unchecked:
         click.echo(f"warning: prompt lengths not checked against the target's context "
                    f"({validation.context_unchecked})", err=True)
@@ -231,7 +224,7 @@ def submit(file, method, max_new_tokens, temperature, top_p, seed, tau, reproduc
                      stop_doomed)
     queue = queue_name(kind=config["method"])  # the workers that serve the method take it
     t0 = time.perf_counter()
-    validation = _storable(file, samples, method=config["method"], want=want)
+    validation = _storable(file, samples, method=config["method"], want=want, temperature=config["temperature"])
     job_id, n = store_job(file, config, queue=queue, name=name, status="pending", validation=validation,
                           samples=samples, want=want, budget_tokens=budget_tokens)
     from semjobs.worker.publish import publisher
@@ -505,7 +498,7 @@ def run(file, output, errors, method, max_new_tokens, temperature, top_p, seed, 
         check_targets(output, errors, force=force, input_path=file, url=url)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-    validation = validate(file, samples, want)
+    validation = validate(file, samples, want, config["temperature"])
     # A refused run leaves the database as it was: one without a schema (a new SQLite file
     # too) is created only once the job is accepted, just before it is stored.
     fresh = missing_sqlite_file(url) is not None or migrate.current(url) is None

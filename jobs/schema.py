@@ -479,7 +479,7 @@ def _file_problem(path: Path, max_bytes: int | None) -> str | None:
 def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
                   fits: Callable[[Any, dict | None], tuple[str, str] | None] | None = None, *,
                   max_items: int | None = None, max_bytes: int | None = None, want: int | None = None,
-                  models: frozenset[str] | None = None) -> Validation:
+                  models: frozenset[str] | None = None, temperature: float | None = None) -> Validation:
     """Check the whole file without storing anything: every problem, with line and field.
     ``samples``: the job's samples per input, for lines that do not say; ``want``: the job's
     kept samples wanted per input, likewise (no line may want more than it samples). ``fits(prompt,
@@ -489,7 +489,8 @@ def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
     ``max_bytes``: the bytes a job may store, each line once per sample (a file larger than
     that is refused before a line is read). ``models``: the names a Batch body's `model` may
     give (the job's target's; None: any), so that a file meant for another model is refused
-    rather than answered by this one."""
+    rather than answered by this one. ``temperature``: the job's, for lines that do not say
+    (several samples of an input need one above 0)."""
     path = Path(path)
     problem = _file_problem(path, max_bytes)
     if problem:
@@ -535,6 +536,12 @@ def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
         if problem:
             part, message = problem
             err(InputError(rec.line, rec.field_name(part), message))
+            continue
+        line_temperature = rec.params.get("temperature", temperature)
+        if line_temperature is not None and rec.samples(samples) > 1 and line_temperature == 0:
+            err(InputError(rec.line, rec.field_name("temperature" if "temperature" in rec.params else "n"),
+                           f"{rec.samples(samples)} samples (the line's `n`, else the job's --n) of greedy decoding "
+                           "(the line's temperature, else the job's) would be copies; give a temperature above 0"))
             continue
         wanted = rec.want if rec.want is not None else want
         if wanted is not None and wanted > rec.samples(samples):

@@ -160,14 +160,16 @@ def target_names() -> frozenset[str]:
     return names | {settings.served_model_name} if settings.served_model_name else names
 
 
-def validate(path: str | Path, samples: int = 1, want: int | None = None) -> Validation:
+def validate(path: str | Path, samples: int = 1, want: int | None = None,
+             temperature: float | None = None) -> Validation:
     """`validate_file` with the settings' limits and the target's context (semjobs.jobs.context)."""
     from semjobs.jobs.context import ContextCheck
 
     check = ContextCheck(settings.target_model, settings.cache_dir) if settings.check_prompt_lengths else None
     validation = validate_file(path, settings.max_line_bytes, samples, fits=check,
                                max_items=settings.max_job_items, max_bytes=settings.max_job_bytes, want=want,
-                               models=target_names())
+                               models=target_names(),
+                               temperature=settings.temperature if temperature is None else temperature)
     validation.context_unchecked = check.unavailable if check is not None else None
     return validation
 
@@ -232,17 +234,16 @@ def store_job(
     """Validate `path` completely (unless `validation` of it is given), then store job +
     items: `samples` per input (a line's own `n` wins), of which `want` kept ones are enough
     (a line's own `want` wins; None: all), within ``budget_tokens`` generated. Raises InvalidInput (and writes nothing) when any
-    line is bad, ValueError when ``name`` cannot be stored or ``want`` exceeds ``samples``.
+    line is bad, ValueError when ``name`` cannot be stored, JobRuleError when the settings break a rule
+    (``check_job_rules``).
     Returns (job id, number of items)."""
     path = Path(path)
     problem = name_problem(name) if name is not None else None
     if problem:
         raise ValueError(f"job name {problem}")
-    problem = want_problem(want, samples)
-    if problem:
-        raise ValueError(problem)
+    check_job_rules(config, samples, want)
     if validation is None:
-        validation = validate(path, samples, want)
+        validation = validate(path, samples, want, config["temperature"])
     if not validation.ok:
         raise InvalidInput(validation)
     job_id = uuid.uuid4().hex[:12]
@@ -267,11 +268,29 @@ def store_job(
     return job_id, n
 
 
-def want_problem(want: int | None, samples: int) -> str | None:
-    """Why a job cannot want ``want`` kept samples of each input out of ``samples``."""
+class JobRuleError(ValueError):
+    """A job's settings that break a rule; ``option``: the one at fault (``--option`` on the CLI)."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
+
+
+def check_job_rules(config: dict, samples: int = 1, want: int | None = None, seed_given: bool = False) -> None:
+    """The rules a job's settings obey, for every way a job is made (the CLI, the Python API;
+    a line's own fields: ``validate``); JobRuleError names the first broken. ``seed_given``: a
+    seed was asked for (rather than the settings' default)."""
+    if seed_given and not config.get("reproducible", True):
+        raise JobRuleError("seed", "a seed means nothing to a job sampled without seeds")
+    if config.get("tau") is not None and config["method"] != "semspec":
+        raise JobRuleError("tau", f"tau is semspec's floor on its target probe; method {config['method']!r} "
+                                  "has no probes")
+    if samples > 1 and config["temperature"] == 0:
+        raise JobRuleError("n", f"{samples} samples of greedy decoding would be {samples} copies; give --temperature "
+                                "above 0 (e.g. 0.6)")
     if want is not None and not 1 <= want <= samples:
-        return f"want {want} kept samples of each input out of {samples} (--n): give --want between 1 and --n"
-    return None
+        raise JobRuleError("want", f"want {want} kept samples of each input out of {samples} (--n): give --want "
+                                   "between 1 and --n")
 
 
 def find_resumable(validation: Validation, config: dict, *, samples: int = 1, want: int | None = None,

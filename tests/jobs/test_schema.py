@@ -289,7 +289,7 @@ ODD_BUT_VALID = [
     {"id": " spaced id ", "prompt": "a tab\t, \x01 (control characters other than NUL), \u200f an RTL mark"},
     {"id": "meta", "prompt": "x", "metadata": {}, "": "an empty key", "tags": []},
     {"id": "deep", "prompt": "x", "deep": _nested(31)},
-    {"id": "seed0", "prompt": "x", "seed": 0, "temperature": 0, "top_p": 1, "n": 64},
+    {"id": "seed0", "prompt": "x", "seed": 0, "temperature": 0.01, "top_p": 1, "n": 64},
     {"id": "seedmax", "prompt": "x", "seed": 2**63 - 1, "temperature": 2, "max_new_tokens": 2**31 - 1},
     {"id": "think", "prompt": "x", "chat_template_kwargs": {"enable_thinking": False}},
     {"id": "kw", "prompt": "x", "chat_template_kwargs": {"reasoning_effort": "high", "thinking": None}},
@@ -424,3 +424,16 @@ def test_a_path_that_is_no_regular_file_is_refused_before_a_line_is_read(tmp_pat
 def test_a_key_given_twice_is_refused_by_line_and_key(tmp_path, raw, key):
     v = validate_file(write(tmp_path, ['{"id": 0, "prompt": "fine"}', raw]), 10_000)
     assert [(e.line, e.field) for e in v.errors] == [(2, key)] and "given twice" in v.errors[0].message
+
+
+@pytest.mark.parametrize("line, samples, field", [
+    ({"id": "a", "prompt": "x", "n": 4}, 1, "n"),                                    # the job's T 0
+    ({"id": "a", "prompt": "x", "temperature": 0}, 4, "temperature"),                # the job's --n 4
+    (batch_line("a", n=3, temperature=0), 1, "body.temperature"),
+])
+def test_a_line_asking_for_greedy_copies_is_refused_as_the_job_would_be(tmp_path, line, samples, field):
+    v = validate_file(write(tmp_path, [line]), 10_000, samples, temperature=0.0 if "temperature" not in str(line)
+                      else 0.6)
+    assert [(e.line, e.field) for e in v.errors] == [(1, field)] and "greedy decoding" in v.errors[0].message
+    sampled = {**line, "temperature": 0.7} if "custom_id" not in line else batch_line("a", n=3, temperature=0.7)
+    assert validate_file(write(tmp_path, [sampled], "ok.jsonl"), 10_000, samples, temperature=0.0).ok

@@ -472,3 +472,18 @@ def test_a_batch_body_may_name_the_target_as_given_by_its_hub_name_or_served_nam
     monkeypatch.setattr(settings, "target_model", "Qwen/Qwen3-0.6B@main")
     monkeypatch.setattr(settings, "served_model_name", "teacher")
     assert target_names() == {"Qwen/Qwen3-0.6B@main", "Qwen/Qwen3-0.6B", "teacher"}
+
+
+@pytest.mark.parametrize("config, samples, want, option", [
+    ({"method": "ar", "temperature": 0.0}, 4, None, "n"),
+    ({"method": "ar", "temperature": 0.6, "tau": 0.3}, 1, None, "tau"),
+    ({"method": "ar", "temperature": 0.6}, 2, 3, "want"),
+])
+def test_the_python_api_obeys_the_cli_s_job_rules(tmp_path, config, samples, want, option):
+    from semjobs.jobs.submit import JobRuleError
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": 1, "prompt": "x"}\n')
+    with pytest.raises(JobRuleError) as e:
+        store_job(src, config, queue="q", url=f"sqlite:///{tmp_path / 'db.sqlite'}", samples=samples, want=want)
+    assert e.value.option == option and not (tmp_path / "db.sqlite").exists()
