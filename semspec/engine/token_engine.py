@@ -80,8 +80,8 @@ CPU_SPECULATION_MAX_BATCH = 2
 # (about 35 ms at batch 1 beside a 25 ms step), which the step-level methods' writer pays at
 # every step it writes and each of n samples at its prompt. Kept there, a stale entry of the
 # head's cache can cost a drafted token or two, never the text (the target verifies them):
-# written a request per 20 tokens a greedy 256-token answer ran at 0.86x one request with
-# vLLM's recompute and 0.95x without (benchmarks/request_restart.py, docs/benchmarks.md).
+# written a request per 20 tokens a greedy answer ran slower with vLLM's recompute than
+# without (a one-off measurement; its script is in git history, benchmarks/request_restart.py).
 HEAD_METHODS = ("eagle", "eagle3")
 
 
