@@ -67,7 +67,7 @@ CPU_BLOCK_SIZE = 32
 # On a CPU a verification of K drafted tokens costs about K + 1 tokens' work per row, so beside
 # other rows it no longer comes nearly free: token_sd made 1.4-1.9x ar alone but 0.88x at 4 in
 # flight and 0.45x at 32 (T 0.6); at 2 in flight drafting still paid, 1.15x (T 0.6) and 1.58x
-# (greedy) against 0.96x / 0.98x without (docs/benchmarks.md). An engine there drafts only
+# (greedy) against 0.96x / 0.98x without (docs/benchmarks.md, "Defaults chosen by measurement"). An engine there drafts only
 # while at most this many requests run, unless told otherwise (draft_max_batch, as the
 # step-level methods' drafting; vLLM's num_speculative_tokens_per_batch_size: above it a step
 # drafts nothing, and skips the draft's pass and the rejection sampler:
