@@ -9,14 +9,14 @@ Per drafted step, in units of one target decoding pass (a token the target write
 
 for a step of L tokens kept with probability a. Speculating pays while
 a > (L * draft_cost + 1 + verify_cost_per_token * L) / L: with the embedded pair's measured
-costs (0.16 and 0.066, docs/benchmarks.md) and 20-token steps, about 0.28.
+costs (0.16 and 0.066, measured at batch 1) and 20-token steps, about 0.28.
 
 Each sequence keeps a running estimate of a over its own verified steps and of L over all
 its steps. The estimate of a starts at one half, weighted as one step: the first verified
 steps move it as a mean would (one rejection brings it to 0.25, under the break-even; one
 kept step to 0.75), later ones as an exponential average that follows a sequence whose
 steps get harder or easier. Answers here are 5 to 20 steps long, so how soon a useless draft
-is noticed is most of what it costs (docs/benchmarks.md, "Adaptive speculation"). Below the
+is noticed is most of what it costs. Below the
 break-even the target writes the next steps itself, 2 at first, doubling up to 32 while
 speculation keeps failing; then one step is drafted again to look (back-off). The costs are
 fixed per job (settings of the GenerationConfig, recorded with it), not read off the clock,
@@ -39,7 +39,8 @@ not, so, per drafted step of L tokens, in the writing's tokens (r the re-entry),
 
 (2-core AVX2 host, T 0.6: a written token 0.047 s, a re-entry 0.26 s, a drafted step of 20
 tokens 0.58 s with its verification: break-even 0.70 where the average per token, 0.050 s,
-said 0.58; docs/benchmarks.md. Where the writer's calls are nearly all whole answers their
+said 0.58; a one-off measurement, its script in git history as benchmarks/writer_calls.py.
+Where the writer's calls are nearly all whole answers their
 line finds no fixed part, and the rule is the one above.)
 
 A job that leaves its costs to the engine also learns from its earlier sequences

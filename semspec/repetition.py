@@ -17,8 +17,8 @@ starts a line (``line_breaks``), so the answer line is whole.
 Measured (the rule applied offline to every sample's ids) on the embedded SmolLM2-135M-Instruct,
 64 GSM8K test questions (lines 301-364), n 4, T 0.6, top-p 0.95, 512 tokens: with the defaults
 (3 copies of a unit of 18-64 tokens) 1 of 225 EOS-ending samples is cut (0.4%: a 50-token
-sentence said three times, a wrong answer), and none of the 422 EOS-ending texts under
-docs/benchmarks; of the 31 samples at the cap, 12 end in an exact loop (a periodic tail of 64
+sentence said three times, a wrong answer), and none of the 422 EOS-ending texts of the
+benchmark results then kept in the tree; of the 31 samples at the cap, 12 end in an exact loop (a periodic tail of 64
 tokens or more), 11 of them are cut, and 83% of their tail tokens (from the loop's onset to the
 cap) are not generated; a loop is found 53 tokens after its onset on median (86 at most there;
 (repeats - 1) * max_unit at worst). The other 19 repeat lines with changing numbers or ramble:

@@ -43,15 +43,15 @@ class GenerationConfig:
     # semspec.calibration.rule_eval.choose_floor), else 0; sampled, 0. Greedy the target
     # writes its likeliest meaning, and a step it rarely says is a departure the ratio rule
     # lets through; sampled, the ratio rule is what keeps the target's own spread of meanings,
-    # and a floor cuts its tail (measured: docs/benchmarks.md "A floor on p_T").
+    # and a floor cuts its tail (measured: docs/benchmarks.md "A floor on p_T for greedy jobs").
     tau: float | None = None
     # semspec, the paper's rule: reject a step whose p_T / p_D is below it, else accept it
     # with probability min(1, p_T / p_D), as always (0 disables the floor). 0.6 is the
-    # paper's and measured more target-like than 0 on the bench (docs/benchmarks.md).
+    # paper's and measured more target-like than 0 on the bench (``semjobs bench --ratio-floors 0,0.6``).
     ratio_floor: float = 0.6
     # semspec: drafted steps tried per step before the target writes it. 1 is the paper's
     # rule; each retry keeps a step the probes accept instead of the target's own, trading
-    # target-likeness for speed (docs/benchmarks.md measures both).
+    # target-likeness for speed (docs/benchmarks.md, "Tried and not taken").
     draft_attempts: int = 1
     # semspec, sampling: candidate steps the draft writes side by side for each step (one
     # batch of draft requests), verified in one batch of target requests; the paper's rule is
@@ -79,7 +79,7 @@ class GenerationConfig:
     # before it has measured, the loaded draft's (measured for the embedded drafts, else
     # estimated from the weights a pass reads). A job that sets draft_cost fixes both costs,
     # so its reruns decide alike; verify_cost_per_token is the embedded target's, measured at
-    # batch 1 (docs/benchmarks.md).
+    # batch 1.
     adaptive: bool = True
     draft_cost: float | None = None
     verify_cost_per_token: float = 0.066

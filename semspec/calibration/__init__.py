@@ -10,7 +10,7 @@ EMBEDDED_PAIR = "smollm2-135m"  # embedded:smollm2-135m + embedded:smollm2-135m-
 # The floor on p_T that training stores with the probes, for greedy jobs (rule_eval.choose_floor):
 # this quantile of the target probe's p_T on the target's own held-out steps. On the embedded
 # pair it brought the greedy gap to the target's own text within 0.25 nats/token at token_sd's
-# speed (docs/benchmarks.md "A floor on p_T").
+# speed (docs/benchmarks.md "A floor on p_T for greedy jobs").
 DEFAULT_FLOOR_QUANTILE = 0.1
 
 

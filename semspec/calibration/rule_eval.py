@@ -41,7 +41,7 @@ def choose_floor(pred_target, sources, quantile: float) -> dict:
     drafted step is then kept only if the probe rates it at least as target-like as it rates
     all but that share of what the target itself writes; a probe's p_T scale is its
     calibration's, so a floor fixed across calibrations would mean something else on each
-    (docs/benchmarks.md "A floor on p_T")."""
+    (docs/benchmarks.md "A floor on p_T for greedy jobs")."""
     own = np.asarray(pred_target, dtype=float)[np.asarray(sources) == "target"]
     if not 0.0 <= quantile < 1.0:
         raise ValueError(f"the floor's quantile must be in [0, 1), not {quantile}")

@@ -1,6 +1,6 @@
 """Probe calibration's sampling and states with transformers' forward: where vLLM is not
-installed, and the reference the vLLM path is measured against
-(benchmarks/calibration_vllm.py).
+installed, and the reference the vLLM path was checked against (the same pooled states and
+probe outputs in float32).
 
 `TransformersModels(target, draft)` wraps two `semspec.models.loaded.LoadedModel`s (`draft` None
 for the target's half alone) as `semspec.calibration.collect.CalibrationModels`.

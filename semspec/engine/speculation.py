@@ -290,6 +290,6 @@ def _head_config(spec: str, tokens: int, target_dir: Path, target_sha: str, cach
     # with its own probability of it: lossless, and seeded, since the draft draws nothing
     # (vLLM's "probabilistic" drafts draw without the request's seed, so a seeded rerun wrote
     # another text; it kept 28% of drafted tokens at T 0.6 against 26% for the argmax, and ran
-    # 1.17x ar against 1.21x: docs/benchmarks.md)
+    # 1.17x ar against 1.21x at batch 1 on 8 GSM8K questions, a 2-core AVX-512 host)
     config = {"method": "eagle", "model": os.fspath(exported), "num_speculative_tokens": tokens}
     return config, ModelIdentity(spec, sha)

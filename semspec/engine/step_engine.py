@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 STEP_METHODS = {"ar": StepProgram, "semspec": SemSpecProgram, "step_judge": StepJudgeProgram}
 # A drafted token's cost in target tokens on vLLM, the adaptive rule's draft_cost, measured at
 # batch 1 for the embedded layer draft: 0.20 since its LM head runs over its 8,192 tokens only
-# (0.28 before; docs/benchmarks.md), not the 0.14 of its weights, as an engine step costs the
+# (0.28 before; docs/benchmarks.md, "Defaults chosen by measurement"), not the 0.14 of its weights, as an engine step costs the
 # same fixed overhead whatever the model. Other pairs get the ratio of the weights a pass reads,
 # which leaves that overhead out.
 VLLM_DRAFT_COST = {EMBEDDED_DRAFT: 0.20}
@@ -365,7 +365,7 @@ class VLLMStepEngine:
         p_T (greedy, the probes' calibrated one; sampled, none: GenerationConfig.tau), the
         draft's cost for the adaptive rule, and
         the batch pause: on a CPU drafting pauses beside another sequence (measured slower than
-        the target alone from 8 in flight up, docs/benchmarks.md "SemanticSpec on vLLM"), on
+        the target alone from 8 in flight up, docs/benchmarks.md, "Defaults chosen by measurement"), on
         a GPU never."""
         rule = {"step_delimiter": DEFAULT_STEP_DELIMITER, "max_step_tokens": DEFAULT_MAX_STEP_TOKENS, "tau": 0.0,
                 "draft_max_batch": 1 if self.on_cpu else 0, "draft_cost": self.draft_cost}
@@ -532,8 +532,9 @@ class VLLMStepEngine:
         other sequences too: the writer drafts tokens only while few requests run in it
         (``token_engine.speculation_schedule``), and beside more writes as the target does,
         without the target's states engine's cost per step (2-core AMX host, 32 in flight,
-        greedy: semspec 0.95x ar with those writes on the target, token_sd 1.04x;
-        docs/benchmarks.md)."""
+        greedy: semspec 0.95x ar with those writes on the target, token_sd 1.04x; measured
+        with ``semjobs bench --batch-size 4,32 --limit 32 --methods
+        ar,token_sd,step_judge,semspec --temperature 0 --no-loglik``)."""
         if call.model != TARGET:
             return self.draft
         speculating = self._speculates(program.cfg) and call.phase == WRITE_PHASE

@@ -67,7 +67,7 @@ CPU_BLOCK_SIZE = 32
 # On a CPU a verification of K drafted tokens costs about K + 1 tokens' work per row, so beside
 # other rows it no longer comes nearly free: token_sd made 1.4-1.9x ar alone but 0.88x at 4 in
 # flight and 0.45x at 32 (T 0.6); at 2 in flight drafting still paid, 1.15x (T 0.6) and 1.58x
-# (greedy) against 0.96x / 0.98x without (docs/benchmarks.md). An engine there drafts only
+# (greedy) against 0.96x / 0.98x without (docs/benchmarks.md, "Defaults chosen by measurement"). An engine there drafts only
 # while at most this many requests run, unless told otherwise (draft_max_batch, as the
 # step-level methods' drafting; vLLM's num_speculative_tokens_per_batch_size: above it a step
 # drafts nothing, and skips the draft's pass and the rejection sampler:
@@ -80,8 +80,8 @@ CPU_SPECULATION_MAX_BATCH = 2
 # (about 35 ms at batch 1 beside a 25 ms step), which the step-level methods' writer pays at
 # every step it writes and each of n samples at its prompt. Kept there, a stale entry of the
 # head's cache can cost a drafted token or two, never the text (the target verifies them):
-# written a request per 20 tokens a greedy 256-token answer ran at 0.86x one request with
-# vLLM's recompute and 0.95x without (benchmarks/request_restart.py, docs/benchmarks.md).
+# written a request per 20 tokens a greedy answer ran slower with vLLM's recompute than
+# without (a one-off measurement; its script is in git history, benchmarks/request_restart.py).
 HEAD_METHODS = ("eagle", "eagle3")
 
 

@@ -7,7 +7,7 @@ Without Triton vLLM applies top-p (``apply_top_k_top_p_pytorch``, 0.32.0) by sor
 row's logits over the whole vocabulary: 2.7 ms a row for SmolLM2's 49,152 tokens on a 2-core
 CPU, once per sampled token and again per drafted position when speculating. At T 0.6,
 top-p 0.95 that was 27% of a draft pass, and at 32 in flight ``ar`` made 261 tok/s against
-461 greedy (docs/benchmarks.md). Sampled datasets are what semjobs makes, so here the nucleus
+461 greedy (32 in flight, a 2-core AVX-512 host). Sampled datasets are what semjobs makes, so here the nucleus
 is found among each row's most likely ``NUCLEUS_SEARCH`` tokens (``topk``); the mask is the
 one vLLM's sort gives (a token is kept while the probability above it is under p; at least
 the most likely one), and a call where some row's nucleus is wider falls back to vLLM's own
@@ -17,7 +17,8 @@ function. Rows with top-k, and GPU builds (Triton or FlashInfer kernels), are le
 vLLM's CPU sampler (``TopKTopPSampler.forward_cpu``, 0.32.0) hashes a Gumbel noise for every
 token of the vocabulary of every row (``fused_gumbel_argmax``): 5.4 ms a step at 32 rows of
 SmolLM2's 49,152 tokens on two threads (of a 30-40 ms ``ar`` step), 4.2 ms with top-p 0.95
-and its search; 1.5 and 2.3 ms here (docs/benchmarks.md). A row is sampled by inversion: one
+and its search; 1.5 and 2.3 ms here (what that moves in a run: docs/benchmarks.md, "What the
+CPU patches of vLLM buy"). A row is sampled by inversion: one
 uniform number from the row's generator (a seeded request's own, so a seeded sample stays the
 same however it is batched), and the first token whose cumulative probability passes it. With
 top-p the nucleus is found among each row's ``NUCLEUS_FIRST`` most likely tokens, or

@@ -12,7 +12,8 @@ schedules none for the next, yet vLLM 0.32.0's model runner still
 2. runs the draft's pass over the step's tokens, proposing nothing, to keep the draft's KV cache
    whole for when the request drafts again (3.5 ms of an 81 ms step at 32 rows).
 
-A `token_sd` engine in flight so cost 0.86-0.92x `ar` (docs/benchmarks.md). Here (1) a step
+A `token_sd` engine in flight so cost up to a fifth of `ar`'s speed (docs/benchmarks.md,
+"What the CPU patches of vLLM buy"). Here (1) a step
 without a drafted token, where no request asks for log-probabilities, is sampled by the plain
 sampler, the same draw the rejection sampler makes for it; (2) when the schedule gives the
 next step no draft, a drafter that runs a model (a head of the EAGLE family, ``draft_model``)
