@@ -41,6 +41,13 @@ def test_no_database_or_broker_port_is_published_and_flower_only_on_loopback(sta
             assert str(port).startswith("127.0.0.1:"), port
 
 
+def test_a_stopped_worker_has_time_to_finish_its_items_in_flight(stack):
+    """Docker kills after 10 s unless told otherwise: mid-decode, costing each item an attempt."""
+    grace = stack["services"]["worker"]["stop_grace_period"]
+    value, unit = int(grace[:-1]), grace[-1]
+    assert value * {"s": 1, "m": 60, "h": 3600}[unit] >= 60
+
+
 def test_every_password_comes_from_an_uncommitted_env_file_that_the_example_lists():
     text = COMPOSE.read_text()
     assert not re.search(r"^\s*\w*(PASSWORD|_AUTH):\s*(?!\$\{)\S", text, re.M), "a literal secret in the file"
