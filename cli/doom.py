@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from semjobs.cli.bench import DEFAULT_PROMPTS, MIXED_PROBLEMS
+from semspec.doom import KINDS
 from semspec.types import SAMPLING_TEMPERATURE, SAMPLING_TOP_P
 
 
@@ -36,10 +37,14 @@ def doom() -> None:
 @click.option("--max-new-tokens", default=512, show_default=True, help="As the jobs the rule serves.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--batch-size", default=32, show_default=True, help="Samples decoded at once per engine process.")
+@click.option("--kind", type=click.Choice(["any", *KINDS]), default="any", show_default=True,
+              help="The kind of rule to choose: length (a cap: the only kind the step methods step_judge and "
+                   "semspec apply, and it asks vLLM for no log-probabilities), logprob or confidence (the token "
+                   "engine's methods, ar and token_sd, only), or any (the one that spares most).")
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False),
               help="The rule's file; a worker reads it from SEMJOBS_DOOM_RULE.")
 def calibrate(prompts, offset, limit, problems, samples, recall, temperature, top_p, max_new_tokens, seed,
-              batch_size, out_path) -> None:
+              batch_size, kind, out_path) -> None:
     """Sample the settings' target on problems with references, and write the rule that stops
     the most tokens of wrong samples while sparing --recall of the right ones (with a margin
     for the calibration's own sampling error).
@@ -54,7 +59,8 @@ def calibrate(prompts, offset, limit, problems, samples, recall, temperature, to
     try:
         chosen = (yield_problems.calibration_mixed(problems, DEFAULT_PROMPTS) if problems
                   else yield_problems.from_prompts(load_prompts(prompts, limit, offset)))
-        rule = calibrate_rule(chosen, samples, recall, temperature, top_p, max_new_tokens, seed, batch_size)
+        rule = calibrate_rule(chosen, samples, recall, temperature, top_p, max_new_tokens, seed, batch_size,
+                              KINDS if kind == "any" else (kind,))
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     path = rule.save(out_path)

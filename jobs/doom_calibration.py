@@ -12,12 +12,13 @@ samples look like.
 from __future__ import annotations
 
 from semspec.answers import is_correct
-from semspec.doom import DoomRule, Trace, calibrate
+from semspec.doom import KINDS, DoomRule, Trace, calibrate
 
 
 def calibrate_rule(problems: list[dict], n: int, recall: float, temperature: float, top_p: float,
-                   max_new_tokens: int, seed: int, batch_size: int) -> DoomRule:
-    """The rule for ``problems`` (``{id, prompt or messages, answer}``, as the yield benchmark's)."""
+                   max_new_tokens: int, seed: int, batch_size: int, kinds: tuple[str, ...] = KINDS) -> DoomRule:
+    """The rule of one of ``kinds`` (``semspec.doom.KINDS``) for ``problems`` (``{id, prompt or
+    messages, answer}``, as the yield benchmark's)."""
     from semjobs.jobs import yield_vllm
 
     unchecked = [str(p["id"]) for p in problems if p.get("answer") is None]
@@ -33,4 +34,5 @@ def calibrate_rule(problems: list[dict], n: int, recall: float, temperature: flo
     identity = yield_vllm.target_source()[1]
     return calibrate(traces, recall, str(identity), settings={
         "problems": len(problems), "n": n, "temperature": temperature, "top_p": top_p,
-        "max_new_tokens": max_new_tokens, "seed": seed, "dtype": args["dtype"], "wall_seconds": round(wall, 1)})
+        "max_new_tokens": max_new_tokens, "seed": seed, "dtype": args["dtype"], "wall_seconds": round(wall, 1)},
+        kinds=kinds)

@@ -31,6 +31,10 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 SIGNALS = ("logprob", "confidence")
+# A rule's kind: a signal with a finite threshold, or a length cap. A length cap is the kind the
+# step methods apply (they read no per-token log-probabilities) and asks vLLM for none.
+LENGTH = "length"
+KINDS = (*SIGNALS, LENGTH)
 TOP_LOGPROBS = 5  # the log-probabilities DeepConf's confidence averages
 WINDOWS = (8, 16, 32)
 # The first token a rule may stop at; the longer ones let a domain whose right traces run long
@@ -198,11 +202,15 @@ def calibration_recall(recall: float, right: int) -> float:
 
 
 def calibrate(traces: Sequence[Trace], recall: float, target: str, settings: dict | None = None,
-              windows: Sequence[int] = WINDOWS, min_tokens: Sequence[int] = MIN_TOKENS) -> DoomRule:
-    """The rule that spares the most tokens of ``traces`` while sparing at least
-    ``calibration_recall(recall, right traces)`` of the right ones (see the module). Its
-    ``calibration`` says what the best rule of each kind would spare (``candidates``: each
+              windows: Sequence[int] = WINDOWS, min_tokens: Sequence[int] = MIN_TOKENS,
+              kinds: Sequence[str] = KINDS) -> DoomRule:
+    """The rule of one of ``kinds`` that spares the most tokens of ``traces`` while sparing at
+    least ``calibration_recall(recall, right traces)`` of the right ones (see the module). Its
+    ``calibration`` says what the best rule of every kind would spare (``candidates``: each
     signal with a finite threshold, and a length cap), so that one sees what each is worth."""
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise DoomRuleError(f"rule kinds {list(kinds)}: choose among {', '.join(KINDS)}")
     if not 0 < recall < 1:
         raise DoomRuleError(f"recall {recall}: between 0 and 1")
     right = [t for t in traces if t.right]
@@ -227,14 +235,16 @@ def calibrate(traces: Sequence[Trace], recall: float, target: str, settings: dic
                 kept = sum(s is None for t, s in zip(traces, stops) if t.right)
                 figures = {"spared_share": round(spared / total, 4) if total else 0.0,
                            "recall": round(kept / len(right), 4)}
-                kind = "length" if rule.caps_length else signal
+                kind = LENGTH if rule.caps_length else signal
                 if kind not in candidates or figures["spared_share"] > candidates[kind]["spared_share"]:
                     candidates[kind] = {"window": window, "min_tokens": least,
                                         "threshold": None if rule.caps_length else round(threshold, 4), **figures}
-                if best is None or spared > best[0]:
+                if kind in kinds and (best is None or spared > best[0]):
                     best = (spared, DoomRule(signal, window, least, threshold, recall, target, calibration={
                         "samples": len(traces), "right": len(right), "tokens": total, "spared_tokens": spared,
                         **figures, "recall_needed": round(needed, 4), **(settings or {})}))
-    assert best is not None
+    if best is None:  # only a length cap can be missing: no first token spares enough right traces
+        raise DoomRuleError(f"no rule of the kinds {', '.join(kinds)} spares {needed:.1%} of the {len(right)} right "
+                            "samples: the right ones run to the longest first token tried")
     chosen = best[1]
     return replace(chosen, calibration={**chosen.calibration, "candidates": candidates})

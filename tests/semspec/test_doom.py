@@ -118,6 +118,22 @@ def test_calibration_spares_the_right_samples_it_promises_on_unseen_ones():
     assert spared / wrong_tokens > 0.3
 
 
+def test_calibration_chooses_among_the_kinds_asked_for_and_records_them_all():
+    """A step method applies a length cap only: asked for one, calibration gives the best cap
+    even where a signal spares more."""
+    traces = synthetic(0)
+    any_kind = calibrate(traces, 0.95, TARGET)
+    cap = calibrate(traces, 0.95, TARGET, kinds=("length",))
+    assert cap.caps_length and cap.calibration["candidates"] == any_kind.calibration["candidates"]
+    assert cap.calibration["spared_share"] == any_kind.calibration["candidates"]["length"]["spared_share"]
+    assert calibrate(traces, 0.95, TARGET, kinds=("confidence",)).signal == "confidence"
+    with pytest.raises(DoomRuleError, match="choose among"):
+        calibrate(traces, 0.95, TARGET, kinds=("hidden_state",))
+    long_right = [Trace({"logprob": [-0.1] * 600}, True)] * 30 + [Trace({"logprob": [-2.0] * 600}, False)] * 30
+    with pytest.raises(DoomRuleError, match="no rule of the kinds length"):
+        calibrate(long_right, 0.95, TARGET, kinds=("length",))
+
+
 def test_the_margin_shrinks_with_more_right_samples():
     assert calibration_recall(0.95, 100) > calibration_recall(0.95, 1000) > 0.95
     assert calibration_recall(0.999, 1) == 1.0
