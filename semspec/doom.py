@@ -40,9 +40,9 @@ WINDOWS = (8, 16, 32)
 # The first token a rule may stop at; the longer ones let a domain whose right traces run long
 # (GSM8K's, a few hundred tokens on SmolLM2) still cap the wrong ones that run on.
 MIN_TOKENS = (32, 48, 64, 96, 128, 192, 256, 320, 384, 448)
-# One-sided normal quantile of the margin on recall: the promise holds on unseen problems
-# with about 95% confidence when the calibration's right traces are a fair sample of them.
-RECALL_MARGIN_Z = 1.645
+# The promise on recall holds on unseen problems with this confidence when the calibration's
+# right traces are a fair sample of them (an exact binomial bound: allowed_stops).
+PROMISE_CONFIDENCE = 0.95
 
 
 class DoomRuleError(ValueError):
@@ -194,11 +194,27 @@ def _lowest_window_mean(values: Sequence[float], rule: DoomRule) -> float:
     return watch.lowest
 
 
+def allowed_stops(recall: float, right: int) -> int:
+    """The most of ``right`` calibration traces a rule may stop while promising ``recall`` on
+    unseen problems with PROMISE_CONFIDENCE: the largest k whose one-sided Clopper-Pearson
+    upper bound on the stop rate is at most 1 - recall, i.e. P(X <= k) <= 1 - confidence for
+    X ~ Binomial(right, 1 - recall). -1 when even k = 0 is too many: so few right traces back
+    no such promise (a normal approximation's margin promised 95% on 24 right traces, all
+    spared, and kept 87.5% on unseen ones)."""
+    stop = 1 - recall
+    p_k = recall ** right  # P(X = 0)
+    cdf, k = p_k, 0
+    while cdf <= 1 - PROMISE_CONFIDENCE and k < right:
+        p_k *= (right - k) / (k + 1) * stop / recall  # P(X = k + 1)
+        cdf += p_k
+        k += 1
+    return k - 1 if cdf > 1 - PROMISE_CONFIDENCE else right
+
+
 def calibration_recall(recall: float, right: int) -> float:
-    """The share of the calibration's right traces a rule must spare so that ``recall`` holds
-    on unseen problems: ``recall`` plus RECALL_MARGIN_Z standard errors of a share measured on
-    ``right`` traces."""
-    return min(1.0, recall + RECALL_MARGIN_Z * math.sqrt(recall * (1 - recall) / max(right, 1)))
+    """The share of ``right`` calibration traces a rule must spare for ``recall`` to hold on
+    unseen problems (``allowed_stops``); above 1 when none can back the promise."""
+    return 1 - allowed_stops(recall, right) / max(right, 1)
 
 
 def calibrate(traces: Sequence[Trace], recall: float, target: str, settings: dict | None = None,
@@ -214,11 +230,13 @@ def calibrate(traces: Sequence[Trace], recall: float, target: str, settings: dic
     if not 0 < recall < 1:
         raise DoomRuleError(f"recall {recall}: between 0 and 1")
     right = [t for t in traces if t.right]
-    if len(right) < 20:
-        raise DoomRuleError(f"{len(right)} right samples in the calibration: at least 20 are needed to choose a "
-                            f"threshold (give more problems, more samples, or easier ones)")
-    needed = calibration_recall(recall, len(right))
-    allowed = math.floor((1 - needed) * len(right) + 1e-9)  # right traces it may stop
+    allowed = allowed_stops(recall, len(right))  # right traces it may stop
+    if allowed < 0:
+        least = math.ceil(math.log(1 - PROMISE_CONFIDENCE) / math.log(recall))
+        raise DoomRuleError(f"{len(right)} right samples in the calibration: a promise of recall {recall} needs at "
+                            f"least {least} (with none stopped); give more problems, more samples, easier ones "
+                            "or a lower --recall")
+    needed = 1 - allowed / len(right)
     total = sum(t.tokens for t in traces)
     best: tuple[float, DoomRule] | None = None
     candidates: dict[str, dict] = {}

@@ -14,6 +14,7 @@ from semspec.doom import (
     DoomWatch,
     Trace,
     calibrate,
+    allowed_stops,
     calibration_recall,
     stop_at,
     token_signal,
@@ -129,14 +130,16 @@ def test_calibration_chooses_among_the_kinds_asked_for_and_records_them_all():
     assert calibrate(traces, 0.95, TARGET, kinds=("confidence",)).signal == "confidence"
     with pytest.raises(DoomRuleError, match="choose among"):
         calibrate(traces, 0.95, TARGET, kinds=("hidden_state",))
-    long_right = [Trace({"logprob": [-0.1] * 600}, True)] * 30 + [Trace({"logprob": [-2.0] * 600}, False)] * 30
+    long_right = [Trace({"logprob": [-0.1] * 600}, True)] * 60 + [Trace({"logprob": [-2.0] * 600}, False)] * 30
     with pytest.raises(DoomRuleError, match="no rule of the kinds length"):
         calibrate(long_right, 0.95, TARGET, kinds=("length",))
 
 
 def test_the_margin_shrinks_with_more_right_samples():
     assert calibration_recall(0.95, 100) > calibration_recall(0.95, 1000) > 0.95
-    assert calibration_recall(0.999, 1) == 1.0
+    # exact: 59 right traces all spared back a promise of 95% (0.95^59 < 0.05), 58 do not
+    assert allowed_stops(0.95, 59) == 0 and allowed_stops(0.95, 58) == -1
+    assert calibration_recall(0.999, 1) > 1  # no promise
 
 
 def test_too_few_right_samples_are_refused():
@@ -148,3 +151,12 @@ def test_too_few_right_samples_are_refused():
 def test_a_length_rule_asks_for_no_log_probabilities():
     assert rule(threshold=math.inf).logprobs is None
     assert rule().logprobs == 0 and rule(signal="confidence").logprobs == 5
+
+
+def test_too_few_right_samples_for_the_promise_are_refused_with_how_many_it_needs():
+    """24 right traces, all spared, cannot back 95% on unseen problems: a rule calibrated so
+    on GSM8K stopped 2 of 16 right samples there."""
+    traces = [Trace({"logprob": [-0.1] * 50}, True)] * 24 + [Trace({"logprob": [-2.0] * 300}, False)] * 100
+    with pytest.raises(DoomRuleError, match="24 right samples .* needs at least 59"):
+        calibrate(traces, 0.95, TARGET)
+    assert calibrate(traces, 0.8, TARGET).calibration["recall"] == 1.0  # a weaker promise they can back
