@@ -42,9 +42,9 @@ def require_vllm() -> None:
 
 
 def tiny_vllm_model(tmp_path_factory, arch: str = "llama") -> Path:
-    """A tiny random model of ``arch`` (semspec.testing.ARCHITECTURES) vLLM's CPU attention runs
+    """A tiny random model of ``arch`` (tests.tiny_models.ARCHITECTURES) vLLM's CPU attention runs
     (64-wide heads, as SmolLM2's)."""
-    from semspec.testing import tiny_model_dir
+    from tests.tiny_models import tiny_model_dir
 
     return tiny_model_dir(tmp_path_factory.mktemp(f"tiny-vllm-{arch}") / "model", hidden_size=256, seed=3, arch=arch)
 

@@ -267,7 +267,7 @@ def test_a_method_whose_probes_do_not_fit_is_refused_up_front_and_ar_still_runs(
     is stored, naming the cause and the fix; `ar` with the same settings runs."""
     from semjobs.settings import settings
     from semspec.probes import Probe, ProbePair
-    from semspec.testing import tiny_model_dir
+    from tests.tiny_models import tiny_model_dir
     from semjobs.worker import engine as engines
 
     require_vllm()

@@ -30,7 +30,7 @@ def test_a_trained_layer_draft_becomes_the_model_directory_a_spec_names(tmp_path
     from semspec.models.loaded import load_model
     from semspec.models.paths import ModelLoadError
     from semspec.models.specs import resolve_spec
-    from semspec.testing import tiny_model_dir
+    from tests.tiny_models import tiny_model_dir
 
     target_dir = tiny_model_dir(tmp_path / "target", num_layers=2, seed=0)
     target = load_model(str(target_dir), device="cpu", dtype=torch.float32, cache_dir=tmp_path / "cache").model

@@ -22,7 +22,7 @@ def invoke(*args):
 def scored(tmp_path, fake_engine, monkeypatch):
     """The test double decodes; the jobs name a tiny random target, which scores the outputs."""
     from semjobs.settings import settings
-    from semspec.testing import tiny_model_dir
+    from tests.tiny_models import tiny_model_dir
 
     target = tiny_model_dir(tmp_path / "target", seed=0)
     monkeypatch.setattr(settings, "target_model", str(target))

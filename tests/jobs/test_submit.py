@@ -334,7 +334,7 @@ def test_a_hub_name_is_looked_up_in_the_hub_cache(tmp_path, monkeypatch):
     """Qwen/Qwen3-0.6B names no local file: the hub cache resolves it (semspec.models.hub), and
     a revision it lacks offline is missing."""
     from semjobs.settings import settings
-    from semspec.testing import lay_out_hub_cache, tiny_model_dir, use_hub_cache
+    from tests.tiny_models import lay_out_hub_cache, tiny_model_dir, use_hub_cache
 
     lay_out_hub_cache(tmp_path / "hf", "Qwen/Qwen3-0.6B", tiny_model_dir(tmp_path / "model"))
     use_hub_cache(monkeypatch, tmp_path / "hf")

@@ -18,7 +18,7 @@ torch.set_num_threads(int(os.environ.get("SEMJOBS_TEST_THREADS", "1")))
 def tiny_dirs(tmp_path_factory):
     """Two tiny model dirs sharing one tokenizer (target: 2 layers, draft: 1 layer) and a
     third with a different tokenizer."""
-    from semspec.testing import tiny_model_dir
+    from tests.tiny_models import tiny_model_dir
 
     root = tmp_path_factory.mktemp("tiny")
     return {

@@ -375,7 +375,7 @@ def test_cancel_aborts_the_items_decoding(service_env, workers, pg_db, tmp_path,
     from 0.5 s on a quiet host to 10 s on a busy one)."""
     engine_env, options = decoding
     if engine_env:  # the same tiny model with a context long enough for 8,000 tokens
-        from semspec.testing import tiny_model_dir
+        from tests.tiny_models import tiny_model_dir
 
         model = tiny_model_dir(tmp_path / "long-context", hidden_size=256, seed=3, max_positions=8192)
         # a random model soon repeats itself: with its loops kept it decodes all 8,000 tokens

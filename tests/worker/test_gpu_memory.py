@@ -16,7 +16,7 @@ from semjobs.settings import settings
 from semjobs.worker import engine as engines
 from semjobs.worker import gpu_memory
 from semspec.engine.engine_args import parameter_count
-from semspec.testing import tiny_model_dir
+from tests.tiny_models import tiny_model_dir
 from tests.conftest import ROOT, require_vllm
 
 USER = {"max_model_len": 256}

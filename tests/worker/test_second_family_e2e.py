@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import func, select
 
 from semspec.assets import GSM8K_TEST
-from semspec.testing import (HUB_COMMIT, THINK_END, THINK_START, hub_cache_env, lay_out_hub_cache, tiny_model_dir,
+from tests.tiny_models import (HUB_COMMIT, THINK_END, THINK_START, hub_cache_env, lay_out_hub_cache, tiny_model_dir,
                              use_hub_cache, write_eagle3_head)
 from tests.conftest import require_vllm, run_cli, wait_for
 from tests.worker.test_celery_e2e import read_jsonl, submit, wait_completed

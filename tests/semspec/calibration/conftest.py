@@ -3,7 +3,7 @@
 import pytest
 
 from semspec.models.loaded import load_model
-from semspec.testing import tiny_model_dir
+from tests.tiny_models import tiny_model_dir
 
 
 @pytest.fixture(scope="module")

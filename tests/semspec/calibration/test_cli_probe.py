@@ -6,7 +6,7 @@ from click.testing import CliRunner
 from semjobs.cli.main import main
 from semjobs.settings import settings
 from semspec.probes import ProbePair
-from semspec.testing import tiny_model_dir
+from tests.tiny_models import tiny_model_dir
 from tests.conftest import require_vllm
 
 

@@ -122,7 +122,7 @@ def test_prompts_are_rendered_with_the_chat_template_kwargs(tmp_path):
     from semspec.calibration.collect import prefix_ids, step_ids
     from semspec.models.loaded import load_model
     from semspec.prompts import render_prompt
-    from semspec.testing import tiny_model_dir
+    from tests.tiny_models import tiny_model_dir
 
     target = load_model(tiny_model_dir(tmp_path / "t", num_layers=2, hidden_size=64, seed=0, thinking=True),
                         device="cpu")

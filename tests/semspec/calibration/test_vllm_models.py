@@ -16,7 +16,7 @@ from semspec.calibration.transformers_models import TransformersModels
 from semspec.models.loaded import load_model
 from semspec.probes import step_features
 from semspec.steps import step_spans
-from semspec.testing import tiny_model_dir
+from tests.tiny_models import tiny_model_dir
 from tests.conftest import require_vllm
 
 PROMPT = "How many clips did Natalia sell?"

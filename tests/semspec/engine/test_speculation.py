@@ -17,7 +17,7 @@ import torch
 from semspec.components import EMBEDDED_DRAFT, EMBEDDED_HEAD, draft_model_spec, step_draft_problem
 from semspec.models.identity import ModelIdentity, derived_sha256
 from semspec.models.specs import spec_sha256
-from semspec.testing import write_eagle3_head
+from tests.tiny_models import write_eagle3_head
 from semspec.types import NGRAM_DRAFT, GenerationConfig
 from semspec.engine import speculation
 from semspec.engine.token_engine import CPU_SPECULATION_MAX_BATCH, VLLMEngine
@@ -224,7 +224,7 @@ def _copy_with_config(source: Path, dest: Path, **changes) -> Path:
 def drafts(tiny_vllm_dir, tmp_path_factory) -> dict[str, Path]:
     """Drafts for the tiny target, one of each layout (no directory's name holds "eagle",
     from which vLLM guesses a method when none is named)."""
-    from semspec.testing import tiny_model_dir
+    from tests.tiny_models import tiny_model_dir
 
     root = tmp_path_factory.mktemp("drafts")
     small = tiny_model_dir(root / "small", num_layers=1, hidden_size=256, seed=4)
@@ -299,7 +299,7 @@ def test_a_drafts_identity_is_its_weights_and_kind_never_its_path(drafts, tiny_v
 
 def test_a_draft_named_by_hub_name_resolves_offline_and_names_its_commit(drafts, tiny_vllm_dir, tiny_cache,
                                                                            tmp_path, monkeypatch):
-    from semspec.testing import HUB_COMMIT, lay_out_hub_cache, use_hub_cache
+    from tests.tiny_models import HUB_COMMIT, lay_out_hub_cache, use_hub_cache
 
     hub = tmp_path / "hf"
     snapshots = {name: lay_out_hub_cache(hub, f"org/{name}", drafts[name]) for name in ("small", "head3")}

@@ -291,7 +291,7 @@ def test_a_request_that_raises_anything_fails_alone_beside_other_jobs(engine, mo
 
 
 def test_an_abort_ends_its_prompt_and_the_others_go_on(engine):
-    from semspec.testing import aborting_source
+    from tests.tiny_models import aborting_source
 
     reqs = [Request(p, config("semspec"), key=i) for i, p in enumerate(PROMPTS[:3])]
     done = list(engine.generate_many(aborting_source(reqs), batch_size=2))

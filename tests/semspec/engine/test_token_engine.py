@@ -13,7 +13,7 @@ import pytest
 from semspec.answers import final_answer, split_reasoning
 from semspec.doom import DoomRule, DoomRuleError, DoomWatch, stop_at
 from semspec.repetition import find_loop, line_break_ids, loop_end
-from semspec.testing import aborting_source
+from tests.tiny_models import aborting_source
 from semspec.types import Cancelled, GenerationConfig, Request
 from semspec.engine.token_engine import VLLMEngine
 from tests.conftest import require_vllm

@@ -28,7 +28,7 @@ import torch
 
 from semspec.engine.token_engine import VLLMEngine
 from semspec.repetition import find_loop, line_break_ids, loop_end
-from semspec.testing import write_eagle3_head
+from tests.tiny_models import write_eagle3_head
 from tests.conftest import ROOT, require_vllm
 from tests.semspec.engine.test_speculation import drafts  # noqa: F401 -- a fixture used here
 from tests.semspec.engine.test_speculation import GREEDY, PROMPTS

@@ -49,7 +49,7 @@ def long_context_engine(request, tmp_path_factory, tiny_cache):
     still rewind a discarded sample's generator."""
     require_vllm()
     from semspec.engine.token_engine import VLLMEngine
-    from semspec.testing import tiny_model_dir
+    from tests.tiny_models import tiny_model_dir
 
     path = tiny_model_dir(tmp_path_factory.mktemp("tiny-4k") / "model", hidden_size=256, seed=3, max_positions=4096)
     draft = NGRAM_DRAFT if request.param == "token_sd" else None

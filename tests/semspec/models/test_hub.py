@@ -12,7 +12,7 @@ from semspec.models.hub import HubName, parse_hub_name
 from semspec.models.identity import content_sha256, derived_sha256
 from semspec.models.paths import ModelLoadError
 from semspec.models.specs import load_tokenizer, model_directory, model_source, resolve_spec, spec_sha256
-from semspec.testing import HUB_COMMIT as COMMIT, lay_out_hub_cache, use_hub_cache
+from tests.tiny_models import HUB_COMMIT as COMMIT, lay_out_hub_cache, use_hub_cache
 
 OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
 CONFIG_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
