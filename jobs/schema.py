@@ -538,7 +538,7 @@ def validate_file(path: str | Path, max_line_bytes: int, samples: int = 1,
             err(InputError(rec.line, rec.field_name(part), message))
             continue
         line_temperature = rec.params.get("temperature", temperature)
-        if line_temperature is not None and rec.samples(samples) > 1 and line_temperature == 0:
+        if line_temperature == 0 and rec.samples(samples) > 1:
             err(InputError(rec.line, rec.field_name("temperature" if "temperature" in rec.params else "n"),
                            f"{rec.samples(samples)} samples (the line's `n`, else the job's --n) of greedy decoding "
                            "(the line's temperature, else the job's) would be copies; give a temperature above 0"))
